@@ -1,0 +1,89 @@
+"""Every default of a recam run, one commented line per field.
+
+Presets in config/grpo.py start from `get_config()` and change only what differs.
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+
+    # ---- run ----
+    c.run_name = "tiny_cpu"  # name shown in logs and wandb
+    c.run_dir = "runs/tiny_cpu"  # where checkpoints, metrics.jsonl, videos and reports go
+    c.seed = 0  # global seed: sampler order, noise, model init of anything not loaded
+    c.num_epochs = 12  # GRPO epochs (one epoch = sample, score, train)
+    c.expected_num_processes = 0  # processes the preset was designed for; 0 = accept whatever is launched
+    c.mixed_precision = "no"  # "no" | "fp16" | "bf16"; log-prob math stays fp32 regardless
+    c.resume = True  # resume from <run_dir>/checkpoints/latest when it exists
+    c.save_freq = 1  # save a checkpoint every N epochs (the last epoch is always saved)
+    c.keep_checkpoints = 2  # how many epoch checkpoints to keep besides `latest`
+    c.num_threads = 0  # torch CPU threads per process; 0 = torch's default
+
+    # ---- data: the embedded synthetic multi-camera world ----
+    c.data = ml_collections.ConfigDict()
+    c.data.num_train_conditions = 256  # training conditions (scenes x target trajectories)
+    c.data.num_heldout_conditions = 32  # held-out conditions, from scenes never trained on
+    c.data.num_frames = 8  # frames per video (source and target each)
+    c.data.size = 32  # frame height = width in pixels
+    c.data.conditions_per_scene = 4  # target trajectories per scene
+    c.data.seed = 0  # seed of the world (scene layouts, trajectories)
+
+    # ---- model ----
+    c.model = ml_collections.ConfigDict()
+    c.model.pretrained = "checkpoints/recam_tiny_base"  # folder with config.json + safetensors (diffusers layout)
+
+    # ---- sampling (rollouts) ----
+    c.sample = ml_collections.ConfigDict()
+    c.sample.batch_size = 8  # samples per process per sampling batch
+    c.sample.num_batches_per_epoch = 2  # sampling batches per epoch
+    c.sample.k = 4  # copies per condition (GRPO group size)
+    c.sample.num_steps = 10  # denoising steps of a rollout
+    c.sample.shift = 1.0  # sigma schedule time shift (1 = linear sigmas)
+    c.sample.sde_type = "sde"  # "sde" (Flow-GRPO) | "cps" (coefficients-preserving)
+    c.sample.noise_level = 0.7  # SDE noise scale a in sigma_t = a * sqrt(t / (1 - t))
+    c.sample.eval_num_steps = 10  # ODE steps for held-out evaluation
+
+    # ---- training ----
+    c.train = ml_collections.ConfigDict()
+    c.train.batch_size = 8  # samples per process per optimizer micro-batch
+    c.train.learning_rate = 1e-4  # AdamW learning rate
+    c.train.adam_beta1 = 0.9  # AdamW beta1
+    c.train.adam_beta2 = 0.999  # AdamW beta2
+    c.train.adam_weight_decay = 1e-4  # AdamW weight decay
+    c.train.adam_epsilon = 1e-8  # AdamW epsilon
+    c.train.max_grad_norm = 1.0  # gradient clipping norm
+    c.train.num_inner_epochs = 1  # passes over the epoch's samples
+    c.train.timestep_fraction = 0.9  # fraction of the denoising steps that are trained (the last is skipped)
+    c.train.policy_loss = "grpo_clip"  # registered policy loss (recam.losses.POLICY_LOSSES)
+    c.train.clip_range = 1e-3  # PPO clip epsilon; diffusion ratios sit close to 1
+    c.train.adv_clip_max = 5.0  # advantages are clamped to +-this
+    c.train.log_ratio_clamp = 10.0  # log-ratio clamped to +-this before exp
+    c.train.beta = 0.004  # KL coefficient toward the frozen reference (0 disables the reference)
+    c.train.kl_type = "gaussian_mean"  # "gaussian_mean" (exact KL of transition means) | "k1" | "k2" | "k3"
+    c.train.ema = False  # keep an EMA of the policy weights, used for evaluation
+    c.train.ema_decay = 0.95  # EMA decay per optimizer step
+
+    # ---- advantages ----
+    c.advantage = ml_collections.ConfigDict()
+    c.advantage.std_mode = "group"  # "group" | "global" | "none": what the centred reward is divided by
+    c.advantage.eps = 1e-4  # added to the std (population std, as Flow-GRPO)
+    c.advantage.filter_zero_std = False  # drop groups whose rewards are all equal (advantage 0) from training
+
+    # ---- rewards ----
+    c.reward = ml_collections.ConfigDict()
+    c.reward.weights = ml_collections.ConfigDict({"cam_score": 1.0, "fidelity": 0.5})  # name -> weight of `avg`
+
+    # ---- evaluation ----
+    c.eval = ml_collections.ConfigDict()
+    c.eval.freq = 4  # evaluate held-out conditions every N epochs (plus start and end)
+    c.eval.seed = 1234  # fixed noise seed for evaluation
+    c.eval.batch_size = 16  # conditions per evaluation forward
+    c.eval.num_videos = 4  # held-out conditions written as source | ground truth | generated videos
+
+    # ---- logging ----
+    c.logging = ml_collections.ConfigDict()
+    c.logging.wandb_mode = "offline"  # "offline" | "online" | "disabled"; offline needs no account
+    c.logging.wandb_project = "recam"  # wandb project name
+    return c

@@ -1,0 +1,1 @@
+"""recam: GRPO post-training for diffusion and flow-matching generators."""

@@ -1,0 +1,78 @@
+"""Group-relative advantages keyed by condition id.
+
+Notation: N samples, G groups (unique conditions), T trained timesteps.
+Std is the population std (as Flow-GRPO / numpy), eps added to it (default 1e-4); verl uses Bessel's
+correction and 1e-6 instead, which inflates advantages of small groups by sqrt(k / (k - 1)).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, std_mode: str = "group",
+                     eps: float = 1e-4) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Advantages (r - mean_g) / (std + eps) within each group.
+
+    Args:
+        rewards: (N,) float rewards.
+        group_ids: (N,) int64 group key per sample (e.g. dataset index of the condition).
+        std_mode: "group" divides by the group's std, "global" by the std of all N rewards, "none" only centres.
+        eps: added to the std.
+
+    Returns:
+        advantages (N,) float32, exactly 0 for samples in groups whose rewards are all equal;
+        stats (0-dim tensors): group_size (mean samples per group), trained_prompt_num (G),
+        zero_std_ratio (fraction of groups with std 0), reward_std_mean (mean group std).
+    """
+    if rewards.ndim != 1 or rewards.shape != group_ids.shape:
+        raise ValueError(f"rewards {tuple(rewards.shape)} and group_ids {tuple(group_ids.shape)} must both be (N,)")
+    r = rewards.double()
+    _, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
+    num_groups = counts.numel()
+    sums = torch.zeros(num_groups, dtype=r.dtype).index_add_(0, inverse, r)
+    means = sums / counts
+    sq = torch.zeros(num_groups, dtype=r.dtype).index_add_(0, inverse, (r - means[inverse]) ** 2)
+    stds = (sq / counts).sqrt()
+    gmax = torch.full((num_groups,), -torch.inf, dtype=r.dtype).scatter_reduce(0, inverse, r, "amax")
+    gmin = torch.full((num_groups,), torch.inf, dtype=r.dtype).scatter_reduce(0, inverse, r, "amin")
+    constant = gmax == gmin  # exact test: float rounding in the mean must not leak a tiny advantage
+    centred = r - means[inverse]
+    if std_mode == "group":
+        adv = centred / (stds[inverse] + eps)
+    elif std_mode == "global":
+        adv = centred / (r.std(unbiased=False) + eps)
+    elif std_mode == "none":
+        adv = centred
+    else:
+        raise ValueError(f"std_mode must be 'group', 'global' or 'none', got {std_mode!r}")
+    adv = torch.where(constant[inverse], torch.zeros_like(adv), adv)
+    stats = {
+        "group_size": counts.double().mean().float(),
+        "trained_prompt_num": torch.tensor(float(num_groups)),
+        "zero_std_ratio": constant.double().mean().float(),
+        "reward_std_mean": stds.mean().float(),
+    }
+    return adv.float(), stats
+
+
+def broadcast_over_timesteps(values: torch.Tensor, num_timesteps: int) -> torch.Tensor:
+    """(N,) -> (N, T): one scalar per sample repeated over its trained timesteps (a copy, not a view)."""
+    return values[:, None].repeat(1, num_timesteps)
+
+
+def per_group_stats(values: torch.Tensor, group_ids: torch.Tensor) -> dict[int, tuple[int, float, float]]:
+    """{group id: (count, mean, population std)} of (N,) values; for logs and verification, not hot paths."""
+    out = {}
+    for g in torch.unique(group_ids).tolist():
+        v = values[group_ids == g].double()
+        out[int(g)] = (v.numel(), float(v.mean()), float(v.std(unbiased=False)))
+    return out
+
+
+def nonzero_group_mask(advantages: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """(N,) bool: samples whose group has at least one non-zero advantage (zero-std groups are dropped)."""
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    has_signal = torch.zeros(int(inverse.max()) + 1, dtype=torch.bool).index_fill_(
+        0, inverse[advantages != 0], True)
+    return has_signal[inverse]

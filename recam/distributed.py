@@ -1,0 +1,47 @@
+"""Devices and cross-process collectives.
+
+Device preference is npu > cuda > cpu; torch_npu is imported only when installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+
+def npu_available() -> bool:
+    """True when torch_npu is installed and an Ascend NPU is visible."""
+    if importlib.util.find_spec("torch_npu") is None:
+        return False
+    import torch_npu  # noqa: F401  (registers torch.npu)
+
+    return hasattr(torch, "npu") and torch.npu.is_available()
+
+
+def select_device(prefer: str = "auto") -> torch.device:
+    """The device to run on: an explicit `prefer` ("npu"/"cuda"/"cpu"), or auto = npu > cuda > cpu."""
+    if prefer == "auto":
+        if npu_available():
+            return torch.device("npu")
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        return torch.device("cpu")
+    if prefer == "npu" and not npu_available():
+        raise RuntimeError("device 'npu' requested but torch_npu is not installed or no NPU is visible")
+    if prefer == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device 'cuda' requested but CUDA is not available")
+    return torch.device(prefer)
+
+
+def gather_in_rank_order(tensor: torch.Tensor, accelerator) -> torch.Tensor:
+    """(n, ...) per process -> (world * n, ...) concatenated in rank order (rank 0 first)."""
+    return accelerator.gather(tensor.contiguous())
+
+
+def local_slice(gathered: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """Inverse of `gather_in_rank_order` for equal per-rank sizes: this rank's (n, ...) block."""
+    if gathered.shape[0] % world_size:
+        raise ValueError(f"gathered size {gathered.shape[0]} is not divisible by world size {world_size}")
+    n = gathered.shape[0] // world_size
+    return gathered[rank * n:(rank + 1) * n]
