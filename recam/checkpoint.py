@@ -1,0 +1,82 @@
+"""Crash-safe checkpoints: written to a temporary folder, renamed into place, then `latest` is repointed.
+
+A crash at any moment leaves the previous checkpoint and the `latest` pointer intact. A checkpoint holds the
+policy (diffusers layout, safetensors), optimizer, optional EMA, and a JSON state (epoch, global step, sampler
+position, RNG states, health flag).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+LATEST = "latest"
+
+
+def rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
+def save_checkpoint(ckpt_root: Path, name: str, model, optimizer, ema, state: dict, keep: int = 2,
+                    protect: tuple[str, ...] = ()) -> Path:
+    """Write checkpoint `name` under ckpt_root atomically and point `latest` at it; prune old ones."""
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    final = ckpt_root / name
+    tmp = ckpt_root / f".tmp-{name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp / "model", safe_serialization=True)
+    torch.save({"optimizer": optimizer.state_dict(), "ema": ema.state_dict() if ema is not None else None,
+                "rng": rng_state()}, tmp / "trainer.pt")
+    (tmp / "state.json").write_text(json.dumps(state, indent=1))
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    pointer_tmp = ckpt_root / f".{LATEST}.tmp"
+    pointer_tmp.write_text(name)
+    os.replace(pointer_tmp, ckpt_root / LATEST)
+    _prune(ckpt_root, keep, protect=(name, *protect))
+    return final
+
+
+def _prune(ckpt_root: Path, keep: int, protect: tuple[str, ...]) -> None:
+    names = sorted(p.name for p in ckpt_root.glob("epoch_*") if p.is_dir())
+    for old in names[:-keep] if keep > 0 else []:
+        if old not in protect:
+            shutil.rmtree(ckpt_root / old, ignore_errors=True)
+
+
+def latest_checkpoint(ckpt_root: Path) -> Path | None:
+    """The folder `latest` points to, or None for a fresh run. A dangling pointer is an error, not a restart."""
+    pointer = ckpt_root / LATEST
+    if not pointer.exists():
+        return None
+    target = ckpt_root / pointer.read_text().strip()
+    if not (target / "state.json").exists():
+        raise FileNotFoundError(f"{pointer} points to {target}, which holds no state.json: the checkpoint is "
+                                "incomplete; point `latest` at an intact epoch_* folder or remove it")
+    return target
+
+
+def load_trainer_state(ckpt: Path) -> tuple[dict, dict]:
+    """(state.json contents, trainer.pt contents) of a checkpoint folder, with errors naming the file."""
+    try:
+        state = json.loads((ckpt / "state.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{ckpt / 'state.json'} is unreadable: {e}") from e
+    try:
+        trainer = torch.load(ckpt / "trainer.pt", map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - any unpickling failure means the same thing to the user
+        raise ValueError(f"{ckpt / 'trainer.pt'} is unreadable: {e}") from e
+    return state, trainer

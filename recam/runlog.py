@@ -1,0 +1,195 @@
+"""Run logging at the edge: metrics.jsonl (the record a verifier reads), wandb (offline by default), videos.
+
+metrics.jsonl holds one JSON object per line with a "type":
+  "step"  - loss metrics of one optimizer step, keyed by the global step;
+  "epoch" - everything an independent GRPO verification needs for one epoch (see `epoch_record`);
+  "eval"  - held-out evaluation (prefix eval/), with the global step it was taken at.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from recam.advantages import per_group_stats
+
+
+class RunLog:
+    def __init__(self, run_dir: Path, config, enabled: bool = True):
+        self.enabled = enabled
+        self.run_dir = run_dir
+        self.path = run_dir / "metrics.jsonl"
+        self.wandb = None
+        if not enabled:
+            return
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(config.to_json(indent=1))
+        if config.logging.wandb_mode != "disabled":
+            os.environ.setdefault("WANDB_SILENT", "true")
+            import wandb
+
+            self.wandb = wandb.init(project=config.logging.wandb_project, name=config.run_name,
+                                    dir=str(run_dir), mode=config.logging.wandb_mode, config=config.to_dict(),
+                                    resume="allow")
+
+    def info(self, msg: str) -> None:
+        if self.enabled:
+            print(f"[recam] {msg}", flush=True)
+
+    def _append(self, obj: dict) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(obj) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def step_record(self, step: int, epoch: int, metrics: dict) -> None:
+        if not self.enabled:
+            return
+        self._append({"type": "step", "step": step, "epoch": epoch, **metrics})
+        if self.wandb:
+            self.wandb.log({f"train/{k}": v for k, v in metrics.items()}, step=step)
+
+    def epoch_record(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        self._append({"type": "epoch", **record})
+        if self.wandb:
+            flat = {k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            self.wandb.log(flat, step=record["step"])
+
+    def eval_record(self, tag: str, step: int, summary: dict) -> None:
+        if not self.enabled:
+            return
+        self._append({"type": "eval", "tag": tag, "step": step, **summary})
+        if self.wandb:
+            self.wandb.log({k: v for k, v in summary.items() if k.startswith("eval/")}, step=step)
+
+    def read_eval(self, tag: str) -> dict | None:
+        """A previously logged evaluation (so a resumed run does not re-evaluate its start)."""
+        for rec in read_records(self.path):
+            if rec.get("type") == "eval" and rec.get("tag") == tag:
+                return {k: v for k, v in rec.items() if k not in ("type", "tag", "step")}
+        return None
+
+    def truncate_after(self, epoch: int) -> None:
+        """Drop records of epochs >= `epoch` (written by a run killed before checkpointing them)."""
+        if not self.enabled or not self.path.exists():
+            return
+        kept = [r for r in read_records(self.path)
+                if r.get("epoch", -1) < epoch and not (r.get("type") == "eval" and r.get("tag") == "final")]
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        os.replace(tmp, self.path)
+
+    def summary(self, before: dict, after: dict, extra_paths: dict | None = None) -> str:
+        rows = [("cam_score", "eval/cam_score"), ("RotErr (deg)", "eval/rot_err"),
+                ("TransErr", "eval/trans_err"), ("CamMC", "eval/cammc"), ("fidelity", "eval/fidelity")]
+        lines = ["| held-out metric | base | after GRPO | change |", "|---|---|---|---|"]
+        for name, key in rows:
+            if key in before and key in after:
+                lines.append(f"| {name} | {before[key]:.4f} | {after[key]:.4f} | {after[key] - before[key]:+.4f} |")
+        lines.append("")
+        lines.append(f"conditions evaluated: {after.get('eval/num_conditions')}")
+        paths = {"metrics": self.path, "videos": self.run_dir / "videos", "checkpoints": self.run_dir / "checkpoints"}
+        paths.update(extra_paths or {})
+        lines += [f"{k}: {v}" for k, v in paths.items()]
+        text = "\n".join(lines)
+        (self.run_dir / "summary.md").write_text(text + "\n")
+        print("\n" + text, flush=True)
+        return text
+
+    def close(self) -> None:
+        if self.wandb:
+            self.wandb.finish()
+
+
+def read_records(path: Path) -> list[dict]:
+    """Records of a metrics.jsonl, skipping a torn last line (a run killed mid-write)."""
+    out = []
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def epoch_record(epoch, step, derived, condition_ids, g_index, g_rewards, g_adv_t, adv_stats, reward_seconds) -> dict:
+    """The per-epoch record a GRPO verification needs, with plain key names."""
+    T = g_adv_t.shape[1]
+    avg_nt = g_rewards["avg"][:, None].expand(-1, T)
+    adv_groups = per_group_stats(g_adv_t[:, 0], g_index)
+    rec = {
+        "epoch": epoch, "step": step, **derived,
+        "dataset_indices": g_index.tolist(),
+        "condition_ids": condition_ids,
+        "rewards/avg": avg_nt.tolist(),
+        **{f"rewards/{k}": v.tolist() for k, v in g_rewards.items() if k != "avg"},
+        "reward_shapes": {"avg": list(avg_nt.shape), **{k: list(v.shape) for k, v in g_rewards.items() if k != "avg"}},
+        **{f"reward_{k}": float(v.mean()) for k, v in g_rewards.items()},
+        "advantages": g_adv_t.tolist(),
+        "advantage_per_condition": {str(g): {"count": c, "mean": m, "std": sd} for g, (c, m, sd) in adv_groups.items()},
+        **{k: float(v) for k, v in adv_stats.items()},
+        "reward_seconds": reward_seconds,
+    }
+    return rec
+
+
+def epoch_line(rec: dict) -> str:
+    steps = rec.get("optimizer_steps") or [{}]
+    return (f"epoch {rec['epoch']} step {rec['step']}: reward_avg {rec['reward_avg']:.4f} "
+            f"reward_cam_score {rec.get('reward_cam_score', float('nan')):.4f} "
+            f"zero_std_ratio {rec['zero_std_ratio']:.2f} first-step |ratio-1| {rec['first_step_ratio_deviation']:.2e} "
+            f"loss {steps[-1].get('loss', float('nan')):.4g} kl {steps[-1].get('kl_penalty', float('nan')):.3g} "
+            f"({rec['epoch_seconds']:.1f}s)")
+
+
+def mean_over_processes(metrics: dict, accelerator) -> dict:
+    """Average scalar metrics over processes (min/max for ratio_min/ratio_max)."""
+    if accelerator.num_processes == 1:
+        return metrics
+    keys = sorted(metrics)
+    vals = torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=accelerator.device)
+    g = accelerator.gather(vals[None]).cpu()
+    out = dict(zip(keys, g.mean(0).tolist(), strict=True))
+    if "ratio_max" in out:
+        out["ratio_max"] = float(g[:, keys.index("ratio_max")].max())
+        out["ratio_min"] = float(g[:, keys.index("ratio_min")].min())
+    return out
+
+
+def summarise_eval(rows: list[dict]) -> dict:
+    """Mean held-out metrics (prefix eval/) from per-condition rows."""
+    out = {"eval/num_conditions": len(rows)}
+    names = {"reward_cam_score": "eval/cam_score", "reward_fidelity": "eval/fidelity", "reward_avg": "eval/reward_avg"}
+    for key in rows[0]:
+        if key == "index":
+            continue
+        vals = np.array([r[key] for r in rows], dtype=np.float64)
+        short = key.split("/")[-1]
+        name = names.get(key) or f"eval/{short}"
+        out[name] = float(np.nanmean(vals)) if np.isfinite(vals).any() else float("nan")
+    return out
+
+
+def write_comparison_videos(out_dir: Path, batch: dict, videos: torch.Tensor, n: int, scale: int = 4) -> list[Path]:
+    """GIFs of source | ground truth | generated, side by side, for the first n conditions of a batch."""
+    import imageio.v2 as imageio
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(min(n, videos.shape[0])):
+        panels = [batch["source_video"][i], batch["target_video"][i], videos[i]]
+        strip = torch.cat([p.clamp(-1, 1) for p in panels], dim=-1)  # (3, F, H, 3W)
+        frames = ((strip + 1) * 127.5).round().to(torch.uint8).permute(1, 2, 3, 0).numpy()
+        frames = frames.repeat(scale, axis=1).repeat(scale, axis=2)
+        path = out_dir / f"{batch['condition_ids'][i].replace('/', '_')}.gif"
+        imageio.mimsave(path, list(frames), duration=0.25, loop=0)
+        paths.append(path)
+    return paths

@@ -1,0 +1,278 @@
+"""GRPO post-training of a camera-controlled video generator (ReCam), top to bottom.
+
+    accelerate launch scripts/train_recam.py --config config/grpo.py:tiny_cpu [--config.train.beta=0.01]
+
+Per epoch: sample k copies of each condition with SDE log-probs -> score with the rewards -> gather across
+processes -> group-relative advantages broadcast over the trained timesteps -> clipped-ratio policy updates
+with a KL pull toward the frozen base -> log, checkpoint, evaluate held-out conditions with ODE sampling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from absl import app, flags  # noqa: E402
+from accelerate import Accelerator  # noqa: E402
+from accelerate.utils import gather_object  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
+
+from config.validate import validate  # noqa: E402
+from recam import runlog  # noqa: E402
+from recam.advantages import broadcast_over_timesteps, group_advantages, nonzero_group_mask  # noqa: E402
+from recam.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint, set_rng_state  # noqa: E402
+from recam.distributed import local_slice  # noqa: E402
+from recam.losses import get_kl_estimator, get_policy_loss  # noqa: E402
+from recam.model import ReCamTransformer3DModel  # noqa: E402
+from recam.pipeline import ode_sample, per_sample_noise, rescore, rollout  # noqa: E402
+from recam.sampler import KRepeatBatchSampler  # noqa: E402
+from recam.sde import flow_sigmas, gaussian_kl_between_means  # noqa: E402
+from recam.world import SyntheticWorld, collate_conditions  # noqa: E402
+from rewards import MultiReward  # noqa: E402
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file("config", "config/grpo.py:tiny_cpu", "Preset file:name plus overrides.")
+
+
+def velocity_fn_for(model, batch: dict, autocast):
+    """Close the conditioning of a batch over the model: v(x, sigma) for the pipeline functions."""
+    def velocity(x, sigma):
+        with autocast():
+            return model(x, sigma, batch["source_video"], batch["source_cams"], batch["target_cams"]).float()
+    return velocity
+
+
+def repeat_batch(batch: dict, device) -> dict:
+    keys = ("source_video", "source_cams", "target_cams")
+    return {k: batch[k].to(device) for k in keys}
+
+
+def evaluate(model, world, config, sigmas, reward_fn, accelerator, autocast, tag: str, run_dir: Path) -> dict:
+    """Held-out evaluation with deterministic ODE sampling from fixed per-condition noise; rank-sharded."""
+    idx = list(range(accelerator.process_index, len(world), accelerator.num_processes))
+    results = []
+    shape = tuple(world[0].target_video.shape)
+    for start in range(0, len(idx), config.eval.batch_size):
+        chunk = idx[start:start + config.eval.batch_size]
+        batch = collate_conditions([world[i] for i in chunk])
+        noise = per_sample_noise([(config.eval.seed, i) for i in chunk], 1, shape)[:, 0]
+        videos = ode_sample(velocity_fn_for(model, repeat_batch(batch, accelerator.device), autocast),
+                            noise.to(accelerator.device), sigmas).cpu()
+        scores, details = reward_fn(videos, batch["conditions"])
+        for n, i in enumerate(chunk):
+            row = {"index": i, **{f"reward_{k}": float(v[n]) for k, v in scores.items()}}
+            row.update({k: float(v[n]) for k, v in details.items() if torch.is_tensor(v) and v.ndim == 1})
+            results.append(row)
+        if accelerator.is_main_process and start == 0 and config.eval.num_videos > 0:
+            runlog.write_comparison_videos(run_dir / "videos" / tag, batch, videos, config.eval.num_videos)
+    rows = sorted(gather_object(results), key=lambda r: r["index"])
+    return runlog.summarise_eval(rows)
+
+
+def main(_):
+    config = FLAGS.config
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    accelerator = Accelerator(mixed_precision=config.mixed_precision)
+    derived = validate(config, accelerator.num_processes)  # before any model is built
+    run_dir = Path(config.run_dir)
+    rank, world_size = accelerator.process_index, accelerator.num_processes
+    log = runlog.RunLog(run_dir, config, enabled=accelerator.is_main_process)
+    log.info(f"derived numbers: {json.dumps(derived)}")
+    torch.manual_seed(config.seed)
+    np.random.seed(config.seed)
+
+    # ---- data, models, optimizer, rewards ----
+    d = config.data
+    train_world = SyntheticWorld("train", d.num_train_conditions, d.seed, d.num_frames, d.size, d.conditions_per_scene)
+    heldout = SyntheticWorld("heldout", d.num_heldout_conditions, d.seed, d.num_frames, d.size, d.conditions_per_scene)
+    policy = ReCamTransformer3DModel.from_pretrained(config.model.pretrained)
+    reference = None
+    if config.train.beta > 0:
+        reference = copy.deepcopy(policy).requires_grad_(False).eval().to(accelerator.device)
+    t = config.train
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2),
+                                  weight_decay=t.adam_weight_decay, eps=t.adam_epsilon)
+    ema = None
+    if t.ema:
+        from diffusers.training_utils import EMAModel
+        ema = EMAModel(policy.parameters(), decay=t.ema_decay)
+    reward_fn = MultiReward(dict(config.reward.weights))
+    policy_loss_fn = get_policy_loss(t.policy_loss)
+    kl_estimator = None if t.kl_type == "gaussian_mean" else get_kl_estimator(t.kl_type)
+
+    # ---- resume ----
+    ckpt_root = run_dir / "checkpoints"
+    start_epoch, global_step = 0, 0
+    ckpt = latest_checkpoint(ckpt_root) if config.resume else None
+    if ckpt is not None:
+        state, trainer = load_trainer_state(ckpt)
+        policy = ReCamTransformer3DModel.from_pretrained(ckpt / "model")
+        optimizer = torch.optim.AdamW(policy.parameters(), lr=state["learning_rate"],
+                                      betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.adam_weight_decay,
+                                      eps=t.adam_epsilon)
+        optimizer.load_state_dict(trainer["optimizer"])
+        if ema is not None and trainer["ema"] is not None:
+            ema.load_state_dict(trainer["ema"])
+        set_rng_state(trainer["rng"])
+        start_epoch, global_step = state["epoch"], state["global_step"]
+        log.truncate_after(start_epoch)
+        log.info(f"resumed from {ckpt} at epoch {start_epoch}, global step {global_step}")
+    policy, optimizer = accelerator.prepare(policy, optimizer)
+    unwrapped = accelerator.unwrap_model(policy)
+    autocast = accelerator.autocast if config.mixed_precision != "no" else contextlib.nullcontext
+
+    s = config.sample
+    sigmas = flow_sigmas(s.num_steps, s.shift).to(accelerator.device)
+    eval_sigmas = flow_sigmas(s.eval_num_steps, s.shift).to(accelerator.device)
+    T = derived["num_train_timesteps"]
+    sampler = KRepeatBatchSampler(len(train_world), s.batch_size, s.k, world_size, rank, config.seed,
+                                  s.num_batches_per_epoch, start_batch=start_epoch * s.num_batches_per_epoch)
+    video_shape = tuple(train_world[0].target_video.shape)
+
+    def run_eval(tag):
+        with ema_weights(ema, unwrapped):
+            unwrapped.eval()
+            out = evaluate(unwrapped, heldout, config, eval_sigmas, reward_fn, accelerator, autocast, tag, run_dir)
+        log.eval_record(tag, global_step, out)
+        return out
+
+    eval_before = log.read_eval("start") or run_eval("start")
+
+    for epoch in range(start_epoch, config.num_epochs):
+        epoch_t0 = time.time()
+        # ---- 1. sample k copies per condition, storing only what training needs ----
+        unwrapped.eval()
+        local = {"states": [], "log_probs": [], "index": [], "rewards": {}, "details": []}
+        reward_seconds = 0.0
+        for b in tqdm(range(s.num_batches_per_epoch), desc=f"epoch {epoch} sampling", disable=not log.enabled,
+                      leave=False):
+            position = epoch * s.num_batches_per_epoch + b
+            indices = sampler.batch_at(position)
+            batch = collate_conditions([train_world[i] for i in indices])
+            keys = [(config.seed, position, rank * s.batch_size + n) for n in range(len(indices))]
+            noise = per_sample_noise(keys, s.num_steps + 1, video_shape).to(accelerator.device)
+            with torch.no_grad():
+                out = rollout(velocity_fn_for(unwrapped, repeat_batch(batch, accelerator.device), autocast),
+                              noise, sigmas, T, s.noise_level, s.sde_type)
+            r0 = time.time()
+            scores, _ = reward_fn(out.videos.cpu(), batch["conditions"])
+            reward_seconds += time.time() - r0
+            local["states"].append(out.states.cpu())
+            local["log_probs"].append(out.log_probs.cpu())
+            local["index"].append(torch.tensor(indices))
+            for key, v in scores.items():
+                local["rewards"].setdefault(key, []).append(v.float())
+        states = torch.cat(local["states"])
+        old_log_probs = torch.cat(local["log_probs"])
+        cond_index = torch.cat(local["index"])
+        rewards = {k: torch.cat(v) for k, v in local["rewards"].items()}
+
+        # ---- 2. gather across processes (rank order), advantages per condition, take back our slice ----
+        g_index = accelerator.gather(cond_index.to(accelerator.device)).cpu()
+        g_rewards = {k: accelerator.gather(v.to(accelerator.device)).cpu() for k, v in rewards.items()}
+        advantages, adv_stats = group_advantages(g_rewards["avg"], g_index, config.advantage.std_mode,
+                                                 config.advantage.eps)
+        g_adv_t = broadcast_over_timesteps(advantages, T)  # (N, T)
+        keep = (nonzero_group_mask(advantages, g_index) if config.advantage.filter_zero_std
+                else torch.ones_like(advantages, dtype=torch.bool))
+        adv_local = local_slice(g_adv_t, rank, world_size)
+        keep_local = local_slice(keep, rank, world_size)
+        record = runlog.epoch_record(epoch, global_step, derived,
+                                     [train_world[int(i)].condition_id for i in g_index], g_index, g_rewards, g_adv_t,
+                                     adv_stats, reward_seconds)
+
+        # ---- 3. policy updates: clipped ratio + KL to the frozen base, accumulating over timesteps ----
+        unwrapped.train()
+        order = torch.randperm(len(states), generator=torch.Generator().manual_seed(config.seed * 7919 + epoch))
+        order = order[keep_local[order]]
+        step_metrics = []
+        for _inner in range(t.num_inner_epochs):
+            for mb in range(0, len(order), t.batch_size):
+                sel = order[mb:mb + t.batch_size]
+                mb_batch = repeat_batch(collate_conditions([train_world[int(i)] for i in cond_index[sel]]),
+                                        accelerator.device)
+                mb_states = states[sel].to(accelerator.device)
+                policy_v = velocity_fn_for(policy, mb_batch, autocast)
+                ref_v = velocity_fn_for(reference, mb_batch, autocast) if reference is not None else None
+                acc = []
+                for j in range(T):
+                    cur = rescore(policy_v, mb_states, sigmas, j, s.noise_level, s.sde_type)
+                    kl = None
+                    if ref_v is not None:
+                        with torch.no_grad():
+                            ref = rescore(ref_v, mb_states, sigmas, j, s.noise_level, s.sde_type)
+                        kl = (gaussian_kl_between_means(cur.mean, ref.mean, cur.std) if kl_estimator is None
+                              else kl_estimator(cur.log_prob, ref.log_prob))
+                    loss, metrics = policy_loss_fn(
+                        cur.log_prob, old_log_probs[sel, j].to(accelerator.device),
+                        adv_local[sel, j].to(accelerator.device), clip_range=t.clip_range,
+                        adv_clip_max=t.adv_clip_max, log_ratio_clamp=t.log_ratio_clamp, kl=kl, beta=t.beta)
+                    if ref_v is not None:
+                        metrics["mean_log_prob_ref"] = ref.log_prob.mean()
+                    with accelerator.no_sync(policy) if j < T - 1 else contextlib.nullcontext():
+                        accelerator.backward(loss / T)  # gradients accumulate over timesteps; sync once
+                    acc.append({k: v.detach() for k, v in metrics.items()})
+                grad_norm = accelerator.clip_grad_norm_(policy.parameters(), t.max_grad_norm)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                if ema is not None:
+                    ema.step(unwrapped.parameters())
+                global_step += 1
+                m = {k: float(torch.stack([a[k] for a in acc]).mean()) for k in acc[0]}  # one sync per step
+                m["ratio_max"] = max(float(a["ratio_max"]) for a in acc)
+                m["ratio_min"] = min(float(a["ratio_min"]) for a in acc)
+                m["grad_norm"] = float(grad_norm)
+                m["learning_rate"] = optimizer.param_groups[0]["lr"]
+                m = runlog.mean_over_processes(m, accelerator)
+                log.step_record(global_step, epoch, m)
+                step_metrics.append(m)
+        record["optimizer_steps"] = step_metrics
+        record["first_step_ratio_deviation"] = abs(step_metrics[0]["mean_ratio"] - 1.0) if step_metrics else None
+        record["epoch_seconds"] = time.time() - epoch_t0
+        log.epoch_record(record)
+        log.info(runlog.epoch_line(record))
+
+        # ---- 4. checkpoint, evaluate ----
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process and ((epoch + 1) % config.save_freq == 0 or epoch + 1 == config.num_epochs):
+            save_checkpoint(ckpt_root, f"epoch_{epoch + 1:04d}", unwrapped, optimizer, ema,
+                            {"epoch": epoch + 1, "global_step": global_step,
+                             "sampler_position": (epoch + 1) * s.num_batches_per_epoch,
+                             "learning_rate": optimizer.param_groups[0]["lr"], "healthy": True},
+                            keep=config.keep_checkpoints)
+        accelerator.wait_for_everyone()
+        if (epoch + 1) % config.eval.freq == 0 and epoch + 1 != config.num_epochs:
+            run_eval(f"epoch_{epoch + 1:04d}")
+
+    eval_after = run_eval("final")
+    if accelerator.is_main_process:
+        log.summary(eval_before, eval_after)
+    log.close()
+
+
+@contextlib.contextmanager
+def ema_weights(ema, model):
+    """Evaluate with the EMA weights when EMA is on, restoring the live weights afterwards."""
+    if ema is None:
+        yield
+        return
+    ema.store(model.parameters())
+    ema.copy_to(model.parameters())
+    try:
+        yield
+    finally:
+        ema.restore(model.parameters())
+
+
+if __name__ == "__main__":
+    app.run(main)
