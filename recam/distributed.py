@@ -45,3 +45,15 @@ def local_slice(gathered: torch.Tensor, rank: int, world_size: int) -> torch.Ten
         raise ValueError(f"gathered size {gathered.shape[0]} is not divisible by world size {world_size}")
     n = gathered.shape[0] // world_size
     return gathered[rank * n:(rank + 1) * n]
+
+
+def use_cpu_if_no_accelerator() -> None:
+    """Under a multi-process launch on a machine without GPU/NPU, put accelerate in multi-CPU (gloo) mode.
+
+    accelerate's launcher starts the processes with torchrun but only selects its multi-CPU mode when told
+    to; without this every process would think it runs alone and groups would be split across processes.
+    """
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available() and not npu_available():
+        os.environ.setdefault("ACCELERATE_USE_CPU", "true")

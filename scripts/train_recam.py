@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import json
 import sys
 import time
@@ -30,7 +31,7 @@ from config.validate import validate  # noqa: E402
 from recam import runlog  # noqa: E402
 from recam.advantages import broadcast_over_timesteps, group_advantages, nonzero_group_mask  # noqa: E402
 from recam.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint, set_rng_state  # noqa: E402
-from recam.distributed import local_slice  # noqa: E402
+from recam.distributed import local_slice, use_cpu_if_no_accelerator  # noqa: E402
 from recam.losses import get_kl_estimator, get_policy_loss  # noqa: E402
 from recam.model import ReCamTransformer3DModel  # noqa: E402
 from recam.pipeline import ode_sample, per_sample_noise, rescore, rollout  # noqa: E402
@@ -82,6 +83,7 @@ def main(_):
     config = FLAGS.config
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
+    use_cpu_if_no_accelerator()
     accelerator = Accelerator(mixed_precision=config.mixed_precision)
     derived = validate(config, accelerator.num_processes)  # before any model is built
     run_dir = Path(config.run_dir)
@@ -258,6 +260,13 @@ def main(_):
     if accelerator.is_main_process:
         log.summary(eval_before, eval_after)
     log.close()
+    # The DDP reducer must die before its process group, or gloo's teardown deadlocks on the GIL at exit.
+    accelerator.free_memory()
+    policy = unwrapped = optimizer = reference = None
+    gc.collect()
+    accelerator.end_training()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 @contextlib.contextmanager

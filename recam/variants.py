@@ -1,0 +1,590 @@
+"""Composable GRPO variants for diffusion trajectories, and the "grpo_variants" policy loss.
+
+Vocabulary: a "token" is one trained timestep of one sample, a "sequence" is that sample's trajectory of
+T trained timesteps. Shapes: n trajectories in a micro-batch, T trained timesteps; position t = 0 is the
+noisiest trained step. The trainer runs one backward per timestep j and is assumed to average the T
+per-timestep losses (Flow-GRPO's gradient accumulation), so a per-token loss term is "1/T of a sequence".
+
+Variants (research plan numbering):
+    2.1 EMA-smoothed importance weights  -> EMAImportanceState, ema_weight_metrics, loss input ema_weight
+    2.2 gradient-adaptive timestep weights -> output_gradient_norm, gradient_adaptive_weights, grad_weight
+    2.3 AMIC (arithmetic-mean sequence ratio) and GSPO (geometric mean) -> amic_token_weight, gspo_token_weight
+    2.4 PTRW Gaussian trust gate in place of hard clipping -> ptrw_trust_weight
+    2.5 temporal decay of the advantage over denoising steps -> temporal_decay_weights
+    2.6 asymmetric clipping (clip-higher) -> grpo_variants_policy_loss(use_asymmetric_clipping=True)
+
+Importing this module registers grpo_variants_policy_loss in recam.losses.POLICY_LOSSES as "grpo_variants".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Iterable, Sequence
+
+import torch
+from torch import Tensor
+
+from recam.losses import register_policy_loss
+
+__all__ = [
+    "DEFAULTS",
+    "EMAImportanceState",
+    "amic_token_weight",
+    "ema_weight_metrics",
+    "gradient_adaptive_weights",
+    "grpo_variants_policy_loss",
+    "gspo_token_weight",
+    "importance_weights",
+    "output_gradient_norm",
+    "ptrw_trust_weight",
+    "temporal_decay_weights",
+]
+
+# Diffusion importance ratios sit within ~1e-3 of 1 (Flow-GRPO clips at 1e-4..1e-3), far tighter than the
+# 0.2 of language models, so every ratio-scale default below lives on that scale.
+DEFAULTS: dict[str, float | bool] = {
+    # 2.1: the value the published EMA variant recommends; keeps 90% of the fresh weight per update.
+    "ema_beta": 0.9,
+    # 2.2: on log-magnitudes tau = 1 makes timestep weights proportional to the gradient-norm proxy.
+    "gradient_weighting_temperature": 1.0,
+    # 2.4: gate ~0.88 where a 1e-3 hard clip would cut and ~0.14 at |r - 1| = 4e-3.
+    "ptrw_sigma": 2e-3,
+    # 2.5: with T ~ 10 trained steps the last weight is ~0.39 of the first, favouring the high-noise steps.
+    "temporal_decay_gamma": 0.9,
+    # 2.5: mean-1 weights keep the loss scale (and hence the tuned learning rate) unchanged.
+    "temporal_decay_normalize": True,
+    # 2.6: DAPO's 0.28 / 0.2 clip-higher proportion moved to Wan's 1e-3 clip scale.
+    "clip_ratio_pos": 1.4e-3,
+    # 2.6: Wan's symmetric Flow-GRPO clip range, kept for the negative-advantage side.
+    "clip_ratio_neg": 1e-3,
+}
+
+
+def _population_var(x: Tensor) -> Tensor:
+    return x.double().var(unbiased=False) if x.numel() > 0 else torch.zeros((), dtype=torch.float64)
+
+
+def importance_weights(seq_log_prob: Tensor, seq_old_log_prob: Tensor, log_ratio_clamp: float = 10.0) -> Tensor:
+    """Raw per-timestep importance weights w_t = exp(clamp(logp_t - logp_old_t, +-log_ratio_clamp)), detached.
+
+    seq_log_prob, seq_old_log_prob: (n, T). Returns (n, T) with no gradient; the clamp matches the one in the
+    policy losses, so the weight fed to EMAImportanceState equals the ratio the loss recomputes.
+    """
+    if seq_log_prob.shape != seq_old_log_prob.shape or seq_log_prob.dim() != 2:
+        raise ValueError(
+            f"seq_log_prob {tuple(seq_log_prob.shape)} and seq_old_log_prob {tuple(seq_old_log_prob.shape)} "
+            "must both be (n, T)"
+        )
+    diff = (seq_log_prob.detach() - seq_old_log_prob.detach()).clamp(-log_ratio_clamp, log_ratio_clamp)
+    return torch.exp(diff)
+
+
+# ----------------------------------------------------------------------------------------------- 2.1 EMA
+
+
+def ema_weight_metrics(raw: Tensor, smoothed: Tensor) -> dict[str, Tensor]:
+    """Variance diagnostics of one EMA update over all n * T entries (population variances, float64 inside).
+
+    ema/variance_reduction_ratio = Var(raw) / Var(smoothed): 1 when both variances are 0 (nothing to
+    reduce, e.g. an on-policy first visit where every weight is exactly 1), +inf when only Var(smoothed)
+    is 0 (the spread was removed entirely). ema/smoothing_strength = 1 - Var(smoothed) / Var(raw), 0 when
+    Var(raw) is 0. Returns detached float32 0-dim tensors.
+    """
+    if raw.shape != smoothed.shape:
+        raise ValueError(f"raw {tuple(raw.shape)} and smoothed {tuple(smoothed.shape)} must have the same shape")
+    var_raw = _population_var(raw.detach())
+    var_smooth = _population_var(smoothed.detach())
+    one = torch.ones_like(var_raw)
+    safe_smooth = torch.where(var_smooth > 0, var_smooth, one)
+    ratio = torch.where(
+        var_smooth > 0, var_raw / safe_smooth, torch.where(var_raw > 0, torch.full_like(var_raw, math.inf), one)
+    )
+    safe_raw = torch.where(var_raw > 0, var_raw, one)
+    strength = torch.where(var_raw > 0, 1.0 - var_smooth / safe_raw, torch.zeros_like(var_raw))
+    return {
+        "ema/variance_reduction_ratio": ratio.float(),
+        "ema/raw_weights_variance": var_raw.float(),
+        "ema/smoothed_weights_variance": var_smooth.float(),
+        "ema/smoothing_strength": strength.float(),
+    }
+
+
+def _id_list(ids: Tensor | Iterable[Hashable]) -> list[Hashable]:
+    keys = ids.tolist() if isinstance(ids, Tensor) else list(ids)
+    for key in keys:
+        if isinstance(key, list):
+            raise ValueError("trajectory ids must be scalars (ints, strings or tuples); got a nested list")
+    if len(set(keys)) != len(keys):
+        raise ValueError("trajectory ids in one call must be unique; a repeated id would be smoothed twice")
+    return keys
+
+
+class EMAImportanceState:
+    """Per-trajectory EMA of importance weights across the inner updates that revisit the trajectory.
+
+        w~_k = beta * w_k + (1 - beta) * w~_(k-1),   beta in (0, 1]   (beta = 1: no smoothing)
+
+    State is one (T,) vector per trajectory id (condition id + copy index, any hashable: int, str, tuple,
+    or the int64 entries of a tensor), so it survives all-gather, shuffling and mini-batch splitting; keying
+    by a group id shared by the k copies would blend different samples' weights.
+
+    Initialisation: the first time an id is seen its state is its own raw weights, so that first update
+    returns w exactly and later updates average real past weights. Initialising at 1.0 instead means that
+    a trajectory seen once (num_inner_epochs = 1, the usual setting) gets w~ = 1 + beta * (w - 1): no
+    history is averaged at all, the smoothing as a temporal average vanishes and what is left is a fixed
+    shrink of the off-policy deviation toward 1, which the metrics would then misreport as a variance
+    reduction of 1 / beta^2 whatever the data.
+
+    Raw weights must be detached (from importance_weights on the trainer's no-grad all-T pass); the state
+    never holds autograd graphs. State lives on the rank that updates it; retire() the ids at the end of
+    the epoch when their samples are dropped (or retire_all()).
+    """
+
+    def __init__(self, beta: float = DEFAULTS["ema_beta"]):
+        if not 0.0 < beta <= 1.0:
+            raise ValueError(f"ema beta must be in (0, 1], got {beta!r}")
+        self.beta = float(beta)
+        self._state: dict[Hashable, Tensor] = {}
+        self.missing_state = 0
+
+    @property
+    def active_sequences(self) -> int:
+        return len(self._state)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._state
+
+    def update(self, ids: Tensor | Sequence[Hashable], raw_weights: Tensor, expect_state: bool = False) -> Tensor:
+        """Smooth raw_weights (n, T) row by row against the state of ids (n,); returns smoothed (n, T).
+
+        The returned tensor is new state for those ids (same dtype and device as raw_weights) and has no
+        gradient. An id without state starts from its raw row (smoothed row == raw row); when
+        expect_state is True (a revisit the caller knows should have state) that also counts towards
+        missing_state, which should stay 0.
+        """
+        keys = _id_list(ids)
+        if raw_weights.dim() != 2 or raw_weights.shape[0] != len(keys):
+            raise ValueError(f"raw_weights must be ({len(keys)}, T), got {tuple(raw_weights.shape)}")
+        if raw_weights.requires_grad:
+            raise ValueError("raw_weights must be detached: the EMA state must not hold autograd graphs")
+        num_t = raw_weights.shape[1]
+        prev_rows, has_state = [], []
+        for row, key in enumerate(keys):
+            prev = self._state.get(key)
+            has_state.append(prev is not None)
+            if prev is None:
+                if expect_state:
+                    self.missing_state += 1
+                prev = raw_weights[row]
+            elif prev.shape != (num_t,):
+                raise ValueError(f"trajectory {key!r} has state of length {prev.shape[0]}, got {num_t} timesteps")
+            prev_rows.append(prev.to(raw_weights.device, raw_weights.dtype))
+        prev = torch.stack(prev_rows) if prev_rows else raw_weights.clone()
+        blended = self.beta * raw_weights + (1.0 - self.beta) * prev
+        # A fresh row is returned as its raw weights bit for bit, not beta * w + (1 - beta) * w rounded.
+        known = torch.tensor(has_state, dtype=torch.bool, device=raw_weights.device).reshape(-1, 1)
+        smoothed = torch.where(known, blended, raw_weights)
+        for row, key in enumerate(keys):
+            self._state[key] = smoothed[row].clone()
+        return smoothed
+
+    def retire(self, ids: Tensor | Iterable[Hashable]) -> int:
+        """Drop the state of ids whose samples are retired; returns how many had state."""
+        keys = ids.tolist() if isinstance(ids, Tensor) else list(ids)
+        return sum(self._state.pop(key, None) is not None for key in keys)
+
+    def retire_all(self) -> None:
+        """Drop every trajectory's state (end of epoch); missing_state is cumulative and kept."""
+        self._state.clear()
+
+    def metrics(self, raw: Tensor, smoothed: Tensor) -> dict[str, Tensor]:
+        """ema_weight_metrics(raw, smoothed) plus ema/active_sequences and ema/missing_state."""
+        out = ema_weight_metrics(raw, smoothed)
+        out["ema/active_sequences"] = torch.tensor(float(self.active_sequences))
+        out["ema/missing_state"] = torch.tensor(float(self.missing_state))
+        return out
+
+
+# ------------------------------------------------------------------------------- 2.2 gradient-adaptive
+
+
+def output_gradient_norm(
+    next_sample: Tensor, mean: Tensor, std: Tensor, output_scale: float | Tensor = 1.0
+) -> Tensor:
+    """Cheap gradient-magnitude proxy for one timestep: ||d log p / d model output||_2, shape (n,).
+
+    log p is the per-element MEAN Gaussian log-density over D elements (recam.sde), so
+        d log p / d mu_i = (x'_i - mu_i) / (std^2 * D),
+    and through mu = ... + c * output (c = output_scale = |d mu / d output|, e.g. for the Flow-SDE step
+    |(1 + sigma_t^2 (1 - sigma) / (2 sigma)) dt|) the gradient wrt the network output is c times that.
+    Only d(output)/d(theta), the expensive backward through the network, is left out. Everything comes
+    from the no-grad pass: next_sample (n, ...) the stored x', mean (n, ...) and std (n, 1, ..., 1) or
+    broadcastable. A deterministic step (std 0) has no density and gets 0. Detached, float32.
+    """
+    if next_sample.shape != mean.shape:
+        raise ValueError(f"next_sample {tuple(next_sample.shape)} and mean {tuple(mean.shape)} must match")
+    x = next_sample.detach().float()
+    mu = mean.detach().float()
+    s = std.detach().float()
+    stochastic = s > 0
+    safe = torch.where(stochastic, s, torch.ones_like(s))
+    inv_var = torch.where(stochastic, 1.0 / safe**2, torch.zeros_like(s))
+    numel = x[0].numel() if x.shape[0] > 0 else 1
+    grad = (x - mu) * inv_var / numel
+    norm = torch.linalg.vector_norm(grad.reshape(x.shape[0], -1), dim=1)
+    if isinstance(output_scale, Tensor):
+        return norm * output_scale.detach().float().abs().reshape(-1).to(norm.device)
+    return norm * abs(float(output_scale))
+
+
+def gradient_adaptive_weights(
+    grad_norms: Tensor, temperature: float = DEFAULTS["gradient_weighting_temperature"]
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Per-timestep weights w_t = T * softmax_t(log m_t / temperature), mean 1 within each trajectory.
+
+    grad_norms m: (n, T) non-negative proxies (output_gradient_norm stacked over timesteps). Taking g =
+    log m makes the weights m_t^(1/tau) / mean_s m_s^(1/tau): invariant to the proxy's overall scale (the
+    1/D and unit factors), proportional to m at tau = 1, uniform as tau -> inf. m = 0 is floored to the
+    smallest normal float so an all-zero row gives uniform weights. Returns detached weights (n, T)
+    (no gradient flows through them) and metrics gradient_adaptive/avg_gradient_norm (mean m) and
+    gradient_adaptive/weight_variance (population variance of all weights).
+    """
+    if grad_norms.dim() != 2:
+        raise ValueError(f"grad_norms must be (n, T), got {tuple(grad_norms.shape)}")
+    if not temperature > 0:
+        raise ValueError(f"gradient weighting temperature must be > 0, got {temperature!r}")
+    m = grad_norms.detach().float()
+    floor = torch.finfo(m.dtype).tiny
+    logits = torch.log(m.clamp_min(floor)) / temperature
+    weights = torch.softmax(logits, dim=1) * m.shape[1]
+    metrics = {
+        "gradient_adaptive/avg_gradient_norm": m.mean(),
+        "gradient_adaptive/weight_variance": _population_var(weights).float(),
+    }
+    return weights, metrics
+
+
+# ------------------------------------------------------------------------------------------ 2.3 AMIC / GSPO
+
+
+def _sequence_log_ratios(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    seq_log_prob: Tensor,
+    seq_old_log_prob: Tensor,
+    timestep_index: int,
+    log_ratio_clamp: float,
+) -> Tensor:
+    """Detached (n, T) clamped log-ratios, column j replaced by this timestep's live values."""
+    n = log_prob.shape[0]
+    if log_prob.dim() != 1 or old_log_prob.shape != log_prob.shape:
+        raise ValueError(
+            f"log_prob {tuple(log_prob.shape)} and old_log_prob {tuple(old_log_prob.shape)} must both be (n,)"
+        )
+    if seq_log_prob.dim() != 2 or seq_log_prob.shape[0] != n or seq_old_log_prob.shape != seq_log_prob.shape:
+        raise ValueError(
+            f"seq_log_prob {tuple(seq_log_prob.shape)} and seq_old_log_prob {tuple(seq_old_log_prob.shape)} "
+            f"must both be ({n}, T)"
+        )
+    if seq_log_prob.requires_grad or seq_old_log_prob.requires_grad:
+        raise ValueError("seq_log_prob / seq_old_log_prob must be detached (the no-grad all-T pass)")
+    num_t = seq_log_prob.shape[1]
+    if not 0 <= timestep_index < num_t:
+        raise ValueError(f"timestep_index must be in [0, {num_t}), got {timestep_index!r}")
+    # The live column replaces the no-grad one so the value is consistent with the ratio autograd sees,
+    # even if the two passes differ by kernel nondeterminism.
+    seq_diff = (seq_log_prob - seq_old_log_prob).clone()
+    seq_diff[:, timestep_index] = (log_prob - old_log_prob).detach().to(seq_diff.dtype)
+    return seq_diff.clamp(-log_ratio_clamp, log_ratio_clamp)
+
+
+def amic_token_weight(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    seq_log_prob: Tensor,
+    seq_old_log_prob: Tensor,
+    timestep_index: int,
+    log_ratio_clamp: float = 10.0,
+) -> tuple[Tensor, Tensor]:
+    """AMIC per-token form of the arithmetic-mean sequence weight a = mean_t r_t.
+
+        a_tok = sg[a] + r_j - sg[r_j],   r_t = exp(clamp(logp_t - logp_old_t))
+
+    Value a (the same for every timestep of the trajectory), gradient r_j * grad logp_j. Averaged over
+    the T per-timestep losses this is exactly grad a = mean_t r_t grad logp_t, i.e. token-mean GRPO:
+    AMIC changes training only because the caller clips a_tok at SEQUENCE level (a outside the band
+    zeroes the gradient of all T timesteps of that trajectory, whatever each r_t is).
+
+    log_prob (n,) live (with gradient) at timestep j = timestep_index, old_log_prob (n,), seq_* (n, T)
+    detached. Returns (a_tok (n,), a (n,) detached).
+    """
+    seq_diff = _sequence_log_ratios(log_prob, old_log_prob, seq_log_prob, seq_old_log_prob, timestep_index,
+                                    log_ratio_clamp)
+    seq_weight = torch.exp(seq_diff).mean(dim=1).to(log_prob.dtype)
+    ratio = torch.exp((log_prob - old_log_prob).clamp(-log_ratio_clamp, log_ratio_clamp))
+    return seq_weight + (ratio - ratio.detach()), seq_weight
+
+
+def gspo_token_weight(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    seq_log_prob: Tensor,
+    seq_old_log_prob: Tensor,
+    timestep_index: int,
+    log_ratio_clamp: float = 10.0,
+) -> tuple[Tensor, Tensor]:
+    """GSPO per-token form of the geometric-mean sequence weight s = exp(mean_t log r_t).
+
+        s_tok = exp(sg[log s] + logp_j - sg[logp_j])
+
+    Value s, gradient s * grad logp_j; averaged over the T per-timestep losses this is grad s =
+    s * mean_t grad logp_t. Clipped at sequence level by the caller. Shapes as amic_token_weight;
+    returns (s_tok (n,), s (n,) detached).
+    """
+    seq_diff = _sequence_log_ratios(log_prob, old_log_prob, seq_log_prob, seq_old_log_prob, timestep_index,
+                                    log_ratio_clamp)
+    log_s = seq_diff.mean(dim=1).to(log_prob.dtype)
+    return torch.exp(log_s + (log_prob - log_prob.detach())), torch.exp(log_s)
+
+
+# ------------------------------------------------------------------------------------------------ 2.4 PTRW
+
+
+def ptrw_trust_weight(ratio: Tensor, sigma: float) -> Tensor:
+    """Gaussian trust weight w = exp(-(r - 1)^2 / (2 sigma^2)), same shape as ratio, detached.
+
+    1 at r = 1, exp(-1/2) at |r - 1| = sigma. Used as a gate: loss = -sg[w] * r * A, gradient
+    -w * A * r * grad logp, whose sign always follows A. The alternative objective A * r * w peaks at
+    r* = (1 + sqrt(1 + 4 sigma^2)) / 2 (~1 + sigma^2), and for A < 0 its gradient RAISES r once
+    r > r* because r * w decreases there: with diffusion-scale sigma that is every ratio above ~1, so the
+    objective form would reward negative-advantage samples. Hence the gate.
+    """
+    if not sigma > 0:
+        raise ValueError(f"ptrw_sigma must be > 0, got {sigma!r}")
+    r = ratio.detach()
+    return torch.exp(-((r - 1.0) ** 2) / (2.0 * sigma**2))
+
+
+# -------------------------------------------------------------------------------------------- 2.5 decay
+
+
+def temporal_decay_weights(
+    num_timesteps: int,
+    gamma: float = DEFAULTS["temporal_decay_gamma"],
+    normalize: bool = DEFAULTS["temporal_decay_normalize"],
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Advantage weights w_t = gamma^t over the T trained steps, t = 0 the noisiest; float32 (T,).
+
+    normalize=True rescales to mean 1: w_t = T * gamma^t / sum_s gamma^s. Metrics
+    temporal_decay/weight_sum, temporal_decay/first_weight (w_0), temporal_decay/last_weight (w_(T-1)).
+    """
+    if isinstance(num_timesteps, bool) or not isinstance(num_timesteps, int) or num_timesteps < 1:
+        raise ValueError(f"num_timesteps must be a positive int, got {num_timesteps!r}")
+    if not gamma > 0:
+        raise ValueError(f"temporal_decay_gamma must be > 0, got {gamma!r}")
+    weights = torch.pow(torch.tensor(float(gamma), dtype=torch.float64), torch.arange(num_timesteps))
+    if normalize:
+        weights = weights * (num_timesteps / weights.sum())
+    weights = weights.float()
+    metrics = {
+        "temporal_decay/weight_sum": weights.sum(),
+        "temporal_decay/first_weight": weights[0].clone(),
+        "temporal_decay/last_weight": weights[-1].clone(),
+    }
+    return weights, metrics
+
+
+# --------------------------------------------------------------------------------------------- the loss
+
+
+def _check_positive(**values: float) -> None:
+    for name, value in values.items():
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value!r}")
+
+
+def _check_weight(name: str, weight: Tensor, n_shape: torch.Size) -> None:
+    if weight.shape != n_shape:
+        raise ValueError(f"{name} must have shape {tuple(n_shape)}, got {tuple(weight.shape)}")
+    if weight.requires_grad:
+        raise ValueError(f"{name} must be detached")
+
+
+def _exclusive(pairs: dict[tuple[str, str], bool]) -> None:
+    for (a, b), both in pairs.items():
+        if both:
+            raise ValueError(f"{a} and {b} cannot be combined")
+
+
+def _sign_mean(values: Tensor, mask: Tensor) -> Tensor:
+    """Mean of values over mask, 1.0 (the on-policy ratio) when the mask is empty."""
+    count = mask.sum()
+    total = torch.where(mask, values, torch.zeros_like(values)).sum()
+    return torch.where(count > 0, total / count.clamp_min(1), torch.ones_like(total))
+
+
+def _sign_frac(hit: Tensor, mask: Tensor) -> Tensor:
+    return (hit & mask).float().sum() / mask.float().sum().clamp_min(1.0)
+
+
+@register_policy_loss("grpo_variants")
+def grpo_variants_policy_loss(
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    clip_range: float,
+    adv_clip_max: float,
+    log_ratio_clamp: float = 10.0,
+    kl: Tensor | None = None,
+    beta: float = 0.0,
+    *,
+    timestep_index: int | None = None,
+    num_timesteps: int | None = None,
+    seq_log_prob: Tensor | None = None,
+    seq_old_log_prob: Tensor | None = None,
+    ema_weight: Tensor | None = None,
+    grad_weight: Tensor | None = None,
+    use_amic: bool = False,
+    use_gspo: bool = False,
+    use_ptrw: bool = False,
+    ptrw_sigma: float = DEFAULTS["ptrw_sigma"],
+    use_temporal_decay: bool = False,
+    temporal_decay_gamma: float = DEFAULTS["temporal_decay_gamma"],
+    temporal_decay_normalize: bool = DEFAULTS["temporal_decay_normalize"],
+    use_asymmetric_clipping: bool = False,
+    clip_ratio_pos: float = DEFAULTS["clip_ratio_pos"],
+    clip_ratio_neg: float = DEFAULTS["clip_ratio_neg"],
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GRPO loss for timestep j of n trajectories with the plan's variants; all off == grpo_policy_loss.
+
+    Built in three independent stages, for log_prob (n,) live at timestep j, old_log_prob (n,), A (n,)
+    clamped to +-adv_clip_max, r = exp(clamp(logp - logp_old, +-log_ratio_clamp)):
+
+    1. Effective ratio rho (value; gradient):
+       token (default) rho = r                      (r; r grad logp)
+       ema_weight w~   rho = r * sg[w~ / r]         (w~; w~ grad logp)  - 2.1, w~ from EMAImportanceState
+       use_amic        rho = sg[a] + r - sg[r]      (a = mean_t r_t; r grad logp)        - 2.3
+       use_gspo        rho = exp(sg[log s] + logp - sg[logp])  (s = exp(mean_t log r_t); s grad logp)
+       AMIC / GSPO need timestep_index, seq_log_prob and seq_old_log_prob (n, T), detached.
+    2. Trust region on rho, per element:
+       symmetric       l = max(-A rho, -A clip(rho, 1 - clip_range, 1 + clip_range))
+       asymmetric      l = max(-A rho, -A clip(rho, 1 - clip_ratio_neg, 1 + clip_ratio_pos))       - 2.6
+                       (A > 0: only 1 + pos binds; A < 0: only 1 - neg binds)
+       use_ptrw        l = -A rho sg[w], w = exp(-(rho - 1)^2 / (2 ptrw_sigma^2)), no hard clip      - 2.4
+    3. Positive detached per-element weights c (they never change which clip branch is active):
+       grad_weight (n,) this timestep's gradient-adaptive weight - 2.2; use_temporal_decay:
+       gamma^j (mean-1 normalised if temporal_decay_normalize) with j = timestep_index < num_timesteps - 2.5.
+       policy_loss = mean(c * l); loss = policy_loss + beta * mean(kl).
+
+    Metrics: every grpo_policy_loss key (mean_ratio / ratio_min / ratio_max / clip fractions describe rho
+    against the bounds in force: clip_range, or 1 + pos / 1 - neg; under PTRW they are diagnostics only;
+    approx_kl uses the raw per-timestep log-ratio) plus the enabled variants' keys: amic/ or gspo/
+    sequence_weights_variance and avg_sequence_length; ptrw/trust_weights_mean and ptrw/loss_mean (mean
+    of -A rho sg[w] before the step-3 weights); temporal_decay/*; asymmetric/pos_advantage_ratio and
+    neg_advantage_ratio (mean rho over A > 0 / A < 0, 1.0 if none), asymmetric/clipfrac_pos (A > 0 with
+    rho > 1 + pos) and clipfrac_neg (A < 0 with rho < 1 - neg), as fractions of that sign's entries.
+    EMA and gradient-adaptive metrics come from EMAImportanceState.metrics and gradient_adaptive_weights.
+    Raises ValueError for AMIC with GSPO, PTRW with asymmetric clipping, and ema_weight with AMIC or GSPO
+    (w~ smooths one timestep's weight; the sequence forms are built from all T raw weights).
+    """
+    if not (log_prob.shape == old_log_prob.shape == advantages.shape):
+        raise ValueError(
+            f"log_prob {tuple(log_prob.shape)}, old_log_prob {tuple(old_log_prob.shape)} and advantages "
+            f"{tuple(advantages.shape)} must have the same shape"
+        )
+    _check_positive(clip_range=clip_range, adv_clip_max=adv_clip_max, log_ratio_clamp=log_ratio_clamp)
+    if not beta >= 0:
+        raise ValueError(f"beta must be >= 0, got {beta!r}")
+    if beta > 0 and kl is None:
+        raise ValueError("beta > 0 needs a kl tensor")
+    _exclusive({
+        ("use_amic", "use_gspo"): use_amic and use_gspo,
+        ("use_ptrw", "use_asymmetric_clipping"): use_ptrw and use_asymmetric_clipping,
+        ("ema_weight", "use_amic"): ema_weight is not None and use_amic,
+        ("ema_weight", "use_gspo"): ema_weight is not None and use_gspo,
+    })
+    if use_ptrw:
+        _check_positive(ptrw_sigma=ptrw_sigma)
+    if use_asymmetric_clipping:
+        _check_positive(clip_ratio_pos=clip_ratio_pos, clip_ratio_neg=clip_ratio_neg)
+    if ema_weight is not None:
+        _check_weight("ema_weight", ema_weight, log_prob.shape)
+    if grad_weight is not None:
+        _check_weight("grad_weight", grad_weight, log_prob.shape)
+    if (use_amic or use_gspo) and (seq_log_prob is None or seq_old_log_prob is None or timestep_index is None):
+        raise ValueError("use_amic / use_gspo need timestep_index, seq_log_prob and seq_old_log_prob")
+    if use_temporal_decay and (timestep_index is None or num_timesteps is None):
+        raise ValueError("use_temporal_decay needs timestep_index and num_timesteps")
+    if use_temporal_decay and not 0 <= timestep_index < num_timesteps:
+        raise ValueError(f"timestep_index must be in [0, {num_timesteps}), got {timestep_index!r}")
+    if (use_amic or use_gspo) and num_timesteps is not None and seq_log_prob.shape[-1] != num_timesteps:
+        raise ValueError(f"seq_log_prob has {seq_log_prob.shape[-1]} timesteps, num_timesteps is {num_timesteps}")
+
+    diff = log_prob - old_log_prob
+    ratio = torch.exp(diff.clamp(-log_ratio_clamp, log_ratio_clamp))
+    adv = advantages.clamp(-adv_clip_max, adv_clip_max)
+    variant_metrics: dict[str, Tensor] = {}
+
+    rho = ratio
+    if ema_weight is not None:
+        rho = ratio * (ema_weight.to(ratio.dtype) / ratio).detach()
+    elif use_amic or use_gspo:
+        token_form = amic_token_weight if use_amic else gspo_token_weight
+        rho, seq_weight = token_form(log_prob, old_log_prob, seq_log_prob, seq_old_log_prob, timestep_index,
+                                     log_ratio_clamp)
+        prefix = "amic" if use_amic else "gspo"
+        variant_metrics[f"{prefix}/sequence_weights_variance"] = _population_var(seq_weight).float()
+        variant_metrics[f"{prefix}/avg_sequence_length"] = torch.tensor(float(seq_log_prob.shape[-1]))
+
+    low_bound, high_bound = 1.0 - clip_range, 1.0 + clip_range
+    if use_asymmetric_clipping:
+        low_bound, high_bound = 1.0 - clip_ratio_neg, 1.0 + clip_ratio_pos
+    if use_ptrw:
+        trust = ptrw_trust_weight(rho, ptrw_sigma)
+        per_element = -adv * rho * trust
+        variant_metrics["ptrw/trust_weights_mean"] = trust.mean()
+        variant_metrics["ptrw/loss_mean"] = per_element.detach().mean()
+    else:
+        unclipped = -adv * rho
+        clipped = -adv * rho.clamp(low_bound, high_bound)
+        per_element = torch.maximum(unclipped, clipped)
+
+    if grad_weight is not None:
+        per_element = per_element * grad_weight.to(per_element.dtype)
+    if use_temporal_decay:
+        decay, decay_metrics = temporal_decay_weights(num_timesteps, temporal_decay_gamma, temporal_decay_normalize)
+        per_element = per_element * decay[timestep_index].to(per_element.device, per_element.dtype)
+        variant_metrics.update(decay_metrics)
+
+    policy_loss = per_element.mean()
+    kl_penalty = kl.mean() if kl is not None else torch.zeros_like(policy_loss)
+    loss = policy_loss + beta * kl_penalty if beta > 0 else policy_loss
+    with torch.no_grad():
+        rho_d = rho.detach()
+        above = rho_d > high_bound
+        below = rho_d < low_bound
+        high = above.float().mean()
+        low = below.float().mean()
+        if use_asymmetric_clipping:
+            pos, neg = adv > 0, adv < 0
+            variant_metrics["asymmetric/pos_advantage_ratio"] = _sign_mean(rho_d, pos)
+            variant_metrics["asymmetric/neg_advantage_ratio"] = _sign_mean(rho_d, neg)
+            variant_metrics["asymmetric/clipfrac_pos"] = _sign_frac(above, pos)
+            variant_metrics["asymmetric/clipfrac_neg"] = _sign_frac(below, neg)
+        metrics = {
+            "loss": loss.detach(),
+            "policy_loss": policy_loss.detach(),
+            "kl_penalty": kl_penalty.detach(),
+            "mean_ratio": rho_d.mean(),
+            "ratio_min": rho_d.min(),
+            "ratio_max": rho_d.max(),
+            "clipfrac_high": high,
+            "clipfrac_low": low,
+            "clipfrac": high + low,
+            "approx_kl": 0.5 * (diff**2).mean(),
+            "mean_log_prob_current": log_prob.mean(),
+            "mean_log_prob_old": old_log_prob.mean(),
+            "mean_advantage": adv.mean(),
+        }
+        metrics.update(variant_metrics)
+    return loss, metrics

@@ -1,0 +1,95 @@
+"""Diagnose a finished or running GRPO run from its metrics: blown-up ratios, drift, dead advantages, collapse.
+
+    python scripts/diagnose.py runs/tiny_cpu                  # <run_dir>/metrics.jsonl
+    python scripts/diagnose.py metrics.jsonl                  # JSONL of step/epoch records or metric dicts
+    python scripts/diagnose.py step_metrics.json              # one metric dict or a list of them
+
+Exit status: 0 when nothing is critical (warnings allowed), 2 when something is critical, 1 when the input
+could not be read at all. A torn line (a run killed mid-write, or still writing) is reported and skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from recam import health, verify  # noqa: E402
+
+
+def load_records(path: Path) -> tuple[list[dict], list[verify.Unreadable], Path]:
+    """Metric records of a run dir / JSONL / JSON file, the lines that could not be read, the file read."""
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    text = path.read_text(errors="replace")
+    stripped = text.strip()
+    if stripped.startswith("["):
+        try:
+            data = json.loads(stripped)
+        except json.JSONDecodeError:
+            data = None
+        if isinstance(data, list):
+            records = [r for r in data if isinstance(r, dict)]
+            bad = [verify.Unreadable(0, f"list item {i} is not a metrics dict", str(r)[:80])
+                   for i, r in enumerate(data) if not isinstance(r, dict)]
+            return records, bad, path
+    parsed = verify.parse_jsonl(text)
+    return parsed.records, parsed.unreadable, path
+
+
+def _run_dir(path: Path) -> str:
+    return str(path.parent) if path.name == "metrics.jsonl" else "<run_dir>"
+
+
+def _last_step_line(records: list[dict]) -> str:
+    steps = [r for r in records if r.get("type", "step") == "step"]
+    if not steps:
+        return "no optimizer step recorded yet"
+    last = steps[-1]
+    keys = ("loss", "policy_loss", "kl_penalty", "mean_ratio", "ratio_max", "clipfrac", "mean_advantage")
+    shown = ", ".join(f"{k} {last[k]:.4g}" for k in keys if isinstance(last.get(k), (int, float)))
+    return f"last step {last.get('step', '?')} (epoch {last.get('epoch', '?')}): {shown}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("path", help="run directory, metrics.jsonl, or a JSON/JSONL file of metric dicts")
+    parser.add_argument("--json", action="store_true", help="print the findings as JSON instead of Markdown")
+    args = parser.parse_args(argv)
+    try:
+        records, unreadable, source = load_records(Path(args.path))
+    except OSError as e:
+        print(f"cannot read {args.path}: {e}")
+        return 1
+    try:
+        findings = health.diagnose_run(records, run_dir=_run_dir(source))
+    except Exception as e:
+        # The rules are written against well-formed metrics; a record they trip on is itself the finding.
+        findings = [health.Finding("diagnosis_error", "critical", {"error": f"{type(e).__name__}: {e}"},
+                                   "The metrics could not be diagnosed; some record is malformed.",
+                                   ["inspect the records named in the error"])]
+    if args.json:
+        print(json.dumps({"source": str(source), "unreadable_lines": [u.line for u in unreadable],
+                          "healthy": health.is_healthy(findings), "worst": health.worst_severity(findings),
+                          "findings": [f.__dict__ for f in findings]}, indent=1, default=str))
+    else:
+        n_steps = sum(1 for r in records if r.get("type", "step") == "step")
+        n_epochs = sum(1 for r in records if r.get("type") == "epoch")
+        print(f"# Diagnosis of {source}\n")
+        print(f"{n_steps} step records, {n_epochs} epoch records; {_last_step_line(records)}")
+        for u in unreadable:
+            print(f"could not read line {u.line}: {u.reason}")
+        print(f"\nverdict: {'HEALTHY' if health.is_healthy(findings) else 'CRITICAL'} "
+              f"(worst: {health.worst_severity(findings) or 'none'})\n")
+        print(health.format_findings(findings), end="")
+    if not records:
+        print("no metric records found")
+        return 1
+    return 0 if health.is_healthy(findings) else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

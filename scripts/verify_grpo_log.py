@@ -1,0 +1,130 @@
+"""Verify from its logs that a GRPO run did what it claims; write a Markdown report with plots.
+
+    python scripts/verify_grpo_log.py runs/tiny_cpu                 # metrics.jsonl (+ config.json) of a run
+    python scripts/verify_grpo_log.py old_run/train.log --tol 1e-3  # a text log with [GRPO Debug] lines
+
+Exit status: 0 when no check fails (warnings allowed), 1 otherwise. Never ends in a traceback: anything
+unexpected becomes a failing "parse" check in the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from recam import verify  # noqa: E402
+
+LOG_NAMES = ("train.log", "training.log", "log.txt", "stdout.log")
+
+
+def find_source(path: Path) -> tuple[Path, Path | None]:
+    """(log file to verify, config.json or None) for a run directory or a log file."""
+    if path.is_dir():
+        if (path / "metrics.jsonl").exists():
+            log = path / "metrics.jsonl"
+        else:
+            candidates = [path / n for n in LOG_NAMES if (path / n).exists()]
+            candidates += sorted(p for p in path.glob("*.log") if p not in candidates)
+            with_tag = [p for p in candidates if verify.TAG in p.read_text(errors="replace")]
+            if not with_tag:
+                raise FileNotFoundError(f"{path} holds neither metrics.jsonl nor a log with {verify.TAG} lines")
+            log = with_tag[0]
+        config = path / "config.json"
+    else:
+        if not path.exists():
+            raise FileNotFoundError(f"{path} does not exist")
+        log, config = path, path.parent / "config.json"
+    return log, config if config.exists() else None
+
+
+def build_report(path: Path, tol: float) -> tuple[verify.Report, list[dict]]:
+    """The report and, for metrics.jsonl, its records (for the plots)."""
+    log, config_path = find_source(path)
+    text = log.read_text(errors="replace")
+    if not verify.looks_like_jsonl(text) and verify.TAG in text:
+        return verify.verify_debug_log(verify.parse_debug_log(text), tol, source=str(log)), []
+    config, config_check = None, None
+    if config_path is not None:
+        try:
+            config = json.loads(config_path.read_text())
+            config_check = verify.Check("config_file", verify.PASS, {"path": str(config_path)}, "config.json read")
+        except (OSError, json.JSONDecodeError) as e:
+            config_check = verify.Check("config_file", verify.WARN, {"path": str(config_path)},
+                                        f"config.json unreadable ({e}); verified without it")
+    parsed = verify.parse_jsonl(text)
+    report = verify.verify_metrics(parsed, config, tol, source=str(log))
+    if config_check is not None:
+        report.checks.insert(1, config_check)
+    return report, parsed.records
+
+
+def default_out(path: Path) -> Path:
+    if path.is_dir():
+        return path / "grpo_verification.md"
+    return path.parent / f"{path.stem}_verification.md"
+
+
+def render(report: verify.Report, plots: list[tuple[str, str]]) -> str:
+    try:
+        return verify.render_markdown(report, plots)
+    except Exception as e:
+        # A check carrying something unprintable must not cost the whole report: fall back to plain lines.
+        lines = [f"# GRPO verification report ({report.status.upper()})", "",
+                 f"(full rendering failed: {type(e).__name__}: {e})", ""]
+        lines += [f"- {c.status.upper()} {c.name} [{c.epoch}]: {c.detail}" for c in report.checks]
+        return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("path", help="run directory (metrics.jsonl, config.json) or a log file")
+    parser.add_argument("--out", help="Markdown report (default: next to the log); plots go beside it")
+    parser.add_argument("--tol", type=float, default=1e-3, help="tolerance of mean 0 / std 1 / equalities")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    args = parser.parse_args(argv)
+    path = Path(args.path)
+    out = Path(args.out) if args.out else default_out(path)
+    records: list[dict] = []
+    try:
+        report, records = build_report(path, args.tol)
+    except Exception as e:
+        detail = f"{type(e).__name__}: {e}"
+        tb = traceback.extract_tb(e.__traceback__)
+        if tb:
+            detail += f" (at {Path(tb[-1].filename).name}:{tb[-1].lineno})"
+        report = verify.Report(str(path), "unknown", [verify.Check("parse", verify.FAIL, {}, detail)], [], [],
+                               {"tol": args.tol})
+    plots: list[tuple[str, str]] = []
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if records and not args.no_plots:
+            try:
+                plots = verify.write_plots(records, out.parent, out.stem)
+            except Exception as e:
+                report.notes.append(f"plots could not be drawn: {type(e).__name__}: {e}")
+        out.write_text(render(report, plots))
+        where = f"report: {out}"
+    except OSError as e:
+        where = f"report not written ({e}); printing it instead\n\n" + render(report, plots)
+    failing = report.failing()
+    warns = sum(c.status == verify.WARN for c in report.checks)
+    print(f"GRPO verification of {report.source}: {report.status.upper()} "
+          f"({len(failing)} failing, {warns} warning of {len(report.checks)} check results)")
+    for c in failing[:20]:
+        scope = "run" if c.epoch is None else f"epoch {c.epoch}"
+        print(f"  FAIL {c.name} [{scope}]: {c.detail}")
+    if len(failing) > 20:
+        print(f"  … and {len(failing) - 20} more failing results in the report")
+    if report.unreadable:
+        print(f"  could not read line(s): {', '.join(str(u.line) for u in report.unreadable[:20])}")
+    print(where)
+    return 1 if report.status == verify.FAIL else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from recam import health
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("diagnose", ROOT / "scripts" / "diagnose.py")
+diagnose_script = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(diagnose_script)
+
+# The metrics of a real blown-up run.
+BLOWN_UP = {"loss": 1.7155e8, "policy_loss": 1.7153e8, "kl_penalty": 1.9756e5, "mean_ratio": 4.8517e8,
+            "mean_advantage": 0.0, "mean_log_prob_current": -8.336e5, "mean_log_prob_ref": -1.0312e6,
+            "mean_reward": 0.4971, "std_reward": 0.1766, "zero_std_ratio": 1.0}
+
+
+def healthy(step=1, **over):
+    m = {"step": step, "epoch": (step - 1) // 4, "loss": 0.01 * (-1) ** step, "policy_loss": 0.0096 * (-1) ** step,
+         "kl_penalty": 1e-4, "mean_ratio": 1.0003, "ratio_min": 0.998, "ratio_max": 1.004, "clipfrac": 0.04,
+         "clipfrac_high": 0.02, "clipfrac_low": 0.02, "approx_kl": 2e-6, "mean_log_prob_current": 1.31,
+         "mean_log_prob_old": 1.31, "mean_log_prob_ref": 1.30, "mean_advantage": 3e-9, "grad_norm": 0.4,
+         "learning_rate": 1e-4, "zero_std_ratio": 0.0625, "mean_reward": 0.5, "std_reward": 0.17}
+    m.update(over)
+    return m
+
+
+def rules(findings, severity=None):
+    return {f.rule for f in findings if severity is None or f.severity == severity}
+
+
+def test_blown_up_run_is_critical_naming_ratio_drift_and_missing_signal():
+    findings = health.diagnose_step(BLOWN_UP, [])
+    assert health.worst_severity(findings) == "critical" and not health.is_healthy(findings)
+    critical = rules(findings, "critical")
+    assert {"ratio_explosion", "reference_drift", "no_advantage_signal", "loss_blowup", "kl_growth"} <= critical
+    by_rule = {f.rule: f for f in findings}
+    assert by_rule["ratio_explosion"].numbers["mean_ratio"] == 4.8517e8
+    assert by_rule["reference_drift"].numbers["drift_per_element"] == pytest.approx(1.976e5, rel=1e-3)
+    assert "policy_loss" in by_rule["no_advantage_signal"].explanation  # a loss with all-zero advantages
+    text = health.format_findings(findings)
+    assert text.startswith("- **CRITICAL**")
+    for field in ("train.learning_rate", "train.beta", "train.log_ratio_clamp", "sample.noise_level",
+                  "reward.weights", "checkpoints/latest"):
+        assert field in text
+    assert "reward_collapse" not in rules(findings)  # mean 0.50, std 0.18: the reward itself is fine
+
+
+def test_healthy_metrics_give_no_findings():
+    history = [healthy(s) for s in range(1, 40)]
+    assert health.diagnose_step(healthy(40), history) == []
+    assert health.diagnose_step(healthy(1), []) == []
+    assert health.is_healthy([]) and health.worst_severity([]) is None
+    assert "healthy" in health.format_findings([])
+
+
+@pytest.mark.parametrize("key,value", [("loss", math.nan), ("grad_norm", math.inf), ("mean_ratio", math.nan)])
+def test_nan_or_inf_is_critical(key, value):
+    findings = health.diagnose_step(healthy(5, **{key: value}), [healthy(s) for s in range(1, 5)])
+    f = next(f for f in findings if f.rule == "non_finite")
+    assert f.severity == "critical" and f.numbers["keys"] == [key]
+
+
+def test_loss_far_above_running_median_warns():
+    history = [healthy(s) for s in range(1, 30)]
+    f = health.diagnose_step(healthy(30, loss=5.0, policy_loss=5.0), history)
+    assert [(x.rule, x.severity) for x in f] == [("loss_blowup", "warn")]
+    assert health.diagnose_step(healthy(30, loss=5.0), history[:2]) == []  # too little history for a median
+    assert rules(health.diagnose_step(healthy(30, loss=-250.0), []), "critical") == {"loss_blowup"}
+
+
+def test_kl_growing_fast_and_clip_saturation():
+    history = [healthy(s, kl_penalty=2e-3) for s in range(1, 12)]
+    f = health.diagnose_step(healthy(12, kl_penalty=0.05), history)
+    assert [(x.rule, x.severity) for x in f] == [("kl_growth", "warn")]
+    assert health.diagnose_step(healthy(12, kl_penalty=5e-3), history) == []  # below the floor
+    assert health.diagnose_step(healthy(2, clipfrac=0.6), [])[0].severity == "warn"
+    assert health.diagnose_step(healthy(2, clipfrac=0.95), [])[0].severity == "critical"
+
+
+def test_ratio_bounds():
+    assert rules(health.diagnose_step(healthy(2, mean_ratio=0.4), []), "critical") == {"ratio_explosion"}
+    assert rules(health.diagnose_step(healthy(2, ratio_max=1e4), []), "critical") == {"ratio_explosion"}
+    assert rules(health.diagnose_step(healthy(2, mean_ratio=1.5), []), "warn") == {"ratio_explosion"}
+    assert health.diagnose_step(healthy(2, mean_ratio=1.5), [], thresholds=health.Thresholds(ratio_warn_high=1.6)) \
+        == []
+
+
+def test_reward_collapse_in_step_metrics():
+    history = [healthy(s, mean_reward=0.6) for s in range(1, 5)]
+    f = health.diagnose_step(healthy(5, mean_reward=0.25), history)
+    assert [(x.rule, x.severity) for x in f] == [("reward_collapse", "critical")]
+    f = health.diagnose_step(healthy(5, std_reward=0.0), history)
+    assert "every sample scores the same" in f[0].explanation
+
+
+def _epoch(e, step, reward, zero_std=0.0625, rewards=None):
+    return {"type": "epoch", "epoch": e, "step": step, "reward_avg": reward, "zero_std_ratio": zero_std,
+            "first_step_ratio_deviation": 1e-5,
+            "rewards/avg": rewards if rewards is not None else [[reward + 0.1 * (i % 3)] * 2 for i in range(8)]}
+
+
+def test_diagnose_run_merges_epoch_signal_and_reports_each_rule_once():
+    records = []
+    for e in range(3):
+        for s in range(2):
+            step = e * 2 + s + 1
+            m = healthy(step, mean_advantage=0.0, epoch=e)
+            del m["zero_std_ratio"]  # as the trainer logs steps: the ratio lives in the epoch record
+            records.append({"type": "step", **m})
+        records.append(_epoch(e, e * 2, 0.5, zero_std=1.0 if e == 2 else 0.0625))
+    findings = health.diagnose_run(records, run_dir="runs/x")
+    signal = [f for f in findings if f.rule == "no_advantage_signal"]
+    assert len(signal) == 1 and signal[0].severity == "critical"
+    assert signal[0].numbers["first_step"] == 5 and signal[0].numbers["epochs"] == [2]
+    assert "runs/x/checkpoints" not in health.format_findings(signal)  # no rollback advice for a dead signal
+
+
+def test_diagnose_run_reward_drop_over_epochs():
+    records = [_epoch(0, 0, 0.5), _epoch(1, 2, 0.6), _epoch(2, 4, 0.2)]
+    findings = health.diagnose_run(records, run_dir="runs/x")
+    f = next(f for f in findings if f.rule == "reward_collapse")
+    assert f.severity == "critical" and f.numbers["best_mean_reward"] == 0.6 and f.numbers["epochs"] == [2]
+    assert "runs/x/checkpoints/latest" in " ".join(f.actions)
+    flat = [_epoch(0, 0, 0.5), _epoch(1, 2, 0.5, rewards=[[0.5, 0.5]] * 8)]
+    assert rules(health.diagnose_run(flat), "critical") == {"reward_collapse"}
+
+
+def test_diagnose_script_exit_codes_and_torn_file(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [json.dumps({"type": "step", "step": s, **healthy(s)}) for s in range(1, 6)]
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    assert diagnose_script.main([str(run)]) == 0
+    assert "HEALTHY" in capsys.readouterr().out
+
+    lines.append(json.dumps({"type": "step", "step": 6, "epoch": 1, **BLOWN_UP}))
+    lines.append('{"type": "step", "step": 7, "loss": 1.2e')
+    (run / "metrics.jsonl").write_text("\n".join(lines))
+    assert diagnose_script.main([str(run)]) == 2
+    out = capsys.readouterr().out
+    assert "could not read line 7" in out and "ratio_explosion" in out and f"{run}/checkpoints" in out
+
+    single = tmp_path / "m.json"
+    single.write_text(json.dumps([BLOWN_UP]))
+    assert diagnose_script.main([str(single), "--json"]) == 2
+    parsed = json.loads(capsys.readouterr().out)
+    assert parsed["healthy"] is False and parsed["worst"] == "critical"
+
+    assert diagnose_script.main([str(tmp_path / "missing.jsonl")]) == 1

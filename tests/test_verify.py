@@ -1,0 +1,417 @@
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from config.base import get_config
+from recam import runlog, verify
+from recam.advantages import broadcast_over_timesteps, group_advantages
+from recam.sampler import global_batch_indices
+
+P, BS, NB, K, T = 2, 4, 2, 4, 3  # 16 samples = 4 conditions x k=4 per epoch
+N = P * BS * NB
+EPOCHS = 3
+STEPS_PER_EPOCH = 2
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load_script(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+verify_script = _load_script("verify_grpo_log")
+
+
+def _derived():
+    return {"num_processes": P, "per_device_batch": BS, "k": K, "num_batches_per_epoch": NB,
+            "samples_per_batch": P * BS, "conditions_per_batch": P * BS // K, "samples_per_epoch": N,
+            "unique_conditions_per_epoch": N // K, "num_train_timesteps": T}
+
+
+def _gathered_indices(epoch):
+    # What accelerator.gather returns: each rank's batches concatenated, ranks in order.
+    per_rank = [[] for _ in range(P)]
+    for b in range(NB):
+        g = global_batch_indices(64, P * BS // K, K, 0, epoch, b, NB)
+        for r in range(P):
+            per_rank[r] += g[r * BS:(r + 1) * BS].tolist()
+    return torch.tensor(sum(per_rank, []))
+
+
+def _step_metrics(step):
+    return {"loss": 0.01 * (-1) ** step, "policy_loss": 0.009, "kl_penalty": 1e-4 * step, "mean_ratio": 1.0002,
+            "ratio_min": 0.999, "ratio_max": 1.001, "clipfrac": 0.05, "clipfrac_high": 0.03, "clipfrac_low": 0.02,
+            "approx_kl": 1e-7, "mean_log_prob_current": 1.3, "mean_log_prob_old": 1.3, "mean_log_prob_ref": 1.29,
+            "mean_advantage": 1e-9, "grad_norm": 0.4, "learning_rate": 1e-4}
+
+
+def make_epoch(epoch, step):
+    """A correct epoch record, built with the trainer's own functions; one group has all-equal rewards."""
+    idx = _gathered_indices(epoch)
+    gen = torch.Generator().manual_seed(epoch)
+    cam = torch.rand(N, generator=gen)
+    fid = torch.rand(N, generator=gen)
+    cam[idx == idx[0]] = 0.5
+    fid[idx == idx[0]] = 0.25
+    rewards = {"avg": (cam + 0.5 * fid) / 1.5, "cam_score": cam, "fidelity": fid}
+    adv, stats = group_advantages(rewards["avg"], idx)
+    ids = [f"scene{i // 4:03d}/traj{i % 4}" for i in idx.tolist()]
+    rec = runlog.epoch_record(epoch, step, _derived(), ids, idx, rewards, broadcast_over_timesteps(adv, T), stats,
+                              0.1)
+    return {"type": "epoch", **rec}
+
+
+def make_records(epochs=EPOCHS):
+    out, step = [], 0
+    out.append({"type": "eval", "tag": "start", "step": 0, "eval/cam_score": 0.4})
+    for e in range(epochs):
+        rec = make_epoch(e, step)
+        steps = []
+        for _ in range(STEPS_PER_EPOCH):
+            step += 1
+            m = _step_metrics(step)
+            out.append({"type": "step", "step": step, "epoch": e, **m})
+            steps.append(m)
+        rec["optimizer_steps"] = steps
+        rec["first_step_ratio_deviation"] = 2e-4
+        rec["epoch_seconds"] = 1.5
+        out.append(rec)
+    return out
+
+
+def write_run(tmp_path, records, tail=""):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + tail)
+    c = get_config()
+    c.sample.batch_size, c.sample.k, c.sample.num_batches_per_epoch, c.train.batch_size = BS, K, NB, BS
+    (run / "config.json").write_text(c.to_json(indent=1))
+    return run
+
+
+def report_of(records, tail="", config=None):
+    text = "".join(json.dumps(r) + "\n" for r in records) + tail
+    return verify.verify_metrics(verify.parse_jsonl(text), config)
+
+
+def epoch_rec(records, e):
+    return next(r for r in records if r.get("type") == "epoch" and r["epoch"] == e)
+
+
+def status(report, name, epoch=None):
+    found = report.find(name, epoch)
+    assert len(found) == 1, f"{name} epoch {epoch}: {found}"
+    return found[0]
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_correct_log_passes_every_check_via_script(tmp_path, capsys):
+    run = write_run(tmp_path, make_records())
+    out = tmp_path / "report" / "verify.md"
+    assert verify_script.main([str(run), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "**Result: PASS**" in text
+    for png in ("verify_rewards.png", "verify_advantages.png", "verify_ratio_kl.png"):
+        assert (out.parent / png).stat().st_size > 1000
+        assert f"]({png})" in text
+    assert "PASS" in capsys.readouterr().out
+
+
+def test_correct_log_every_check_passes_per_epoch():
+    records = make_records()
+    c = get_config()
+    c.sample.batch_size, c.sample.k, c.sample.num_batches_per_epoch = BS, K, NB
+    report = report_of(records, config=json.loads(c.to_json()))
+    bad = [(c.name, c.epoch, c.detail) for c in report.checks if c.status != verify.PASS]
+    assert bad == []
+    assert report.epochs == [0, 1, 2]
+    per_epoch = {c.name for c in report.checks if c.epoch == 1}
+    assert {fn.__name__[len("check_"):] for fn in verify.EPOCH_CHECKS} | {"epoch_step"} == per_epoch
+    zero = status(report, "zero_std_groups", 0)
+    assert zero.numbers["zero_std_groups"] == 1 and zero.numbers["zero_std_ratio"] == pytest.approx(0.25)
+    table = status(report, "advantage_per_condition", 0).table
+    assert len(table) == N // K and all(r["samples"] == K for r in table)
+    assert sum(r["note"] == "zero-std group: all 0" for r in table) == 1
+
+
+def test_condition_with_three_copies_fails_count_per_condition():
+    records = make_records()
+    rec = epoch_rec(records, 1)
+    victim = rec["dataset_indices"][0]
+    rec["dataset_indices"][0] = 999
+    rec["condition_ids"][0] = "scene999/traj0"
+    report = report_of(records)
+    c = status(report, "count_per_condition", 1)
+    assert c.status == verify.FAIL
+    assert c.numbers["offender_counts"] == {str(victim): 3, "999": 1} or c.numbers["offender_counts"] == {
+        "999": 1, str(victim): 3}
+    assert f"{victim}" in c.detail and ": 3" in c.detail
+    assert status(report, "unique_conditions", 1).status == verify.FAIL
+    assert status(report, "count_per_condition", 0).status == verify.PASS
+
+
+def test_wrong_group_size_fails_only_group_size():
+    records = make_records()
+    epoch_rec(records, 2)["group_size"] = 3.0
+    report = report_of(records)
+    failing = [(c.name, c.epoch) for c in report.failing()]
+    assert failing == [("group_size", 2)]
+    assert status(report, "group_size", 2).numbers["logged_group_size"] == 3.0
+
+
+def test_group_with_half_std_advantages_fails():
+    records = make_records()
+    rec = epoch_rec(records, 0)
+    idx = np.array(rec["dataset_indices"])
+    constant = rec["dataset_indices"][0]
+    target = next(int(i) for i in idx if i != constant)
+    adv = np.array(rec["advantages"])
+    adv[idx == target] *= 0.5
+    rec["advantages"] = adv.tolist()
+    rec["advantage_per_condition"][str(target)]["std"] = float(adv[idx == target, 0].std())
+    report = report_of(records)
+    c = status(report, "advantage_per_condition", 0)
+    assert c.status == verify.FAIL
+    row = next(r for r in c.table if r["condition"] == target)
+    assert row["status"] == verify.FAIL and row["std"] == pytest.approx(0.5, abs=1e-3)
+    assert all(r["status"] == verify.PASS for r in c.table if r["condition"] != target)
+    rc = status(report, "advantage_recompute", 0)
+    assert rc.status == verify.FAIL and rc.numbers["samples_off"] == K
+    assert status(report, "advantage_summary", 0).status == verify.PASS  # the summary matches the bad array
+    md = verify.render_markdown(report)
+    assert f"| {target} |" in md and "| FAIL | std 0.499" in md
+
+
+def test_missing_epoch_fails():
+    records = [r for r in make_records(4) if r.get("epoch") != 1]
+    report = report_of(records)
+    c = status(report, "missing_epochs")
+    assert c.status == verify.FAIL and c.numbers["missing"] == [1]
+    assert report.epochs == [0, 2, 3]
+
+
+def test_truncated_last_line_is_a_warning_and_the_rest_is_verified(tmp_path, capsys):
+    records = make_records()
+    extra = make_epoch(EPOCHS, EPOCHS * STEPS_PER_EPOCH)
+    steps = [{"type": "step", "step": EPOCHS * STEPS_PER_EPOCH + 1, "epoch": EPOCHS,
+              **_step_metrics(EPOCHS * STEPS_PER_EPOCH + 1)}]
+    torn = json.dumps(extra)[:300]
+    run = write_run(tmp_path, records + steps, tail=torn)
+    n_lines = len(records) + len(steps) + 1
+    out = tmp_path / "r.md"
+    assert verify_script.main([str(run), "--out", str(out), "--no-plots"]) == 0
+    report, _ = verify_script.build_report(run, 1e-3)
+    c = status(report, "unreadable_lines")
+    assert c.status == verify.WARN and c.numbers["lines"] == [n_lines]
+    assert report.unreadable[0].reason.startswith("torn last line")
+    assert status(report, "missing_epochs").status == verify.WARN
+    assert report.failing() == []
+    assert f"line {n_lines}: torn last line" in out.read_text()
+    assert f"could not read line(s): {n_lines}" in capsys.readouterr().out
+
+
+def test_corrupt_middle_line_is_listed_and_later_epochs_still_verified():
+    records = make_records()
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    lines = text.splitlines()
+    lines.insert(3, '{"type": "step", "step": 1, "loss": nan}\x00\x00')
+    report = verify.verify_metrics(verify.parse_jsonl("\n".join(lines) + "\n"))
+    assert [u.line for u in report.unreadable] == [4]
+    assert "not valid JSON" in report.unreadable[0].reason
+    assert status(report, "count_per_condition", 2).status == verify.PASS
+
+
+def test_malformed_fields_fail_checks_instead_of_raising():
+    records = make_records()
+    rec = epoch_rec(records, 0)
+    rec["advantages"] = "oops"
+    rec["rewards/avg"] = [[1.0, 2.0], [3.0]]
+    rec["k"] = "four"
+    report = report_of(records)
+    assert status(report, "advantage_shape", 0).status == verify.FAIL
+    assert status(report, "reward_shapes", 0).status == verify.FAIL
+    assert "ragged" in status(report, "reward_shapes", 0).detail
+    assert status(report, "config_arithmetic", 0).status == verify.FAIL
+    assert status(report, "count_per_condition", 1).status == verify.PASS
+    verify.render_markdown(report)
+
+
+def test_wrong_logged_reward_mean_and_ungathered_rewards_fail():
+    records = make_records()
+    epoch_rec(records, 0)["reward_cam_score"] += 0.1
+    rec = epoch_rec(records, 1)
+    rec["rewards/fidelity"] = rec["rewards/fidelity"][: N // P]
+    report = report_of(records)
+    assert "reward_cam_score" in status(report, "reward_means", 0).detail
+    gathered = status(report, "reward_gathered", 1)
+    assert gathered.status == verify.FAIL and "one process's share" in gathered.detail
+
+
+def test_epoch_step_must_be_global_step():
+    records = make_records()
+    epoch_rec(records, 2)["step"] = 2
+    report = report_of(records)
+    assert status(report, "epoch_step", 2).status == verify.FAIL
+    assert status(report, "epoch_step", 1).status == verify.PASS
+
+
+def test_missing_input_is_a_parse_failure_not_a_traceback(tmp_path, capsys):
+    out = tmp_path / "r.md"
+    assert verify_script.main([str(tmp_path / "nope"), "--out", str(out)]) == 1
+    assert "parse" in out.read_text() and "FAIL" in out.read_text()
+
+
+@pytest.mark.parametrize("std_mode", ["group", "global", "none"])
+def test_recompute_matches_trainer(std_mode):
+    g = torch.Generator().manual_seed(3)
+    r = torch.rand(24, generator=g)
+    ids = torch.arange(6).repeat_interleave(4)[torch.randperm(24, generator=g)]
+    r[ids == 2] = 0.7
+    want, _ = group_advantages(r, ids, std_mode)
+    got, stats = verify.recompute_advantages(r.tolist(), ids.numpy(), std_mode)
+    np.testing.assert_allclose(got, want.numpy(), atol=1e-6)
+    assert stats[2].constant and not stats[0].constant and stats[0].count == 4
+
+
+def test_small_reward_std_is_a_warning_not_a_failure():
+    records = make_records(1)
+    rec = epoch_rec(records, 0)
+    idx = torch.tensor(rec["dataset_indices"])
+    avg = torch.tensor([row[0] for row in rec["rewards/avg"]])
+    target = int(idx[-1])
+    avg[idx == target] = 0.5 + 1e-4 * torch.arange(K, dtype=torch.float32)  # reward std ~1e-4 ~ eps
+    adv, stats = group_advantages(avg, idx)
+    rec["rewards/avg"] = avg[:, None].expand(-1, T).tolist()
+    rec["reward_avg"] = float(avg.mean())
+    rec["reward_std_mean"] = float(stats["reward_std_mean"])
+    rec["advantages"] = broadcast_over_timesteps(adv, T).tolist()
+    rec["advantage_per_condition"][str(target)]["std"] = float(adv[idx == target].double().std(unbiased=False))
+    report = report_of(records)
+    c = status(report, "advantage_per_condition", 0)
+    assert c.status == verify.WARN and "eps" in next(r for r in c.table if r["condition"] == target)["note"]
+    assert status(report, "advantage_recompute", 0).status == verify.PASS
+
+
+# ---------------------------------------------------------------------------------------------------------
+# [GRPO Debug] text logs
+
+
+def debug_log(epochs=3, k=4, conds=4, three_copy_epoch=None, explicit=True, extra=""):
+    lines = ["2024-05-01 10:00:00 INFO starting", f"[rank0] [GRPO Debug] k={k}"]
+    rng = np.random.default_rng(0)
+    for e in range(epochs):
+        chosen = [int(c) for c in rng.choice(200, conds, replace=False)]
+        idx = [c for c in chosen for _ in range(k)]
+        if e == three_copy_epoch:
+            idx[0] = 777
+        rng.shuffle(idx)
+        counts = {}
+        for i in idx:
+            counts[i] = counts.get(i, 0) + 1
+        pre = f"2024-05-01 10:0{e}:00 [rank0] [GRPO Debug] " + (f"epoch {e} " if explicit else "")
+        lines.append(pre + f"gathered dataset indices: {idx}")
+        lines.append(f"[GRPO Debug] number of unique conditions: {len(counts)}")
+        lines.append(f"[GRPO Debug] count per condition: {counts}")
+        lines.append(f"[GRPO Debug] advantages shape: torch.Size([{len(idx)}, 9])" if e % 2 == 0 else
+                     f"[GRPO Debug] advantages shape: ({len(idx)}, 9)")
+        for j, c in enumerate(sorted(counts)):
+            mean, std = (0.0, 0.0) if j == 0 else (-0.0, 1.0)
+            lines.append(f"[GRPO Debug] condition {c} advantage mean: {mean:.4f} std: {std:.4f}")
+        lines.append("some unrelated line: loss 0.01")
+    return "\n".join(lines) + "\n" + extra
+
+
+def test_good_debug_log_passes(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text(debug_log())
+    out = tmp_path / "r.md"
+    assert verify_script.main([str(log), "--out", str(out)]) == 0
+    report, _ = verify_script.build_report(log, 1e-3)
+    assert report.kind == "[GRPO Debug] text log"
+    assert report.epochs == [0, 1, 2]
+    assert [c for c in report.checks if c.status != verify.PASS] == []
+    names = {c.name for c in report.checks if c.epoch == 1}
+    assert names == {"count_per_condition", "unique_conditions", "advantage_shape", "advantage_per_condition"}
+    assert "**Result: PASS**" in out.read_text()
+
+
+def test_debug_log_with_three_copy_condition_fails(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text(debug_log(three_copy_epoch=1, explicit=False))
+    out = tmp_path / "r.md"
+    assert verify_script.main([str(log), "--out", str(out)]) == 1
+    report, _ = verify_script.build_report(log, 1e-3)
+    c = status(report, "count_per_condition", 1)
+    assert c.status == verify.FAIL and ": 3" in c.detail and "777: 1" in c.detail
+    assert status(report, "count_per_condition", 0).status == verify.PASS
+    assert any("order" in n for n in report.notes)
+
+
+def test_debug_log_bad_advantage_std_and_shape_fail():
+    text = debug_log(epochs=1).replace("std: 1.0000", "std: 0.5000", 1).replace("torch.Size([16, 9])",
+                                                                                 "torch.Size([15, 9])")
+    report = verify.verify_debug_log(verify.parse_debug_log(text))
+    assert status(report, "advantage_per_condition", 0).status == verify.FAIL
+    assert status(report, "advantage_shape", 0).status == verify.FAIL
+
+
+def test_truncated_debug_log_reports_what_it_could_not_read():
+    text = debug_log(epochs=2)
+    lines = text.splitlines()
+    lines.append("[GRPO Debug] epoch 2 gathered dataset indices: [12, 12, 7")
+    lines.insert(5, "[GRPO Debug] count per condition: {12: 4, 7:")
+    report = verify.verify_debug_log(verify.parse_debug_log("\n".join(lines)))
+    c = status(report, "unreadable_lines")
+    assert c.status == verify.WARN and c.numbers["lines"] == [6, len(lines)]
+    assert "truncated" in report.unreadable[-1].reason and "last line" in report.unreadable[-1].reason
+    assert status(report, "count_per_condition", 1).status == verify.PASS
+    assert report.failing() == []
+
+
+def test_debug_missing_epoch_and_forms():
+    text = "\n".join([
+        "[GRPO Debug] group size: 2",
+        "[GRPO Debug] epoch 0 gathered dataset indices: tensor([3, 5, 3, 5], device='npu:0')",
+        "[GRPO Debug] epoch 0 count per condition: Counter({3: 2, 5: 2})",
+        "[GRPO Debug] epoch 0 advantages shape: [4, 2]",
+        "[GRPO Debug] epoch 0 condition 3 advantage mean: 1.2e-08 std: 0.99995",
+        "[GRPO Debug] epoch 2 gathered dataset indices: [1, 1, 2, 2]",
+        "[GRPO Debug] epoch 2 something else entirely",
+    ])
+    log = verify.parse_debug_log(text)
+    assert log.epochs[0].k == 2 and log.epochs[0].counts == {3: 2, 5: 2} and log.epochs[0].shape == (4, 2)
+    report = verify.verify_debug_log(log)
+    assert status(report, "missing_epochs").numbers["missing"] == [1]
+    assert status(report, "advantage_per_condition", 0).status == verify.WARN  # condition 5 not printed
+    assert [u.line for u in report.unreadable] == [7]
+
+
+def test_fuzzed_epoch_records_never_raise():
+    rng = np.random.default_rng(0)
+    junk = [None, "x", -1, 2.5, float("nan"), [], [[1], [2, 3]], {"a": 1}, [None], True]
+    base = make_records(2)
+    keys = sorted(epoch_rec(base, 0))
+    for _ in range(60):
+        records = json.loads(json.dumps(base))
+        rec = epoch_rec(records, 0)
+        for key in rng.choice(keys, 3, replace=False):
+            rec[str(key)] = junk[rng.integers(len(junk))]
+        report = report_of(records)
+        verify.render_markdown(report)
+        assert status(report, "count_per_condition", 1).status == verify.PASS
+
+
+def test_debug_log_cut_anywhere_never_raises():
+    text = debug_log(epochs=2)
+    for cut in range(0, len(text), 41):
+        report = verify.verify_debug_log(verify.parse_debug_log(text[:cut]))
+        assert not any(c.detail.startswith("could not evaluate") for c in report.checks)
+        verify.render_markdown(report)
