@@ -82,6 +82,17 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.batch_size = 16  # conditions per evaluation forward
     c.eval.num_videos = 4  # held-out conditions written as source | ground truth | generated videos
 
+    # ---- health guard (recam/health.py rules, evaluated every optimizer step) ----
+    c.health = ml_collections.ConfigDict()
+    c.health.action = "rollback"  # on a critical finding: "warn" (log, never checkpoint it), "stop", "rollback"
+    c.health.rollback_lr_factor = 0.5  # learning rate multiplier applied at each rollback
+    c.health.max_rollbacks = 3  # rollbacks allowed before the run stops
+
+    # ---- fault injection, for tests of the guard and of resume (negative = off) ----
+    c.debug = ml_collections.ConfigDict()
+    c.debug.inject_blowup_at_step = -1  # before this global step, add large noise to the policy weights
+    c.debug.sigkill_at_step = -1  # SIGKILL this process right after this global step
+
     # ---- logging ----
     c.logging = ml_collections.ConfigDict()
     c.logging.wandb_mode = "offline"  # "offline" | "online" | "disabled"; offline needs no account

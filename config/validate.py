@@ -88,6 +88,10 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
              f"mixed_precision must be 'no', 'fp16' or 'bf16', got {config.mixed_precision!r}")
     _require(config.logging.wandb_mode in ("offline", "online", "disabled"),
              f"logging.wandb_mode must be offline/online/disabled, got {config.logging.wandb_mode!r}")
+    _require(config.health.action in ("warn", "stop", "rollback"),
+             f"health.action must be 'warn', 'stop' or 'rollback', got {config.health.action!r}")
+    _require(0 < config.health.rollback_lr_factor <= 1,
+             f"health.rollback_lr_factor must be in (0, 1], got {config.health.rollback_lr_factor}")
     weights = dict(config.reward.weights)
     _require(len(weights) > 0, "reward.weights is empty: name at least one reward")
     unknown = sorted(set(weights) - set(known_rewards()))

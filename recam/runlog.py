@@ -75,17 +75,40 @@ class RunLog:
                 return {k: v for k, v in rec.items() if k not in ("type", "tag", "step")}
         return None
 
-    def truncate_after(self, epoch: int) -> None:
-        """Drop records of epochs >= `epoch` (written by a run killed before checkpointing them)."""
+    def health_record(self, step: int, epoch: int, findings) -> None:
+        if not self.enabled:
+            return
+        self._append({"type": "health", "step": step, "epoch": epoch,
+                      "findings": [{"rule": f.rule, "severity": f.severity, "numbers": f.numbers} for f in findings]})
+        for f in findings:
+            if f.severity != "info":
+                print(f"[recam] health {f.severity}: {f.rule} {f.numbers}", flush=True)
+
+    def truncate_after(self, epoch: int, archive_reason: str | None = None) -> None:
+        """Drop records of epochs >= `epoch`: written by a run killed before checkpointing them, or rolled back.
+
+        With `archive_reason` the dropped records are appended to rolled_back.jsonl instead of discarded, so a
+        rollback stays auditable while metrics.jsonl describes exactly the training that produced the weights.
+        """
         if not self.enabled or not self.path.exists():
             return
-        kept = [r for r in read_records(self.path)
-                if r.get("epoch", -1) < epoch and not (r.get("type") == "eval" and r.get("tag") == "final")]
+        records = read_records(self.path)
+        dropped = [r for r in records
+                   if r.get("epoch", -1) >= epoch or (r.get("type") == "eval" and r.get("tag") == "final")]
+        kept = [r for r in records if not any(r is d for d in dropped)]
+        if archive_reason and dropped:
+            with (self.run_dir / "rolled_back.jsonl").open("a") as f:
+                for r in dropped:
+                    f.write(json.dumps({**r, "rolled_back": archive_reason}) + "\n")
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
         os.replace(tmp, self.path)
 
-    def summary(self, before: dict, after: dict, extra_paths: dict | None = None) -> str:
+    def archive_after(self, epoch: int, reason: str) -> None:
+        self.truncate_after(epoch, archive_reason=reason)
+
+    def summary(self, before: dict, after: dict, extra_paths: dict | None = None, note: str | None = None,
+                rollbacks: int = 0) -> str:
         rows = [("cam_score", "eval/cam_score"), ("RotErr (deg)", "eval/rot_err"),
                 ("TransErr", "eval/trans_err"), ("CamMC", "eval/cammc"), ("fidelity", "eval/fidelity")]
         lines = ["| held-out metric | base | after GRPO | change |", "|---|---|---|---|"]
@@ -93,7 +116,8 @@ class RunLog:
             if key in before and key in after:
                 lines.append(f"| {name} | {before[key]:.4f} | {after[key]:.4f} | {after[key] - before[key]:+.4f} |")
         lines.append("")
-        lines.append(f"conditions evaluated: {after.get('eval/num_conditions')}")
+        lines.append(f"conditions evaluated: {after.get('eval/num_conditions')} (held-out, ODE sampling, fixed noise)")
+        lines.append(f"health guard: {note or 'ran to the end'}; rollbacks: {rollbacks}")
         paths = {"metrics": self.path, "videos": self.run_dir / "videos", "checkpoints": self.run_dir / "checkpoints"}
         paths.update(extra_paths or {})
         lines += [f"{k}: {v}" for k, v in paths.items()]
@@ -105,6 +129,23 @@ class RunLog:
     def close(self) -> None:
         if self.wandb:
             self.wandb.finish()
+
+
+def write_reports(run_dir: Path) -> dict:
+    """Run the project's GRPO verification and diagnosis tools on this run; returns their report paths."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    verification, diagnosis = run_dir / "grpo_verification.md", run_dir / "diagnosis.md"
+    v = subprocess.run([sys.executable, str(root / "scripts" / "verify_grpo_log.py"), str(run_dir), "--out",
+                        str(verification)], capture_output=True, text=True)
+    d = subprocess.run([sys.executable, str(root / "scripts" / "diagnose.py"), str(run_dir)], capture_output=True,
+                       text=True)
+    diagnosis.write_text(d.stdout + d.stderr)
+    print(v.stdout.strip().splitlines()[0] if v.stdout.strip() else v.stderr[-2000:], flush=True)
+    return {"verification": f"{verification} ({'PASS' if v.returncode == 0 else 'FAIL'})",
+            "diagnosis": f"{diagnosis} ({'healthy' if d.returncode == 0 else 'NOT healthy'})"}
 
 
 def read_records(path: Path) -> list[dict]:

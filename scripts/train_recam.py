@@ -13,6 +13,8 @@ import contextlib
 import copy
 import gc
 import json
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -32,6 +34,7 @@ from recam import runlog  # noqa: E402
 from recam.advantages import broadcast_over_timesteps, group_advantages, nonzero_group_mask  # noqa: E402
 from recam.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint, set_rng_state  # noqa: E402
 from recam.distributed import local_slice, use_cpu_if_no_accelerator  # noqa: E402
+from recam.health import diagnose_step  # noqa: E402
 from recam.losses import get_kl_estimator, get_policy_loss  # noqa: E402
 from recam.model import ReCamTransformer3DModel  # noqa: E402
 from recam.pipeline import ode_sample, per_sample_noise, rescore, rollout  # noqa: E402
@@ -112,33 +115,27 @@ def main(_):
     policy_loss_fn = get_policy_loss(t.policy_loss)
     kl_estimator = None if t.kl_type == "gaussian_mean" else get_kl_estimator(t.kl_type)
 
-    # ---- resume ----
+    # ---- resume (or start from the base, saved once as the first healthy checkpoint) ----
+    policy, optimizer = accelerator.prepare(policy, optimizer)
+    unwrapped = accelerator.unwrap_model(policy)
+    autocast = accelerator.autocast if config.mixed_precision != "no" else contextlib.nullcontext
     ckpt_root = run_dir / "checkpoints"
     start_epoch, global_step = 0, 0
     ckpt = latest_checkpoint(ckpt_root) if config.resume else None
     if ckpt is not None:
-        state, trainer = load_trainer_state(ckpt)
-        policy = ReCamTransformer3DModel.from_pretrained(ckpt / "model")
-        optimizer = torch.optim.AdamW(policy.parameters(), lr=state["learning_rate"],
-                                      betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.adam_weight_decay,
-                                      eps=t.adam_epsilon)
-        optimizer.load_state_dict(trainer["optimizer"])
-        if ema is not None and trainer["ema"] is not None:
-            ema.load_state_dict(trainer["ema"])
-        set_rng_state(trainer["rng"])
-        start_epoch, global_step = state["epoch"], state["global_step"]
+        start_epoch, global_step = load_into(ckpt, unwrapped, optimizer, ema)
         log.truncate_after(start_epoch)
         log.info(f"resumed from {ckpt} at epoch {start_epoch}, global step {global_step}")
-    policy, optimizer = accelerator.prepare(policy, optimizer)
-    unwrapped = accelerator.unwrap_model(policy)
-    autocast = accelerator.autocast if config.mixed_precision != "no" else contextlib.nullcontext
+    elif accelerator.is_main_process:
+        save(ckpt_root, 0, 0, unwrapped, optimizer, ema, config)
+    accelerator.wait_for_everyone()
 
     s = config.sample
     sigmas = flow_sigmas(s.num_steps, s.shift).to(accelerator.device)
     eval_sigmas = flow_sigmas(s.eval_num_steps, s.shift).to(accelerator.device)
     T = derived["num_train_timesteps"]
     sampler = KRepeatBatchSampler(len(train_world), s.batch_size, s.k, world_size, rank, config.seed,
-                                  s.num_batches_per_epoch, start_batch=start_epoch * s.num_batches_per_epoch)
+                                  s.num_batches_per_epoch)
     video_shape = tuple(train_world[0].target_video.shape)
 
     def run_eval(tag):
@@ -149,12 +146,15 @@ def main(_):
         return out
 
     eval_before = log.read_eval("start") or run_eval("start")
+    history: list[dict] = []  # recent step metrics, for the health rules
+    rollbacks, stopped_by, injected = 0, None, False
 
-    for epoch in range(start_epoch, config.num_epochs):
+    epoch = start_epoch
+    while epoch < config.num_epochs:
         epoch_t0 = time.time()
         # ---- 1. sample k copies per condition, storing only what training needs ----
         unwrapped.eval()
-        local = {"states": [], "log_probs": [], "index": [], "rewards": {}, "details": []}
+        local = {"states": [], "log_probs": [], "index": [], "rewards": {}}
         reward_seconds = 0.0
         for b in tqdm(range(s.num_batches_per_epoch), desc=f"epoch {epoch} sampling", disable=not log.enabled,
                       leave=False):
@@ -163,9 +163,8 @@ def main(_):
             batch = collate_conditions([train_world[i] for i in indices])
             keys = [(config.seed, position, rank * s.batch_size + n) for n in range(len(indices))]
             noise = per_sample_noise(keys, s.num_steps + 1, video_shape).to(accelerator.device)
-            with torch.no_grad():
-                out = rollout(velocity_fn_for(unwrapped, repeat_batch(batch, accelerator.device), autocast),
-                              noise, sigmas, T, s.noise_level, s.sde_type)
+            out = rollout(velocity_fn_for(unwrapped, repeat_batch(batch, accelerator.device), autocast),
+                          noise, sigmas, T, s.noise_level, s.sde_type)
             r0 = time.time()
             scores, _ = reward_fn(out.videos.cpu(), batch["conditions"])
             reward_seconds += time.time() - r0
@@ -190,16 +189,20 @@ def main(_):
         adv_local = local_slice(g_adv_t, rank, world_size)
         keep_local = local_slice(keep, rank, world_size)
         record = runlog.epoch_record(epoch, global_step, derived,
-                                     [train_world[int(i)].condition_id for i in g_index], g_index, g_rewards, g_adv_t,
-                                     adv_stats, reward_seconds)
+                                     [train_world[int(i)].condition_id for i in g_index], g_index,
+                                     g_rewards, g_adv_t, adv_stats, reward_seconds)
+        epoch_signal = {"zero_std_ratio": record["zero_std_ratio"], "mean_reward": record["reward_avg"]}
 
         # ---- 3. policy updates: clipped ratio + KL to the frozen base, accumulating over timesteps ----
         unwrapped.train()
         order = torch.randperm(len(states), generator=torch.Generator().manual_seed(config.seed * 7919 + epoch))
         order = order[keep_local[order]]
-        step_metrics = []
+        step_metrics, critical = [], []
         for _inner in range(t.num_inner_epochs):
             for mb in range(0, len(order), t.batch_size):
+                if global_step == config.debug.inject_blowup_at_step and not injected:
+                    inject_blowup(unwrapped)
+                    injected = True  # one-shot, so a rollback replaying this step sees a healthy model
                 sel = order[mb:mb + t.batch_size]
                 mb_batch = repeat_batch(collate_conditions([train_world[int(i)] for i in cond_index[sel]]),
                                         accelerator.device)
@@ -225,40 +228,74 @@ def main(_):
                         accelerator.backward(loss / T)  # gradients accumulate over timesteps; sync once
                     acc.append({k: v.detach() for k, v in metrics.items()})
                 grad_norm = accelerator.clip_grad_norm_(policy.parameters(), t.max_grad_norm)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                if ema is not None:
-                    ema.step(unwrapped.parameters())
-                global_step += 1
                 m = {k: float(torch.stack([a[k] for a in acc]).mean()) for k in acc[0]}  # one sync per step
                 m["ratio_max"] = max(float(a["ratio_max"]) for a in acc)
                 m["ratio_min"] = min(float(a["ratio_min"]) for a in acc)
                 m["grad_norm"] = float(grad_norm)
                 m["learning_rate"] = optimizer.param_groups[0]["lr"]
                 m = runlog.mean_over_processes(m, accelerator)
+                # The guard looks before the update is applied: a broken step never reaches the weights.
+                findings = diagnose_step({**m, **epoch_signal}, history, run_dir=str(run_dir))
+                critical = [f for f in findings if f.severity == "critical"]
+                if not critical:
+                    optimizer.step()
+                    if ema is not None:
+                        ema.step(unwrapped.parameters())
+                optimizer.zero_grad(set_to_none=True)
+                global_step += 1
                 log.step_record(global_step, epoch, m)
+                history.append(m)
                 step_metrics.append(m)
+                if findings:
+                    log.health_record(global_step, epoch, findings)
+                if global_step == config.debug.sigkill_at_step:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if critical:
+                    break
+            if critical:
+                break
         record["optimizer_steps"] = step_metrics
         record["first_step_ratio_deviation"] = abs(step_metrics[0]["mean_ratio"] - 1.0) if step_metrics else None
         record["epoch_seconds"] = time.time() - epoch_t0
         log.epoch_record(record)
         log.info(runlog.epoch_line(record))
 
-        # ---- 4. checkpoint, evaluate ----
+        # ---- 4. health: a broken epoch is never checkpointed; stop or roll back as configured ----
+        if critical:
+            log.info("health guard: " + "; ".join(f"{f.rule} ({f.severity})" for f in critical))
+            healthy_ckpt = latest_checkpoint(ckpt_root)
+            if config.health.action == "stop" or (config.health.action == "rollback"
+                                                   and rollbacks >= config.health.max_rollbacks):
+                stopped_by = f"{critical[0].rule} at step {global_step}"
+                load_into(healthy_ckpt, unwrapped, optimizer, ema)
+                log.info(f"stopped; weights restored from the last healthy checkpoint {healthy_ckpt}")
+                break
+            if config.health.action == "rollback":
+                rollbacks += 1
+                epoch, global_step = load_into(healthy_ckpt, unwrapped, optimizer, ema,
+                                               lr_factor=config.health.rollback_lr_factor ** rollbacks)
+                log.archive_after(epoch, reason=f"rollback {rollbacks}: {critical[0].rule}")
+                history.clear()
+                log.info(f"rolled back to {healthy_ckpt} (epoch {epoch}, step {global_step}), "
+                         f"learning rate now {optimizer.param_groups[0]['lr']:.3g}")
+                continue
+            epoch += 1  # action "warn": keep going, but this state is never saved as a checkpoint
+            continue
+
+        # ---- 5. checkpoint, evaluate ----
+        epoch += 1
         accelerator.wait_for_everyone()
-        if accelerator.is_main_process and ((epoch + 1) % config.save_freq == 0 or epoch + 1 == config.num_epochs):
-            save_checkpoint(ckpt_root, f"epoch_{epoch + 1:04d}", unwrapped, optimizer, ema,
-                            {"epoch": epoch + 1, "global_step": global_step,
-                             "sampler_position": (epoch + 1) * s.num_batches_per_epoch,
-                             "learning_rate": optimizer.param_groups[0]["lr"], "healthy": True},
-                            keep=config.keep_checkpoints)
+        if accelerator.is_main_process and (epoch % config.save_freq == 0 or epoch == config.num_epochs):
+            save(ckpt_root, epoch, global_step, unwrapped, optimizer, ema, config)
         accelerator.wait_for_everyone()
-        if (epoch + 1) % config.eval.freq == 0 and epoch + 1 != config.num_epochs:
-            run_eval(f"epoch_{epoch + 1:04d}")
+        if epoch % config.eval.freq == 0 and epoch != config.num_epochs:
+            run_eval(f"epoch_{epoch:04d}")
 
     eval_after = run_eval("final")
     if accelerator.is_main_process:
-        log.summary(eval_before, eval_after)
+        reports = runlog.write_reports(run_dir)
+        log.summary(eval_before, eval_after, extra_paths=reports, note=stopped_by and f"stopped by the health "
+                    f"guard: {stopped_by}", rollbacks=rollbacks)
     log.close()
     # The DDP reducer must die before its process group, or gloo's teardown deadlocks on the GIL at exit.
     accelerator.free_memory()
@@ -267,6 +304,39 @@ def main(_):
     accelerator.end_training()
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+    if stopped_by:
+        sys.exit(3)
+
+
+def save(ckpt_root, epoch, global_step, model, optimizer, ema, config):
+    """Checkpoint at an epoch boundary: only healthy states get here."""
+    save_checkpoint(ckpt_root, f"epoch_{epoch:04d}", model, optimizer, ema,
+                    {"epoch": epoch, "global_step": global_step,
+                     "sampler_position": epoch * config.sample.num_batches_per_epoch,
+                     "learning_rate": optimizer.param_groups[0]["lr"], "healthy": True},
+                    keep=config.keep_checkpoints)
+
+
+def load_into(ckpt, model, optimizer, ema, lr_factor: float = 1.0) -> tuple[int, int]:
+    """Restore weights, optimizer, EMA and RNG from a checkpoint in place; returns (epoch, global step)."""
+    state, trainer = load_trainer_state(ckpt)
+    weights = ReCamTransformer3DModel.from_pretrained(ckpt / "model").state_dict()
+    model.load_state_dict(weights)
+    optimizer.load_state_dict(trainer["optimizer"])
+    for group in optimizer.param_groups:
+        group["lr"] = state["learning_rate"] * lr_factor
+    if ema is not None and trainer["ema"] is not None:
+        ema.load_state_dict(trainer["ema"])
+    set_rng_state(trainer["rng"])
+    return state["epoch"], state["global_step"]
+
+
+@torch.no_grad()
+def inject_blowup(model) -> None:
+    """Fault injection for tests: a destructive perturbation of the weights, like a diverged update."""
+    g = torch.Generator().manual_seed(0)
+    for p in model.parameters():
+        p.add_(torch.randn(p.shape, generator=g).to(p) * 5.0)
 
 
 @contextlib.contextmanager
