@@ -65,6 +65,22 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.ema = False  # keep an EMA of the policy weights, used for evaluation
     c.train.ema_decay = 0.95  # EMA decay per optimizer step
 
+    # ---- policy-optimization variants (recam/variants.py; need train.policy_loss = "grpo_variants") ----
+    c.train.use_ema_smoothing = False  # 2.1 EMA of per-trajectory importance weights across inner updates
+    c.train.ema_beta = 0.9  # 2.1 weight of the fresh importance weight (1 = no smoothing)
+    c.train.use_gradient_adaptive_weighting = False  # 2.2 per-timestep weights from a gradient-norm proxy
+    c.train.gradient_weighting_temperature = 1.0  # 2.2 softmax temperature over log gradient norms
+    c.train.use_amic = False  # 2.3 arithmetic-mean sequence importance weight, clipped at sequence level
+    c.train.use_gspo = False  # 2.3 alternative: GSPO's geometric-mean sequence weight (exclusive with AMIC)
+    c.train.use_ptrw = False  # 2.4 Gaussian trust-region gate in place of hard clipping
+    c.train.ptrw_sigma = 2e-3  # 2.4 gate width, on the scale of diffusion ratios (|r - 1| ~ 1e-3)
+    c.train.use_temporal_decay = False  # 2.5 advantage weight gamma^t over the trained steps, t = 0 noisiest
+    c.train.temporal_decay_gamma = 0.9  # 2.5 decay per trained step
+    c.train.temporal_decay_normalize = True  # 2.5 rescale the decay weights to mean 1
+    c.train.use_asymmetric_clipping = False  # 2.6 separate clip ranges for positive / negative advantages
+    c.train.clip_ratio_pos = 1.4e-3  # 2.6 upper clip for A > 0 (clip-higher proportion at diffusion scale)
+    c.train.clip_ratio_neg = 1e-3  # 2.6 lower clip for A < 0
+
     # ---- advantages ----
     c.advantage = ml_collections.ConfigDict()
     c.advantage.std_mode = "group"  # "group" | "global" | "none": what the centred reward is divided by

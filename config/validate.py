@@ -17,6 +17,10 @@ def _require(cond: bool, msg: str) -> None:
         raise ConfigError(msg)
 
 
+VARIANT_FLAGS = ("use_ema_smoothing", "use_gradient_adaptive_weighting", "use_amic", "use_gspo", "use_ptrw",
+                 "use_temporal_decay", "use_asymmetric_clipping")
+
+
 def derived_numbers(config: ml_collections.ConfigDict, num_processes: int) -> dict:
     """Numbers every reader of a run needs, computed once: samples and unique conditions per batch/epoch."""
     s = config.sample
@@ -41,6 +45,7 @@ def num_train_timesteps(num_steps: int, timestep_fraction: float) -> int:
 
 def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
     """Check `config` for a launch with `num_processes` processes; return `derived_numbers`."""
+    import recam.variants  # noqa: F401  (registers the "grpo_variants" policy loss)
     from recam.losses import KL_ESTIMATORS, POLICY_LOSSES
     from rewards import known_rewards
 
@@ -82,6 +87,27 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
              f"train.policy_loss={t.policy_loss!r} is not registered; known: {sorted(POLICY_LOSSES)}")
     _require(t.kl_type == "gaussian_mean" or t.kl_type in KL_ESTIMATORS,
              f"train.kl_type={t.kl_type!r} unknown; use 'gaussian_mean' or one of {sorted(KL_ESTIMATORS)}")
+    variant_flags = [f for f in VARIANT_FLAGS if t[f]]
+    _require(not variant_flags or t.policy_loss == "grpo_variants",
+             f"train.{variant_flags[0] if variant_flags else ''} needs train.policy_loss='grpo_variants', "
+             f"got {t.policy_loss!r}")
+    _require(not (t.use_amic and t.use_gspo),
+             "train.use_amic and train.use_gspo are mutually exclusive: AMIC is the arithmetic-mean alternative "
+             "to GSPO's geometric mean; enable one")
+    _require(not (t.use_ptrw and t.use_asymmetric_clipping),
+             "train.use_ptrw and train.use_asymmetric_clipping are mutually exclusive: PTRW replaces hard "
+             "clipping, so there is no clip range to make asymmetric")
+    _require(not (t.use_ema_smoothing and (t.use_amic or t.use_gspo)),
+             "train.use_ema_smoothing cannot combine with train.use_amic/train.use_gspo: the EMA smooths one "
+             "timestep's weight, the sequence forms are built from all raw weights")
+    _require(0 < t.ema_beta <= 1, f"train.ema_beta must be in (0, 1], got {t.ema_beta}")
+    _require(t.gradient_weighting_temperature > 0,
+             f"train.gradient_weighting_temperature must be > 0, got {t.gradient_weighting_temperature}")
+    _require(t.ptrw_sigma > 0, f"train.ptrw_sigma must be > 0, got {t.ptrw_sigma}")
+    _require(0 < t.temporal_decay_gamma <= 1,
+             f"train.temporal_decay_gamma must be in (0, 1], got {t.temporal_decay_gamma}")
+    _require(t.clip_ratio_pos > 0 and t.clip_ratio_neg > 0,
+             f"train.clip_ratio_pos/neg must be > 0, got {t.clip_ratio_pos}, {t.clip_ratio_neg}")
     _require(a.std_mode in ("group", "global", "none"),
              f"advantage.std_mode must be 'group', 'global' or 'none', got {a.std_mode!r}")
     _require(config.mixed_precision in ("no", "fp16", "bf16"),

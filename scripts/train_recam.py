@@ -37,9 +37,15 @@ from recam.distributed import local_slice, use_cpu_if_no_accelerator  # noqa: E4
 from recam.health import diagnose_step  # noqa: E402
 from recam.losses import get_kl_estimator, get_policy_loss  # noqa: E402
 from recam.model import ReCamTransformer3DModel  # noqa: E402
-from recam.pipeline import ode_sample, per_sample_noise, rescore, rollout  # noqa: E402
+from recam.pipeline import STEP_FNS, ode_sample, per_sample_noise, rescore, rollout  # noqa: E402
 from recam.sampler import KRepeatBatchSampler  # noqa: E402
 from recam.sde import flow_sigmas, gaussian_kl_between_means  # noqa: E402
+from recam.variants import (  # noqa: E402
+    EMAImportanceState,
+    gradient_adaptive_weights,
+    importance_weights,
+    output_gradient_norm,
+)
 from recam.world import SyntheticWorld, collate_conditions  # noqa: E402
 from rewards import MultiReward  # noqa: E402
 
@@ -114,6 +120,7 @@ def main(_):
     reward_fn = MultiReward(dict(config.reward.weights))
     policy_loss_fn = get_policy_loss(t.policy_loss)
     kl_estimator = None if t.kl_type == "gaussian_mean" else get_kl_estimator(t.kl_type)
+    variants = VariantInputs(config.train) if t.policy_loss == "grpo_variants" else None
 
     # ---- resume (or start from the base, saved once as the first healthy checkpoint) ----
     policy, optimizer = accelerator.prepare(policy, optimizer)
@@ -187,10 +194,13 @@ def main(_):
         keep = (nonzero_group_mask(advantages, g_index) if config.advantage.filter_zero_std
                 else torch.ones_like(advantages, dtype=torch.bool))
         adv_local = local_slice(g_adv_t, rank, world_size)
+        g_traj = trajectory_ids(g_index)
+        traj_ids = local_slice(g_traj, rank, world_size)
         keep_local = local_slice(keep, rank, world_size)
         record = runlog.epoch_record(epoch, global_step, derived,
                                      [train_world[int(i)].condition_id for i in g_index], g_index,
                                      g_rewards, g_adv_t, adv_stats, reward_seconds)
+        record["trajectory_ids"] = [f"{c}#{k}" for c, k in g_traj.tolist()]
         epoch_signal = {"zero_std_ratio": record["zero_std_ratio"], "mean_reward": record["reward_avg"]}
 
         # ---- 3. policy updates: clipped ratio + KL to the frozen base, accumulating over timesteps ----
@@ -210,6 +220,8 @@ def main(_):
                 policy_v = velocity_fn_for(policy, mb_batch, autocast)
                 ref_v = velocity_fn_for(reference, mb_batch, autocast) if reference is not None else None
                 acc = []
+                prepared = variants.prepare(policy_v, mb_states, sigmas, old_log_probs[sel], traj_ids[sel], _inner,
+                                            s.noise_level, s.sde_type) if variants else None
                 for j in range(T):
                     cur = rescore(policy_v, mb_states, sigmas, j, s.noise_level, s.sde_type)
                     kl = None
@@ -221,7 +233,10 @@ def main(_):
                     loss, metrics = policy_loss_fn(
                         cur.log_prob, old_log_probs[sel, j].to(accelerator.device),
                         adv_local[sel, j].to(accelerator.device), clip_range=t.clip_range,
-                        adv_clip_max=t.adv_clip_max, log_ratio_clamp=t.log_ratio_clamp, kl=kl, beta=t.beta)
+                        adv_clip_max=t.adv_clip_max, log_ratio_clamp=t.log_ratio_clamp, kl=kl, beta=t.beta,
+                        **(variants.loss_kwargs(prepared, j, T) if variants else {}))
+                    if prepared:
+                        metrics.update(prepared["metrics"])
                     if ref_v is not None:
                         metrics["mean_log_prob_ref"] = ref.log_prob.mean()
                     with accelerator.no_sync(policy) if j < T - 1 else contextlib.nullcontext():
@@ -254,6 +269,8 @@ def main(_):
                     break
             if critical:
                 break
+        if variants:
+            variants.retire_epoch()  # this epoch's samples are retired with it
         record["optimizer_steps"] = step_metrics
         record["first_step_ratio_deviation"] = abs(step_metrics[0]["mean_ratio"] - 1.0) if step_metrics else None
         record["epoch_seconds"] = time.time() - epoch_t0
@@ -306,6 +323,76 @@ def main(_):
         torch.distributed.destroy_process_group()
     if stopped_by:
         sys.exit(3)
+
+
+def trajectory_ids(g_index: torch.Tensor) -> torch.Tensor:
+    """(N, 2) int64 [dataset index, copy number]: a key per trajectory that survives shuffles and splits."""
+    seen: dict[int, int] = {}
+    copies = []
+    for i in g_index.tolist():
+        copies.append(seen.get(i, 0))
+        seen[i] = copies[-1] + 1
+    return torch.stack([g_index.long(), torch.tensor(copies, dtype=torch.long)], 1)
+
+
+class VariantInputs:
+    """Glue between the loop and recam.variants: the no-grad all-timestep pass and per-timestep kwargs."""
+
+    FLAGS = ("use_amic", "use_gspo", "use_ptrw", "ptrw_sigma", "use_temporal_decay", "temporal_decay_gamma",
+             "temporal_decay_normalize", "use_asymmetric_clipping", "clip_ratio_pos", "clip_ratio_neg")
+
+    def __init__(self, train_config):
+        self.t = train_config
+        self.static = {k: train_config[k] for k in self.FLAGS}
+        self.ema = EMAImportanceState(train_config.ema_beta) if train_config.use_ema_smoothing else None
+        self.needs_pass = (train_config.use_ema_smoothing or train_config.use_gradient_adaptive_weighting
+                           or train_config.use_amic or train_config.use_gspo)
+
+    @torch.no_grad()
+    def prepare(self, policy_v, states, sigmas, old_log_probs, ids, inner_epoch, noise_level, sde_type) -> dict:
+        out = {"metrics": {}}
+        if not self.needs_pass:
+            return out
+        T = old_log_probs.shape[1]
+        steps = [rescore(policy_v, states, sigmas, j, noise_level, sde_type) for j in range(T)]
+        seq = torch.stack([o.log_prob for o in steps], 1)
+        out["seq_log_prob"], out["seq_old_log_prob"] = seq, old_log_probs.to(seq.device)
+        keys = [tuple(r) for r in ids.tolist()]
+        if self.ema is not None:
+            raw = importance_weights(seq, out["seq_old_log_prob"], self.t.log_ratio_clamp)
+            out["ema"] = self.ema.update(keys, raw, expect_state=inner_epoch > 0)
+            out["metrics"].update(self.ema.metrics(raw, out["ema"]))
+        if self.t.use_gradient_adaptive_weighting:
+            norms = torch.stack([output_gradient_norm(states[:, j + 1], o.mean, o.std,
+                                                      velocity_coefficient(sigmas, j, noise_level, sde_type))
+                                 for j, o in enumerate(steps)], 1)
+            out["grad"], metrics = gradient_adaptive_weights(norms, self.t.gradient_weighting_temperature)
+            out["metrics"].update(metrics)
+        return out
+
+    def loss_kwargs(self, prepared: dict, j: int, T: int) -> dict:
+        kw = {**self.static, "timestep_index": j, "num_timesteps": T}
+        if self.t.use_amic or self.t.use_gspo:
+            kw["seq_log_prob"], kw["seq_old_log_prob"] = prepared["seq_log_prob"], prepared["seq_old_log_prob"]
+        if "ema" in prepared:
+            kw["ema_weight"] = prepared["ema"][:, j]
+        if "grad" in prepared:
+            kw["grad_weight"] = prepared["grad"][:, j]
+        return kw
+
+    def retire_epoch(self) -> None:
+        if self.ema is not None:
+            self.ema.retire_all()
+
+
+def velocity_coefficient(sigmas, j, noise_level, sde_type) -> float:
+    """|d mean / d velocity| of step j (the step is affine in v), read off the step function itself."""
+    one = torch.ones(1, 1)
+    zero = torch.zeros(1, 1)
+    step = STEP_FNS[sde_type]
+    a = step(one, sigmas[j].cpu(), sigmas[j + 1].cpu(), zero, noise_level, prev_sample=zero).mean
+    b = step(zero, sigmas[j].cpu(), sigmas[j + 1].cpu(), zero, noise_level, prev_sample=zero).mean
+    return float((a - b).abs())
 
 
 def save(ckpt_root, epoch, global_step, model, optimizer, ema, config):
