@@ -239,6 +239,8 @@ def main(_):
                         metrics.update(prepared["metrics"])
                     if ref_v is not None:
                         metrics["mean_log_prob_ref"] = ref.log_prob.mean()
+                    metrics["importance_weight_var"] = (cur.log_prob.detach() - old_log_probs[sel, j].to(
+                        accelerator.device)).clamp(-t.log_ratio_clamp, t.log_ratio_clamp).exp().var(unbiased=False)
                     with accelerator.no_sync(policy) if j < T - 1 else contextlib.nullcontext():
                         accelerator.backward(loss / T)  # gradients accumulate over timesteps; sync once
                     acc.append({k: v.detach() for k, v in metrics.items()})
