@@ -170,7 +170,9 @@ def make_scene(scene_id: int, seed: int = 0, size: int = 32) -> Scene:
         uv = fx * p[:2] / p[2]  # offset from the principal point
         if np.abs(uv).max() > 0.36 * size:
             continue
-        if any(np.linalg.norm(p - q) < 0.6 or np.linalg.norm(uv - w) < 0.18 * size for q, w in zip(pts, uvs)):
+        too_close = (np.linalg.norm(p - q) < 0.6 or np.linalg.norm(uv - w) < 0.18 * size
+                     for q, w in zip(pts, uvs, strict=True))
+        if any(too_close):
             continue
         pts.append(p)
         uvs.append(uv)
@@ -256,7 +258,7 @@ def trajectory_c2w(
     for f in range(num_frames):
         s = 0.5 - 0.5 * math.cos(math.pi * f / (num_frames - 1))
         M = np.eye(4)
-        for kind, amount in zip(kinds, amounts):
+        for kind, amount in zip(kinds, amounts, strict=True):
             M = M @ _motion_local(kind, amount, s, centre_local)
         out[f] = start_c2w @ M
     return out
@@ -303,7 +305,7 @@ def sample_trajectory(
         c2w = trajectory_c2w(start_c2w, kinds, amounts, scene.centre, num_frames)
         vis = _visibility(scene, c2w, size)
         if vis.sum(1).min() >= min(5, len(scene.landmarks)) and vis.mean() >= 0.85:
-            phrase = " and ".join(_motion_phrase(k, a) for k, a in zip(kinds, amounts))
+            phrase = " and ".join(_motion_phrase(k, a) for k, a in zip(kinds, amounts, strict=True))
             return c2w, "+".join(kinds), phrase
     # Tiny moves always keep the scene in view; reaching here means the start pose itself is poor.
     kinds, amounts = ["pan"], [math.radians(2.0)]

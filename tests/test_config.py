@@ -1,10 +1,13 @@
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
-from absl import flags
-from ml_collections import config_flags
 
 from config import grpo
 from config.validate import ConfigError, validate
 
+ROOT = Path(__file__).resolve().parents[1]
 PROCS = {"tiny_cpu": 1, "smoke": 1, "recam_8npu": 8}
 
 
@@ -42,8 +45,11 @@ def test_unknown_preset_is_named():
         grpo.get_config("nope")
 
 
-def test_command_line_overrides_through_config_flags():
-    fv = flags.FlagValues()
-    config_flags.DEFINE_config_file("config", "config/grpo.py:smoke", flag_values=fv)
-    fv(["prog", "--config=config/grpo.py:recam_8npu", "--config.train.beta=0.01", "--config.sample.k=8"])
-    assert fv.config.train.beta == 0.01 and fv.config.sample.k == 8 and fv.config.run_name == "recam_8npu"
+def test_command_line_overrides_reach_validation_before_any_model_is_built(tmp_path):
+    # --config.sample.k=3 cannot hold whole groups in 8 samples: the trainer must stop at validation, naming it.
+    cmd = [sys.executable, "scripts/train_recam.py", "--config=config/grpo.py:smoke", "--config.sample.k=3",
+           "--config.train.beta=0.01", f"--config.run_dir={tmp_path}", "--config.model.pretrained=/nonexistent"]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0
+    assert "sample.k=3 must divide" in p.stderr + p.stdout
+    assert "nonexistent" not in p.stderr + p.stdout  # failed before the model was loaded

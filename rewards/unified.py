@@ -1,0 +1,467 @@
+"""`unifiedscore`: a client for UnifiedReward, a vision-language judge behind an OpenAI-compatible server.
+
+UnifiedReward checkpoints are served by sglang (LLaVA-based v1) or vLLM (Qwen-VL-based 2.0) with a
+`/v1/chat/completions` endpoint. Each video is sent as `num_frames` evenly spaced frames (base64 PNG/JPEG
+data URLs, longer side resized to `frame_size`) followed by a text prompt built from the condition's caption,
+at temperature 0. Two answer formats are supported:
+
+  - "final_score": the judge ends with "Final Score: X", X on a 1-5 scale;
+  - "alignment_physics_style" (2.0): "Alignment Score (1-5): X", "Physics Score (1-5): Y",
+    "Style Score (1-5): Z"; the reward is the mean of the three.
+
+Normalisation: every 1-5 value X maps to (X - 1) / 4, so 1 -> 0 and 5 -> 1. Peers divide by 5 instead
+(1 -> 0.2); the two differ by an affine map, which group-normalised advantages do not see, but (X - 1) / 4
+uses the whole [0, 1] range so rewards from different judges mix on a common scale.
+
+Failures are explicit. A sample whose request failed after all retries, whose answer could not be parsed,
+or whose score lies outside 1-5 gets NaN in the score tensor, True in details["failed"], a reason in
+details["failure_reason"] and the judge's raw text (if any) in details["raw"]. It is never turned into 0:
+a 0 would enter the group statistics as the worst possible video. Parse failures are not retried, because
+at temperature 0 the judge would give the same answer again.
+
+Retries: timeouts, connection errors (including a server closing the socket without answering), HTTP 5xx
+and 429 are retried up to `max_retries` times with exponential backoff backoff_s * 2**(attempt - 1)
+(a numeric Retry-After header on 429 is honoured, capped at timeout_s). Other 4xx mean the request itself is
+wrong (bad model name, payload too large) and are reported at once.
+
+Before sampling, call `health_check(config)`: it raises `UnifiedServerError` naming the URL and the cause
+when the server cannot be reached, so a run does not discover a dead judge after its first rollout.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+import os
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import httpx
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+PROMPT_FORMATS = ("final_score", "alignment_physics_style")
+APS_KEYS = ("alignment", "physics", "style")
+SCORE_MIN, SCORE_MAX = 1.0, 5.0
+
+
+class UnifiedServerError(RuntimeError):
+    """The UnifiedReward server cannot be used (unreachable, wrong model, bad status)."""
+
+
+class UnifiedParseError(ValueError):
+    """The judge's answer does not contain a usable score."""
+
+
+@dataclass
+class UnifiedConfig:
+    """Where the judge lives and how to talk to it.
+
+    base_url: server root, e.g. "http://127.0.0.1:30000" (a trailing "/v1" is accepted and ignored).
+    model: model name sent in each request (sglang accepts any; vLLM wants the served name).
+    api_key_env: environment variable holding the API key; unset or empty means no Authorization header.
+    prompt_format: "final_score" or "alignment_physics_style".
+    num_frames / frame_size: frames sent per video and the length of their longer side in pixels.
+    max_concurrency: requests in flight at once; timeout_s: per request; max_retries: retries after the
+    first try; backoff_s: first retry delay, doubled each retry.
+    image_format: "png" (lossless) or "jpeg" (smaller requests); max_tokens: answer length cap.
+    """
+
+    base_url: str
+    model: str
+    api_key_env: str = "UNIFIED_API_KEY"
+    prompt_format: str = "final_score"
+    num_frames: int = 4
+    frame_size: int = 64
+    max_concurrency: int = 8
+    timeout_s: float = 30.0
+    max_retries: int = 3
+    backoff_s: float = 0.5
+    image_format: str = "png"
+    max_tokens: int = 512
+
+    def __post_init__(self):
+        if self.prompt_format not in PROMPT_FORMATS:
+            raise ValueError(f"prompt_format must be one of {PROMPT_FORMATS}, got {self.prompt_format!r}")
+        if self.image_format not in ("png", "jpeg"):
+            raise ValueError(f"image_format must be 'png' or 'jpeg', got {self.image_format!r}")
+        for name in ("num_frames", "frame_size", "max_concurrency"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_retries < 0 or self.timeout_s <= 0 or self.backoff_s < 0:
+            raise ValueError("max_retries >= 0, timeout_s > 0 and backoff_s >= 0 are required")
+
+    @property
+    def api_root(self) -> str:
+        root = self.base_url.rstrip("/")
+        return root[: -len("/v1")] if root.endswith("/v1") else root
+
+    @property
+    def chat_url(self) -> str:
+        return f"{self.api_root}/v1/chat/completions"
+
+    @property
+    def models_url(self) -> str:
+        return f"{self.api_root}/v1/models"
+
+    def headers(self) -> dict[str, str]:
+        key = os.environ.get(self.api_key_env, "")
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+@dataclass
+class SampleResult:
+    """One video's verdict. score is normalised to [0, 1] (NaN when failed); components holds the
+    normalised per-aspect scores of the 2.0 format; raw is the judge's text (None if no answer came)."""
+
+    score: float = math.nan
+    components: dict[str, float] = field(default_factory=dict)
+    raw: str | None = None
+    failure: str | None = None
+    attempts: int = 0
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+
+# ----------------------------------------------------------------------------------------------------
+# frames
+
+
+def sample_frame_indices(num_available: int, num_frames: int) -> list[int]:
+    """Evenly spaced frame indices including the first and last frame; never more than num_available."""
+    if num_available < 1:
+        raise ValueError("a video needs at least one frame")
+    n = min(num_frames, num_available)
+    if n == 1:
+        return [0]
+    return [round(i * (num_available - 1) / (n - 1)) for i in range(n)]
+
+
+def video_to_data_urls(video: torch.Tensor, num_frames: int, frame_size: int, image_format: str = "png") -> list[str]:
+    """(3, F, H, W) video in [-1, 1] -> data URLs of num_frames evenly spaced frames.
+
+    Frames are resized so that their longer side is frame_size pixels (aspect kept), with antialiasing
+    when shrinking so that thin structures do not alias into noise the judge would penalise.
+    """
+    if video.ndim != 4 or video.shape[0] != 3:
+        raise ValueError(f"video must be (3, F, H, W), got {tuple(video.shape)}")
+    _, n_frames, h, w = video.shape
+    idx = sample_frame_indices(n_frames, num_frames)
+    frames = video.detach().float().cpu()[:, idx].permute(1, 0, 2, 3)  # (n, 3, H, W)
+    scale = frame_size / max(h, w)
+    size = (max(1, round(h * scale)), max(1, round(w * scale)))
+    if size != (h, w):
+        frames = F.interpolate(frames, size=size, mode="bilinear", align_corners=False, antialias=scale < 1)
+    pixels = ((frames.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    mime = "image/png" if image_format == "png" else "image/jpeg"
+    urls = []
+    for frame in pixels:
+        buf = io.BytesIO()
+        Image.fromarray(np.ascontiguousarray(frame)).save(buf, format=image_format.upper())
+        urls.append(f"data:{mime};base64,{base64.b64encode(buf.getvalue()).decode('ascii')}")
+    return urls
+
+
+# ----------------------------------------------------------------------------------------------------
+# prompts and parsing
+
+
+def build_prompt(caption: str, prompt_format: str, num_frames: int) -> str:
+    """The judge's instruction for one video; the answer format it asks for is what the parser reads."""
+    intro = (
+        f"The images above are {num_frames} frames, in temporal order, sampled from one short AI-generated "
+        f"video. The video was generated to show the following description:\n\"{caption}\"\n\n"
+    )
+    if prompt_format == "final_score":
+        return intro + (
+            "Judge the video as a whole: how faithfully its content follows the description, how good the "
+            "frames look, and whether the objects and the camera move in a smooth, physically plausible and "
+            "temporally consistent way across the frames. Give a short justification first. Then finish with "
+            "one last line of exactly this form, X being a number from 1 (very poor) to 5 (excellent):\n"
+            "Final Score: X"
+        )
+    if prompt_format == "alignment_physics_style":
+        return intro + (
+            "Rate three separate aspects of the video, each from 1 (very poor) to 5 (excellent):\n"
+            "- Alignment: does the content match the description?\n"
+            "- Physics: do objects and the camera move plausibly and consistently from frame to frame, "
+            "without flicker, warping or objects appearing and vanishing?\n"
+            "- Style: how clean, sharp and visually pleasing are the frames?\n"
+            "You may explain briefly, then give the ratings on three lines of exactly this form:\n"
+            "Alignment Score (1-5): X\nPhysics Score (1-5): Y\nStyle Score (1-5): Z"
+        )
+    raise ValueError(f"prompt_format must be one of {PROMPT_FORMATS}, got {prompt_format!r}")
+
+
+_NUMBER = r"([-+]?\d+(?:[.,]\d+)?)"
+# Markdown emphasis / code marks and whitespace the judge may wrap around labels and numbers.
+_DECOR = r"[\s*_`#]*"
+_SCALE_NOTE = r"(?:\s*[(\[]\s*\d+\s*(?:-|–|—|~|to)\s*\d+\s*[)\]])?"
+_DENOMINATOR = r"(?:\s*/\s*(\d+(?:\.\d+)?))?"
+
+
+def _label_pattern(word: str) -> re.Pattern:
+    return re.compile(
+        rf"{word}[\s*_\-]*score{_SCALE_NOTE}{_DECOR}[:：=]{_DECOR}{_NUMBER}{_DENOMINATOR}",
+        re.IGNORECASE,
+    )
+
+
+_FINAL_RE = _label_pattern("final")
+_ASPECT_RES = {key: _label_pattern(key) for key in APS_KEYS}
+
+
+def _read_score(pattern: re.Pattern, text: str, label: str) -> float:
+    """The last `label: X` in text as a raw 1-5 value; the last one, because judges that reason out loud
+    sometimes mention the label before committing to their final value."""
+    matches = list(pattern.finditer(text))
+    if not matches:
+        raise UnifiedParseError(f"no '{label}: X' found")
+    m = matches[-1]
+    value = float(m.group(1).replace(",", "."))
+    if m.group(2) is not None and float(m.group(2)) != SCORE_MAX:
+        raise UnifiedParseError(f"'{label}' given out of {m.group(2)}, expected the 1-5 scale")
+    if not SCORE_MIN <= value <= SCORE_MAX:
+        raise UnifiedParseError(f"'{label}' = {value} outside the 1-5 scale")
+    return value
+
+
+def normalise(value: float) -> float:
+    """1-5 -> [0, 1] by (X - 1) / 4."""
+    return (value - SCORE_MIN) / (SCORE_MAX - SCORE_MIN)
+
+
+def parse_answer(text: str, prompt_format: str) -> tuple[float, dict[str, float]]:
+    """Judge text -> (normalised score, normalised components). Raises UnifiedParseError when unusable.
+
+    Tolerates case, extra spaces, markdown bold/italics, decimals ("3.5", "3,5"), an explicit "/5",
+    a "(1-5)" scale note and text after the number.
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise UnifiedParseError("empty answer")
+    if prompt_format == "final_score":
+        return normalise(_read_score(_FINAL_RE, text, "Final Score")), {}
+    if prompt_format == "alignment_physics_style":
+        components, missing = {}, []
+        for key, pattern in _ASPECT_RES.items():
+            try:
+                components[key] = normalise(_read_score(pattern, text, f"{key.capitalize()} Score"))
+            except UnifiedParseError as e:
+                missing.append(str(e))
+        if missing:
+            raise UnifiedParseError("; ".join(missing))
+        return sum(components.values()) / len(components), components
+    raise ValueError(f"prompt_format must be one of {PROMPT_FORMATS}, got {prompt_format!r}")
+
+
+# ----------------------------------------------------------------------------------------------------
+# HTTP
+
+
+def build_payload(video: torch.Tensor, caption: str, config: UnifiedConfig) -> dict:
+    """OpenAI chat-completions request body for one video (images first, then the instruction)."""
+    urls = video_to_data_urls(video, config.num_frames, config.frame_size, config.image_format)
+    content = [{"type": "image_url", "image_url": {"url": u}} for u in urls]
+    content.append({"type": "text", "text": build_prompt(caption, config.prompt_format, len(urls))})
+    return {
+        "model": config.model,
+        "messages": [{"role": "user", "content": content}],
+        "temperature": 0.0,
+        "max_tokens": config.max_tokens,
+    }
+
+
+def _retry_after(resp: httpx.Response, cap: float) -> float:
+    try:
+        return min(max(float(resp.headers.get("retry-after", "0")), 0.0), cap)
+    except ValueError:
+        return 0.0
+
+
+def _short(text: str, n: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[:n] + "..."
+
+
+def request_score(client: httpx.Client, payload: dict, config: UnifiedConfig) -> SampleResult:
+    """POST one payload with retries and parse the answer; every outcome is a SampleResult."""
+    t0 = time.monotonic()
+    result = SampleResult()
+    last_error = "no attempt made"
+    extra_wait = 0.0
+    for attempt in range(config.max_retries + 1):
+        if attempt:
+            time.sleep(max(config.backoff_s * 2 ** (attempt - 1), extra_wait))
+        extra_wait = 0.0
+        result.attempts = attempt + 1
+        try:
+            resp = client.post(config.chat_url, json=payload, headers=config.headers(), timeout=config.timeout_s)
+        except httpx.TimeoutException as e:
+            last_error = f"timeout after {config.timeout_s}s ({type(e).__name__})"
+            continue
+        except httpx.TransportError as e:  # refused, reset, or closed without a response
+            last_error = f"connection error ({type(e).__name__}: {e})"
+            continue
+        if resp.status_code == 429 or resp.status_code >= 500:
+            last_error = f"HTTP {resp.status_code}: {_short(resp.text)}"
+            if resp.status_code == 429:
+                extra_wait = _retry_after(resp, config.timeout_s)
+            continue
+        if resp.status_code >= 400:
+            result.failure = f"HTTP {resp.status_code} (not retried): {_short(resp.text)}"
+            result.seconds = time.monotonic() - t0
+            return result
+        try:
+            text = resp.json()["choices"][0]["message"]["content"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            result.raw = resp.text
+            result.failure = f"malformed response body: {_short(resp.text)}"
+            result.seconds = time.monotonic() - t0
+            return result
+        result.raw = text
+        try:
+            result.score, result.components = parse_answer(text, config.prompt_format)
+        except UnifiedParseError as e:
+            result.failure = f"unparseable answer: {e}"
+        result.seconds = time.monotonic() - t0
+        return result
+    result.failure = f"gave up after {result.attempts} attempts: {last_error}"
+    result.seconds = time.monotonic() - t0
+    return result
+
+
+def _caption(condition) -> str:
+    return condition if isinstance(condition, str) else condition.caption
+
+
+class UnifiedClient:
+    """Scores batches against one server, at most max_concurrency requests in flight.
+
+    Usable as a context manager; the underlying httpx.Client is thread-safe and pools connections.
+    """
+
+    def __init__(self, config: UnifiedConfig):
+        self.config = config
+        limits = httpx.Limits(max_connections=config.max_concurrency, max_keepalive_connections=config.max_concurrency)
+        self._http = httpx.Client(limits=limits, timeout=config.timeout_s)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> UnifiedClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def score_videos(self, videos: torch.Tensor, captions: list[str]) -> list[SampleResult]:
+        """videos (B, 3, F, H, W) in [-1, 1], B captions -> B results in input order."""
+        if videos.ndim != 5 or videos.shape[1] != 3:
+            raise ValueError(f"videos must be (B, 3, F, H, W), got {tuple(videos.shape)}")
+        if len(captions) != videos.shape[0]:
+            raise ValueError(f"{videos.shape[0]} videos but {len(captions)} captions")
+        payloads = [build_payload(v, c, self.config) for v, c in zip(videos, captions, strict=True)]
+        if not payloads:
+            return []
+        workers = min(self.config.max_concurrency, len(payloads))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="unified") as pool:
+            return list(pool.map(lambda p: request_score(self._http, p, self.config), payloads))
+
+    def score_batch(self, videos: torch.Tensor, conditions: list) -> tuple[torch.Tensor, dict]:
+        """Reward-function form: (scores (B,) float32 with NaN where failed, details)."""
+        return results_to_reward(self.score_videos(videos, [_caption(c) for c in conditions]),
+                                 self.config.prompt_format)
+
+
+def results_to_reward(results: list[SampleResult], prompt_format: str) -> tuple[torch.Tensor, dict]:
+    """B results -> (scores (B,) float32, NaN where failed; details).
+
+    details: raw (list of str | None), failed (B,) bool, failure_reason (list of str | None),
+    attempts (B,) int64, seconds (B,) float32 request latency, and for the 2.0 format alignment,
+    physics, style (B,) float32 normalised (NaN where failed).
+    """
+    scores = torch.tensor([r.score if r.ok else math.nan for r in results], dtype=torch.float32)
+    details = {
+        "raw": [r.raw for r in results],
+        "failed": torch.tensor([not r.ok for r in results], dtype=torch.bool),
+        "failure_reason": [r.failure for r in results],
+        "attempts": torch.tensor([r.attempts for r in results], dtype=torch.int64),
+        "seconds": torch.tensor([r.seconds for r in results], dtype=torch.float32),
+    }
+    if prompt_format == "alignment_physics_style":
+        for key in APS_KEYS:
+            details[key] = torch.tensor([r.components.get(key, math.nan) if r.ok else math.nan for r in results],
+                                        dtype=torch.float32)
+    return scores, details
+
+
+def health_check(config: UnifiedConfig, check_model: bool = True) -> list[str]:
+    """Raise UnifiedServerError (naming the URL and the cause) unless the server answers GET /v1/models.
+
+    With check_model, the configured model must be among the served ones (vLLM rejects other names;
+    sglang accepts any, so pass check_model=False if its served name differs). Returns the served ids.
+    """
+    url = config.models_url
+    try:
+        resp = httpx.get(url, headers=config.headers(), timeout=min(config.timeout_s, 10.0))
+    except httpx.TimeoutException as e:
+        raise UnifiedServerError(f"UnifiedReward server at {url} did not answer in time ({type(e).__name__})") from e
+    except httpx.TransportError as e:
+        raise UnifiedServerError(f"UnifiedReward server at {url} is unreachable ({type(e).__name__}: {e})") from e
+    if resp.status_code != 200:
+        raise UnifiedServerError(f"UnifiedReward server at {url} answered HTTP {resp.status_code}: {_short(resp.text)}")
+    try:
+        served = [m["id"] for m in resp.json()["data"]]
+    except (ValueError, KeyError, TypeError) as e:
+        raise UnifiedServerError(f"UnifiedReward server at {url} sent an unexpected model list: "
+                                 f"{_short(resp.text)}") from e
+    if check_model and config.model not in served:
+        raise UnifiedServerError(f"model {config.model!r} is not served at {url}; served: {served}")
+    return served
+
+
+# ----------------------------------------------------------------------------------------------------
+# the registered reward
+
+_ACTIVE_CONFIG: UnifiedConfig | None = None
+
+
+def set_unified_config(config: UnifiedConfig | None) -> None:
+    """Point the `unifiedscore` reward at a server (None unsets it); the trainer calls this once."""
+    global _ACTIVE_CONFIG
+    _ACTIVE_CONFIG = config
+
+
+def config_from_env() -> UnifiedConfig | None:
+    """UnifiedConfig from UNIFIED_BASE_URL / UNIFIED_MODEL / UNIFIED_PROMPT_FORMAT, or None if no URL."""
+    url = os.environ.get("UNIFIED_BASE_URL")
+    if not url:
+        return None
+    return UnifiedConfig(base_url=url, model=os.environ.get("UNIFIED_MODEL", "UnifiedReward"),
+                         prompt_format=os.environ.get("UNIFIED_PROMPT_FORMAT", "final_score"))
+
+
+def unifiedscore(videos: torch.Tensor, conditions: list) -> tuple[torch.Tensor, dict]:
+    """Reward: (B, 3, F, H, W) in [-1, 1] + B conditions (captions) -> (scores (B,) float32 in [0, 1] or NaN,
+    details as in results_to_reward)."""
+    config = _ACTIVE_CONFIG or config_from_env()
+    if config is None:
+        raise RuntimeError("the unifiedscore reward has no server: call "
+                           "rewards.unified.set_unified_config(UnifiedConfig(base_url=..., model=...)) "
+                           "or set UNIFIED_BASE_URL")
+    with UnifiedClient(config) as client:
+        return client.score_batch(videos, conditions)
+
+
+def register(register_reward) -> None:
+    """Register `unifiedscore` with the reward registry's decorator factory (register_reward(name)(fn));
+    rewards/__init__.py calls this, which keeps this module free of an import cycle with the package."""
+    register_reward("unifiedscore")(unifiedscore)

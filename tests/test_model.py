@@ -1,0 +1,249 @@
+"""Tests for recam.model (ReCam-Tiny on diffusers' WanTransformer3DModel)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from diffusers import WanTransformer3DModel
+
+from recam.model import (
+    ReCamTransformer3DModel,
+    camera_block_forward,
+    tiny_config,
+    wan21_1_3b_config,
+)
+
+CHECKPOINT = Path(__file__).resolve().parents[1] / "checkpoints" / "recam_tiny_base"
+
+
+def _tiny_model(seed: int = 0, **overrides) -> ReCamTransformer3DModel:
+    torch.manual_seed(seed)
+    cfg = tiny_config()
+    cfg.update(overrides)
+    return ReCamTransformer3DModel(**cfg).eval()
+
+
+def _inputs(b: int = 2, c: int = 3, f: int = 8, h: int = 32, w: int = 32, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "noisy_target": torch.randn(b, c, f, h, w, generator=g),
+        "sigma": torch.rand(b, generator=g),
+        "source_video": torch.rand(b, c, f, h, w, generator=g) * 2 - 1,
+        "source_cams": torch.randn(b, f, 3, 4, generator=g),
+        "target_cams": torch.randn(b, f, 3, 4, generator=g),
+    }
+
+
+def _perturb_cameras(model: ReCamTransformer3DModel, seed: int = 3) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.cam_encoder.weight.normal_(0.0, 0.5, generator=g)
+            block.cam_encoder.bias.normal_(0.0, 0.1, generator=g)
+            block.projector.weight.add_(torch.randn(block.projector.weight.shape, generator=g) * 0.05)
+
+
+def test_output_shape_and_finite():
+    model = _tiny_model()
+    inp = _inputs(b=3)
+    with torch.no_grad():
+        out = model(**inp)
+    assert out.shape == (3, 3, 8, 32, 32)
+    assert out.dtype == torch.float32
+    assert torch.isfinite(out).all()
+
+
+def test_camera_modules_initialised_as_recammaster():
+    model = _tiny_model()
+    dim = model.config.num_attention_heads * model.config.attention_head_dim
+    for block in model.blocks:
+        assert block.cam_encoder.weight.shape == (dim, 12)
+        assert torch.count_nonzero(block.cam_encoder.weight) == 0
+        assert torch.count_nonzero(block.cam_encoder.bias) == 0
+        assert torch.equal(block.projector.weight, torch.eye(dim))
+        assert torch.count_nonzero(block.projector.bias) == 0
+
+
+def test_at_init_model_equals_plain_wan_on_concatenated_video():
+    """Independent path: the parent's own forward on [target | source] with timestep 1000*sigma."""
+    model = _tiny_model()
+    inp = _inputs()
+    f = inp["noisy_target"].shape[2]
+    with torch.no_grad():
+        ours = model(**inp)
+        hidden = torch.cat([inp["noisy_target"], inp["source_video"]], dim=2)
+        context = model.null_text.expand(hidden.shape[0], -1, -1)
+        wan = WanTransformer3DModel.forward(model, hidden, inp["sigma"] * 1000.0, context).sample
+    assert torch.allclose(ours, wan[:, :, :f], atol=1e-5, rtol=1e-5)
+
+
+def test_zero_init_camera_has_no_effect_then_perturbed_camera_does():
+    model = _tiny_model()
+    inp = _inputs()
+    other = dict(inp)
+    other["source_cams"] = torch.randn_like(inp["source_cams"])
+    other["target_cams"] = torch.randn_like(inp["target_cams"])
+    with torch.no_grad():
+        assert torch.equal(model(**inp), model(**other))
+
+    _perturb_cameras(model)
+    only_target = dict(inp, target_cams=other["target_cams"])
+    only_source = dict(inp, source_cams=other["source_cams"])
+    with torch.no_grad():
+        base = model(**inp)
+        assert (base - model(**only_target)).abs().max() > 1e-3
+        assert (base - model(**only_source)).abs().max() > 1e-3
+
+
+def test_camera_is_per_frame():
+    """Changing the target camera of one frame must change that frame's velocity."""
+    model = _tiny_model()
+    _perturb_cameras(model)
+    inp = _inputs(b=1)
+    changed = dict(inp)
+    changed["target_cams"] = inp["target_cams"].clone()
+    changed["target_cams"][:, 5] += 1.0
+    with torch.no_grad():
+        diff = (model(**inp) - model(**changed)).abs().amax(dim=(0, 1, 3, 4))
+    assert diff[5] > 1e-3
+
+
+def test_camera_block_forward_matches_wan_block_when_camera_is_neutral():
+    model = _tiny_model()
+    block = model.blocks[0]
+    g = torch.Generator().manual_seed(5)
+    b, frames, tpf, dim = 2, 4, 6, 96
+    hidden = torch.randn(b, frames * tpf, dim, generator=g)
+    context = torch.randn(b, 4, dim, generator=g)
+    tproj = torch.randn(b, 6, dim, generator=g)
+    probe = torch.zeros(b, 1, 8, 32, 32)
+    rope = model.rope(probe)
+    rope = tuple(r[:, : frames * tpf] for r in rope)
+    cams = torch.randn(b, frames, 12, generator=g)
+    with torch.no_grad():
+        ours = camera_block_forward(block, hidden, context, tproj, rope, cams, tpf)
+        theirs = block(hidden, context, tproj, rope)
+    assert torch.allclose(ours, theirs, atol=1e-6)
+
+
+def test_text_embeddings_are_used_and_null_context_is_default():
+    model = _tiny_model()
+    inp = _inputs()
+    b = inp["sigma"].shape[0]
+    with torch.no_grad():
+        default = model(**inp)
+        explicit_null = model(**inp, encoder_hidden_states=model.null_text.expand(b, -1, -1).clone())
+        text = model(**inp, encoder_hidden_states=torch.randn(b, 7, model.config.text_dim))
+    assert torch.equal(default, explicit_null)
+    assert (default - text).abs().max() > 1e-4
+
+
+def test_gradient_checkpointing_gives_same_gradients():
+    model = _tiny_model().train()
+    _perturb_cameras(model)
+    inp = _inputs()
+
+    def grads():
+        model.zero_grad(set_to_none=True)
+        model(**inp).square().mean().backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    plain = grads()
+    model.enable_gradient_checkpointing()
+    assert model.gradient_checkpointing
+    checkpointed = grads()
+    assert plain.keys() == checkpointed.keys()
+    assert any("cam_encoder" in n for n in plain)
+    for name in plain:
+        assert torch.allclose(plain[name], checkpointed[name], atol=1e-6, rtol=1e-5), name
+
+
+def test_save_load_round_trip_non_default_config(tmp_path):
+    overrides = {
+        "patch_size": (2, 4, 4),
+        "num_attention_heads": 3,
+        "attention_head_dim": 24,
+        "in_channels": 4,
+        "out_channels": 2,
+        "text_dim": 16,
+        "freq_dim": 32,
+        "ffn_dim": 100,
+        "num_layers": 1,
+        "rope_max_seq_len": 32,
+        "null_text_len": 3,
+    }
+    model = _tiny_model(seed=11, **overrides)
+    _perturb_cameras(model)
+    model.save_pretrained(tmp_path / "ckpt")
+    assert (tmp_path / "ckpt" / "config.json").is_file()
+    assert (tmp_path / "ckpt" / "diffusion_pytorch_model.safetensors").is_file()
+
+    loaded = ReCamTransformer3DModel.from_pretrained(tmp_path / "ckpt").eval()
+    assert loaded.config.null_text_len == 3
+    assert tuple(loaded.config.patch_size) == (2, 4, 4)
+    assert loaded.null_text.shape == (1, 3, 16)
+    inp = _inputs(c=4, f=4, h=16, w=16, seed=2)
+    with torch.no_grad():
+        before = model(**inp)
+        after = loaded(**inp)
+    assert before.shape == (2, 2, 4, 16, 16)
+    assert torch.equal(before, after)
+
+
+def test_real_size_config_builds_on_meta_device():
+    with torch.device("meta"):
+        model = ReCamTransformer3DModel(**wan21_1_3b_config())
+    dim = 1536
+    per_block_camera = (12 * dim + dim) + (dim * dim + dim)
+    total = sum(p.numel() for p in model.parameters())
+    camera = sum(p.numel() for n, p in model.named_parameters() if "cam_encoder" in n or "projector" in n)
+    assert camera == 30 * per_block_camera
+    # Wan2.1 T2V-1.3B is about 1.42e9 parameters with a 4096-d text projection.
+    assert 1.3e9 < total - camera < 1.5e9
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"sigma": torch.rand(3)}, "sigma must have shape"),
+        ({"sigma": torch.tensor([0.5, 1.5])}, "sigma must lie in"),
+        ({"target_cams": torch.randn(2, 8, 4, 4)}, "target_cams must have shape"),
+        ({"source_cams": torch.randn(2, 7, 3, 4)}, "source_cams must have shape"),
+        ({"source_video": torch.randn(2, 3, 4, 32, 32)}, "source_video shape"),
+        ({"noisy_target": torch.randn(2, 3, 8, 30, 30), "source_video": torch.randn(2, 3, 8, 30, 30)},
+         "not divisible by patch_size"),
+        ({"noisy_target": torch.randn(2, 1, 8, 32, 32), "source_video": torch.randn(2, 1, 8, 32, 32)},
+         "channels"),
+    ],
+)
+def test_bad_inputs_raise_clear_errors(change, message):
+    model = _tiny_model()
+    inp = dict(_inputs(), **change)
+    with pytest.raises(ValueError, match=message):
+        model(**inp)
+
+
+def test_bad_text_embedding_shape_raises():
+    model = _tiny_model()
+    with pytest.raises(ValueError, match="encoder_hidden_states"):
+        model(**_inputs(), encoder_hidden_states=torch.randn(2, 4, 5))
+
+
+def test_committed_checkpoint_loads():
+    if not (CHECKPOINT / "config.json").is_file():
+        pytest.skip(f"committed checkpoint {CHECKPOINT} not produced yet (scripts/pretrain_base.py makes it)")
+    model = ReCamTransformer3DModel.from_pretrained(CHECKPOINT).eval()
+    assert model.config.in_channels == 3
+    # Pretraining must have moved the camera encoders away from their zero init.
+    assert any(torch.count_nonzero(b.cam_encoder.weight) > 0 for b in model.blocks)
+    with torch.no_grad():
+        out = model(**_inputs())
+    assert out.shape == (2, 3, 8, 32, 32)
+    assert torch.isfinite(out).all()
+
+    provenance = json.loads((CHECKPOINT / "provenance.json").read_text())
+    assert isinstance(provenance["command"], str) and "pretrain_base.py" in provenance["command"]
+    assert isinstance(provenance["seed"], int)

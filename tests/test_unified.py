@@ -1,0 +1,363 @@
+import base64
+import io
+import json
+import math
+import re
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+from PIL import Image
+
+from rewards.unified import (
+    UnifiedClient,
+    UnifiedConfig,
+    UnifiedParseError,
+    UnifiedServerError,
+    build_payload,
+    health_check,
+    parse_answer,
+    sample_frame_indices,
+    set_unified_config,
+    unifiedscore,
+)
+
+MODEL = "UnifiedReward-test"
+FINAL_ANSWER = ("The frames follow the description closely; the camera pans smoothly and the spheres stay "
+                "consistent.\n\n**Final Score:** 4")
+APS_ANSWER = ("The content matches the caption.\nAlignment Score (1-5): 5\nPhysics Score (1-5): 3\n"
+              "Style Score (1-5): 4.5\nOverall the video is good.")
+
+
+class FakeJudge:
+    """OpenAI-compatible server on 127.0.0.1 with a script per sample.
+
+    The sample is identified by the "id-N" tag in the caption; script[N] is a list of actions, one per
+    attempt (the last repeats): ("answer", text), ("status", code), ("sleep", seconds), ("drop",),
+    ("bad_json",). It counts requests per sample and the peak number of requests in flight, and its serving
+    loop ends by itself after max_seconds or max_requests.
+    """
+
+    def __init__(self, script=None, default=("answer", FINAL_ANSWER), hold_s=0.0, max_seconds=20.0,
+                 max_requests=200):
+        self.script = script or {}
+        self.default = default
+        self.hold_s = hold_s
+        self.attempts: dict[int, int] = {}
+        self.auth: list[str | None] = []
+        self.bodies: list[dict] = []
+        self.in_flight = 0
+        self.peak = 0
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        judge = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                if self.path == "/v1/models":
+                    self._send(200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+                else:
+                    self._send(404, {"error": "not found"})
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with judge.lock:
+                    judge.in_flight += 1
+                    judge.peak = max(judge.peak, judge.in_flight)
+                    judge.bodies.append(body)
+                    judge.auth.append(self.headers.get("Authorization"))
+                    text = body["messages"][0]["content"][-1]["text"]
+                    sample = int(re.search(r"id-(\d+)", text).group(1))
+                    n = judge.attempts.get(sample, 0)
+                    judge.attempts[sample] = n + 1
+                try:
+                    if judge.hold_s:
+                        judge.stop.wait(judge.hold_s)
+                    actions = judge.script.get(sample, [judge.default])
+                    self._act(actions[min(n, len(actions) - 1)])
+                finally:
+                    with judge.lock:
+                        judge.in_flight -= 1
+
+            def _act(self, action):
+                kind = action[0]
+                if kind == "answer":
+                    self._send(200, {"id": "x", "object": "chat.completion", "model": MODEL, "choices": [
+                        {"index": 0, "message": {"role": "assistant", "content": action[1]},
+                         "finish_reason": "stop"}]})
+                elif kind == "status":
+                    self._send(action[1], {"error": {"message": f"scripted {action[1]}"}})
+                elif kind == "sleep":  # longer than the client's timeout; then answer into a closed socket
+                    judge.stop.wait(action[1])
+                    self._send(200, {"choices": [{"message": {"content": FINAL_ANSWER}}]})
+                elif kind == "drop":
+                    self.close_connection = True  # no status line, no body: the socket just closes
+                elif kind == "bad_json":
+                    self._raw(200, b"{not json")
+
+            def _send(self, code, obj):
+                self._raw(code, json.dumps(obj).encode())
+
+            def _raw(self, code, data):
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+
+            def handle_error(self, request, client_address):
+                pass  # the client hung up on a slow answer; expected here
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.server.timeout = 0.05
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        deadline = time.monotonic() + max_seconds
+
+        def loop():
+            handled = 0
+            while not self.stop.is_set() and time.monotonic() < deadline and handled < max_requests:
+                self.server.handle_request()
+                handled += 1
+            self.server.server_close()
+
+        self.thread = threading.Thread(target=loop, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(timeout=5)
+
+
+@pytest.fixture
+def judge_factory():
+    judges = []
+
+    def make(**kwargs):
+        j = FakeJudge(**kwargs)
+        judges.append(j)
+        return j
+
+    yield make
+    for j in judges:
+        j.close()
+
+
+def videos(b, frames=6, size=16):
+    return torch.rand(b, 3, frames, size, size, generator=torch.Generator().manual_seed(b)) * 2 - 1
+
+
+def captions(b):
+    return [f"id-{i} orbit around the red sphere" for i in range(b)]
+
+
+def config(url, **kw):
+    base = dict(base_url=url, model=MODEL, timeout_s=2.0, max_retries=2, backoff_s=0.01, frame_size=32)
+    base.update(kw)
+    return UnifiedConfig(**base)
+
+
+# ----------------------------------------------------------------------------------------------------
+# parsing
+
+
+@pytest.mark.parametrize("text, raw", [
+    ("Final Score: 4", 4.0),
+    ("final score:3", 3.0),
+    ("FINAL SCORE :  5", 5.0),
+    ("**Final Score:** 2", 2.0),
+    ("**Final Score: 4.5**", 4.5),
+    ("Final Score: **3**.", 3.0),
+    ("Final Score: 4/5", 4.0),
+    ("Final Score (1-5): 1", 1.0),
+    ("Reasoning ... I'd say Final Score: 2 at first.\nFinal Score: 3 after checking.", 3.0),
+    ("Final Score: 3,5 (good motion)", 3.5),
+    ("Final_Score = 4 -- trailing text", 4.0),
+])
+def test_parse_final_score_variants(text, raw):
+    score, components = parse_answer(text, "final_score")
+    assert score == pytest.approx((raw - 1) / 4)
+    assert components == {}
+
+
+@pytest.mark.parametrize("text", [
+    "", "   ", "The video is great.", "Final Score: X", "Final Score: 7", "Final Score: 0",
+    "Final Score: 8/10", "Score: 4", "Final Score: -2",
+])
+def test_parse_final_score_failures(text):
+    with pytest.raises(UnifiedParseError):
+        parse_answer(text, "final_score")
+
+
+def test_parse_alignment_physics_style():
+    score, comp = parse_answer(APS_ANSWER, "alignment_physics_style")
+    assert comp == pytest.approx({"alignment": 1.0, "physics": 0.5, "style": 0.875})
+    assert score == pytest.approx((1.0 + 0.5 + 0.875) / 3)
+    md = "**Alignment Score (1-5):** 2\n**physics score (1–5)**: 2/5\n*Style Score*: 1"
+    score, comp = parse_answer(md, "alignment_physics_style")
+    assert comp == pytest.approx({"alignment": 0.25, "physics": 0.25, "style": 0.0})
+    with pytest.raises(UnifiedParseError, match="Physics"):
+        parse_answer("Alignment Score (1-5): 4\nStyle Score (1-5): 4", "alignment_physics_style")
+
+
+# ----------------------------------------------------------------------------------------------------
+# payload
+
+
+def test_frame_indices_and_payload():
+    assert sample_frame_indices(9, 3) == [0, 4, 8]
+    assert sample_frame_indices(6, 4) == [0, 2, 3, 5]
+    assert sample_frame_indices(2, 4) == [0, 1]
+    assert sample_frame_indices(5, 1) == [0]
+    v = torch.full((3, 5, 16, 32), -1.0)
+    v[:, 4] = 1.0  # last frame white, the rest black
+    cfg = config("http://127.0.0.1:1/v1", num_frames=3, frame_size=64)
+    payload = build_payload(v, "a caption", cfg)
+    assert payload["temperature"] == 0 and payload["model"] == MODEL
+    parts = payload["messages"][0]["content"]
+    images = [p["image_url"]["url"] for p in parts if p["type"] == "image_url"]
+    assert len(images) == 3 and parts[-1]["type"] == "text" and "a caption" in parts[-1]["text"]
+    decoded = [Image.open(io.BytesIO(base64.b64decode(u.split(",", 1)[1]))) for u in images]
+    assert all(u.startswith("data:image/png;base64,") for u in images)
+    assert [im.size for im in decoded] == [(64, 32)] * 3  # (width, height): longer side 64, aspect kept
+    assert decoded[0].getpixel((5, 5)) == (0, 0, 0) and decoded[2].getpixel((5, 5)) == (255, 255, 255)
+    assert cfg.chat_url == "http://127.0.0.1:1/v1/chat/completions"
+    jpeg = build_payload(v, "c", config("http://h", image_format="jpeg"))
+    assert jpeg["messages"][0]["content"][0]["image_url"]["url"].startswith("data:image/jpeg;base64,")
+
+
+# ----------------------------------------------------------------------------------------------------
+# against the local server
+
+
+def test_realistic_answers_both_formats(judge_factory, monkeypatch):
+    monkeypatch.setenv("UNIFIED_API_KEY", "secret")
+    judge = judge_factory()
+    with UnifiedClient(config(judge.url)) as client:
+        scores, details = client.score_batch(videos(3), captions(3))
+    assert scores.dtype == torch.float32 and torch.allclose(scores, torch.full((3,), 0.75))
+    assert not details["failed"].any() and details["raw"] == [FINAL_ANSWER] * 3
+    assert details["failure_reason"] == [None] * 3
+    assert judge.auth == ["Bearer secret"] * 3
+    assert all(len(b["messages"][0]["content"]) == 5 for b in judge.bodies)  # 4 frames + text
+
+    monkeypatch.delenv("UNIFIED_API_KEY")
+    judge2 = judge_factory(default=("answer", APS_ANSWER))
+    with UnifiedClient(config(judge2.url, prompt_format="alignment_physics_style")) as client:
+        scores, details = client.score_batch(videos(2), captions(2))
+    assert torch.allclose(scores, torch.full((2,), (1.0 + 0.5 + 0.875) / 3))
+    assert torch.allclose(details["physics"], torch.full((2,), 0.5))
+    assert torch.allclose(details["style"], torch.full((2,), 0.875))
+    assert judge2.auth == [None, None]
+    assert "Alignment Score (1-5)" in judge2.bodies[0]["messages"][0]["content"][-1]["text"]
+
+
+def test_malformed_answers_are_failures_not_zero(judge_factory):
+    judge = judge_factory(script={1: [("answer", "I cannot rate this video.")], 2: [("bad_json",)],
+                                  3: [("answer", "Final Score: 9")]})
+    with UnifiedClient(config(judge.url)) as client:
+        scores, details = client.score_batch(videos(4), captions(4))
+    assert scores[0].item() == pytest.approx(0.75)
+    assert torch.isnan(scores[1:]).all()  # never 0
+    assert details["failed"].tolist() == [False, True, True, True]
+    assert details["raw"][1] == "I cannot rate this video."  # raw text kept
+    assert "unparseable" in details["failure_reason"][1]
+    assert details["raw"][2] == "{not json" and "malformed" in details["failure_reason"][2]
+    assert "outside the 1-5 scale" in details["failure_reason"][3]
+    assert judge.attempts == {0: 1, 1: 1, 2: 1, 3: 1}  # deterministic answers are not re-asked
+
+
+def test_slow_answer_times_out_then_retry_succeeds(judge_factory):
+    judge = judge_factory(script={0: [("sleep", 1.0), ("answer", FINAL_ANSWER)], 1: [("sleep", 1.0)]})
+    t0 = time.monotonic()
+    with UnifiedClient(config(judge.url, timeout_s=0.25, max_retries=1)) as client:
+        scores, details = client.score_batch(videos(2), captions(2))
+    assert time.monotonic() - t0 < 3.0
+    assert scores[0].item() == pytest.approx(0.75) and details["attempts"][0].item() == 2
+    assert math.isnan(scores[1].item()) and "timeout" in details["failure_reason"][1]
+    assert details["raw"][1] is None and details["attempts"][1].item() == 2
+
+
+def test_http_500_retried_then_succeeds_or_gives_up(judge_factory):
+    judge = judge_factory(script={0: [("status", 500), ("status", 503), ("answer", FINAL_ANSWER)],
+                                  1: [("status", 500)]})
+    with UnifiedClient(config(judge.url, max_retries=2)) as client:
+        scores, details = client.score_batch(videos(2), captions(2))
+    assert scores[0].item() == pytest.approx(0.75) and details["attempts"][0].item() == 3
+    assert math.isnan(scores[1].item())
+    assert judge.attempts[1] == 3  # first try + max_retries
+    assert "gave up after 3 attempts" in details["failure_reason"][1] and "HTTP 500" in details["failure_reason"][1]
+
+
+def test_dropped_connection_and_429_are_retried_other_4xx_not(judge_factory):
+    judge = judge_factory(script={0: [("drop",), ("answer", FINAL_ANSWER)],
+                                  1: [("status", 429), ("answer", "Final Score: 5")],
+                                  2: [("status", 400)], 3: [("drop",)]})
+    with UnifiedClient(config(judge.url, max_retries=2)) as client:
+        scores, details = client.score_batch(videos(4), captions(4))
+    assert scores[:2].tolist() == pytest.approx([0.75, 1.0])
+    assert details["attempts"][:2].tolist() == [2, 2]
+    assert math.isnan(scores[2].item()) and judge.attempts[2] == 1
+    assert "HTTP 400 (not retried)" in details["failure_reason"][2]
+    assert math.isnan(scores[3].item()) and judge.attempts[3] == 3
+    assert "connection error" in details["failure_reason"][3]
+
+
+def test_concurrency_limit_respected(judge_factory):
+    judge = judge_factory(hold_s=0.15)
+    with UnifiedClient(config(judge.url, max_concurrency=3)) as client:
+        scores, _ = client.score_batch(videos(9), captions(9))
+    assert torch.isfinite(scores).all()
+    assert 2 <= judge.peak <= 3  # parallel, but never above the limit
+
+
+def test_health_check(judge_factory):
+    judge = judge_factory()
+    assert health_check(config(judge.url + "/v1")) == [MODEL]
+    with pytest.raises(UnifiedServerError, match="not served"):
+        health_check(config(judge.url, model="other"))
+    assert health_check(config(judge.url, model="other"), check_model=False) == [MODEL]
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()  # nothing listens there now
+    url = f"http://127.0.0.1:{port}"
+    with pytest.raises(UnifiedServerError, match=re.escape(f"{url}/v1/models")) as err:
+        health_check(config(url))
+    assert "unreachable" in str(err.value)
+
+
+def test_registered_reward_function(judge_factory, monkeypatch):
+    monkeypatch.delenv("UNIFIED_BASE_URL", raising=False)
+    set_unified_config(None)
+    with pytest.raises(RuntimeError, match="set_unified_config"):
+        unifiedscore(videos(1), captions(1))
+    judge = judge_factory(script={1: [("answer", "no score here")]})
+
+    class Cond:
+        def __init__(self, caption):
+            self.caption = caption
+
+    set_unified_config(config(judge.url))
+    try:
+        scores, details = unifiedscore(videos(2), [Cond(c) for c in captions(2)])
+    finally:
+        set_unified_config(None)
+    assert scores[0].item() == pytest.approx(0.75) and math.isnan(scores[1].item())
+    assert details["failed"].tolist() == [False, True]
+
+
+def test_register_hands_the_reward_to_the_registry():
+    from rewards import unified
+
+    seen = {}
+    unified.register(lambda name: (lambda fn: seen.setdefault(name, fn)))
+    assert seen == {"unifiedscore": unifiedscore}
