@@ -1,0 +1,319 @@
+"""ReCam-Tiny: a camera-conditioned flow-matching video transformer on diffusers' Wan2.1 DiT.
+
+The design follows ReCamMaster (arXiv 2503.11647):
+
+* the clean source video and the noisy target video are concatenated along the frame axis,
+  target first, giving a (B, C, 2F, H, W) input; Wan's 3D RoPE therefore places the target frames
+  at temporal positions 0..F-1 and the source frames at F..2F-1, so attention can tell them apart;
+* every DiT block owns ``cam_encoder = Linear(12, dim)`` (zero-initialised) and
+  ``projector = Linear(dim, dim)`` (identity-initialised). The 12 values of each frame's 3x4
+  world-to-camera extrinsics are encoded and added to that frame's tokens after the block's
+  modulated norm1, i.e. right before self-attention; the projector is applied to the
+  self-attention output before Wan's gate. At initialisation both are no-ops, so the model is
+  exactly a Wan transformer run on the concatenated video;
+* the velocity is returned for the target half only.
+
+Everything else (patch embedding, RoPE, timestep/text condition embedder, cross-attention, FFN,
+output norm/projection and unpatchify) is the parent's ``WanTransformer3DModel`` machinery. At tiny
+scale there is no text encoder: a learned null context (1, L, text_dim) replaces the text tokens,
+while real text embeddings can still be passed for real-size configurations.
+
+Shapes: B batch, F frames per video, C channels, H x W pixels (or latents), D = model width.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import torch.nn as nn
+from diffusers import WanTransformer3DModel
+from diffusers.configuration_utils import register_to_config
+from diffusers.models.transformers.transformer_wan import WanTransformerBlock
+
+CAMERA_DIM = 12  # flattened 3x4 [R|t]
+
+# Wan's condition embedder was trained on integer timesteps in [0, 1000); sigma in [0, 1] maps onto it.
+WAN_TIMESTEP_SCALE = 1000.0
+
+
+def tiny_config() -> dict:
+    """Config dict of the default ReCam-Tiny model: pixel space, 32x32, F = 8, patch (1, 4, 4).
+
+    D = 2 heads x 48 = 96, 2 blocks, FFN 3x. Sized so one batch-8 forward runs in roughly 0.1 s on
+    two CPU threads (see the report in scripts/pretrain_base.py's provenance).
+    """
+    return {
+        "patch_size": (1, 4, 4),
+        "num_attention_heads": 2,
+        "attention_head_dim": 48,
+        "in_channels": 3,
+        "out_channels": 3,
+        "text_dim": 32,
+        "freq_dim": 64,
+        "ffn_dim": 288,
+        "num_layers": 2,
+        "cross_attn_norm": True,
+        "qk_norm": "rms_norm_across_heads",
+        "eps": 1e-6,
+        "image_dim": None,
+        "added_kv_proj_dim": None,
+        "rope_max_seq_len": 64,
+        "pos_embed_seq_len": None,
+        "null_text_len": 4,
+    }
+
+
+def wan21_1_3b_config() -> dict:
+    """Config dict of the real-size ReCamMaster backbone (Wan2.1 T2V 1.3B, 16-channel VAE latents)."""
+    return {
+        "patch_size": (1, 2, 2),
+        "num_attention_heads": 12,
+        "attention_head_dim": 128,
+        "in_channels": 16,
+        "out_channels": 16,
+        "text_dim": 4096,
+        "freq_dim": 256,
+        "ffn_dim": 8960,
+        "num_layers": 30,
+        "cross_attn_norm": True,
+        "qk_norm": "rms_norm_across_heads",
+        "eps": 1e-6,
+        "image_dim": None,
+        "added_kv_proj_dim": None,
+        "rope_max_seq_len": 1024,
+        "pos_embed_seq_len": None,
+        "null_text_len": 4,
+    }
+
+
+def flatten_cameras(cams: torch.Tensor) -> torch.Tensor:
+    """Flatten per-frame extrinsics row-major: (B, F, 3, 4) -> (B, F, 12)."""
+    if cams.ndim != 4 or cams.shape[-2:] != (3, 4):
+        raise ValueError(f"cameras must have shape (B, F, 3, 4), got {tuple(cams.shape)}")
+    return cams.reshape(cams.shape[0], cams.shape[1], CAMERA_DIM)
+
+
+def camera_block_forward(
+    block: WanTransformerBlock,
+    hidden_states: torch.Tensor,
+    encoder_hidden_states: torch.Tensor,
+    timestep_proj: torch.Tensor,
+    rotary_emb: tuple[torch.Tensor, torch.Tensor],
+    frame_cams: torch.Tensor,
+    tokens_per_frame: int,
+) -> torch.Tensor:
+    """One Wan DiT block with ReCamMaster's camera injection.
+
+    Args:
+        block: a ``WanTransformerBlock`` carrying ``cam_encoder`` and ``projector``.
+        hidden_states: (B, S, D) tokens, S = F' * tokens_per_frame, frame-major order.
+        encoder_hidden_states: (B, L, D) embedded context tokens.
+        timestep_proj: (B, 6, D) Wan adaLN modulation for this sample's timestep.
+        rotary_emb: Wan's (cos, sin) RoPE tables for the S tokens.
+        frame_cams: (B, F', 12) flattened extrinsics, one row per post-patch frame.
+        tokens_per_frame: H' * W' tokens sharing each frame's camera.
+
+    Returns:
+        (B, S, D) updated tokens. With a zero cam_encoder and an identity projector this equals
+        ``block(hidden_states, encoder_hidden_states, timestep_proj, rotary_emb)``.
+    """
+    # Mirrors WanTransformerBlock.forward (Wan2.1 path, per-sample timestep); only the two camera
+    # lines differ, which is why the block's own forward cannot be reused as-is.
+    shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = (
+        block.scale_shift_table + timestep_proj.float()
+    ).chunk(6, dim=1)
+
+    normed = (block.norm1(hidden_states.float()) * (1 + scale_msa) + shift_msa).type_as(hidden_states)
+    cam_emb = block.cam_encoder(frame_cams.to(normed.dtype))  # (B, F', D)
+    normed = normed + cam_emb.repeat_interleave(tokens_per_frame, dim=1)
+    attn_output = block.projector(block.attn1(normed, None, None, rotary_emb))
+    hidden_states = (hidden_states.float() + attn_output * gate_msa).type_as(hidden_states)
+
+    normed = block.norm2(hidden_states.float()).type_as(hidden_states)
+    hidden_states = hidden_states + block.attn2(normed, encoder_hidden_states, None, None)
+
+    normed = (block.norm3(hidden_states.float()) * (1 + c_scale_msa) + c_shift_msa).type_as(hidden_states)
+    ff_output = block.ffn(normed)
+    return (hidden_states.float() + ff_output.float() * c_gate_msa).type_as(hidden_states)
+
+
+class ReCamTransformer3DModel(WanTransformer3DModel):
+    """Wan2.1 transformer re-rendering a source video along new target cameras (ReCamMaster design).
+
+    Extra config: ``null_text_len`` L, the length of the learned null text context used when no
+    text embeddings are given. All Wan config keys keep their meaning, so real-size Wan configs load.
+    """
+
+    _no_split_modules = ["WanTransformerBlock"]
+
+    @register_to_config
+    def __init__(
+        self,
+        patch_size: tuple[int, ...] = (1, 4, 4),
+        num_attention_heads: int = 2,
+        attention_head_dim: int = 48,
+        in_channels: int = 3,
+        out_channels: int = 3,
+        text_dim: int = 32,
+        freq_dim: int = 64,
+        ffn_dim: int = 288,
+        num_layers: int = 2,
+        cross_attn_norm: bool = True,
+        qk_norm: str | None = "rms_norm_across_heads",
+        eps: float = 1e-6,
+        image_dim: int | None = None,
+        added_kv_proj_dim: int | None = None,
+        rope_max_seq_len: int = 64,
+        pos_embed_seq_len: int | None = None,
+        null_text_len: int = 4,
+    ) -> None:
+        if image_dim is not None or added_kv_proj_dim is not None:
+            raise ValueError("ReCamTransformer3DModel has no image conditioning; image_dim and "
+                             "added_kv_proj_dim must be None")
+        if null_text_len < 1:
+            raise ValueError(f"null_text_len must be >= 1, got {null_text_len}")
+        super().__init__(
+            patch_size=tuple(patch_size),
+            num_attention_heads=num_attention_heads,
+            attention_head_dim=attention_head_dim,
+            in_channels=in_channels,
+            out_channels=out_channels,
+            text_dim=text_dim,
+            freq_dim=freq_dim,
+            ffn_dim=ffn_dim,
+            num_layers=num_layers,
+            cross_attn_norm=cross_attn_norm,
+            qk_norm=qk_norm,
+            eps=eps,
+            image_dim=image_dim,
+            added_kv_proj_dim=added_kv_proj_dim,
+            rope_max_seq_len=rope_max_seq_len,
+            pos_embed_seq_len=pos_embed_seq_len,
+        )
+        inner_dim = num_attention_heads * attention_head_dim
+        for block in self.blocks:
+            block.cam_encoder = nn.Linear(CAMERA_DIM, inner_dim)
+            block.projector = nn.Linear(inner_dim, inner_dim)
+        # Small std so the null context starts near the text embedder's bias, like an empty prompt.
+        self.null_text = nn.Parameter(torch.randn(1, null_text_len, text_dim) * 0.02)
+        self.reset_camera_modules()
+
+    @torch.no_grad()
+    def reset_camera_modules(self) -> None:
+        """Zero every cam_encoder and set every projector to the identity (ReCamMaster's init)."""
+        for block in self.blocks:
+            nn.init.zeros_(block.cam_encoder.weight)
+            nn.init.zeros_(block.cam_encoder.bias)
+            nn.init.eye_(block.projector.weight)
+            nn.init.zeros_(block.projector.bias)
+
+    def _check_inputs(
+        self,
+        noisy_target: torch.Tensor,
+        sigma: torch.Tensor,
+        source_video: torch.Tensor,
+        source_cams: torch.Tensor,
+        target_cams: torch.Tensor,
+        encoder_hidden_states: torch.Tensor | None,
+    ) -> None:
+        cfg = self.config
+        if noisy_target.ndim != 5:
+            raise ValueError(f"noisy_target must be (B, C, F, H, W), got {tuple(noisy_target.shape)}")
+        b, c, f, h, w = noisy_target.shape
+        if c != cfg.in_channels:
+            raise ValueError(f"noisy_target has {c} channels but the model expects "
+                             f"in_channels={cfg.in_channels}")
+        if source_video.shape != noisy_target.shape:
+            raise ValueError(f"source_video shape {tuple(source_video.shape)} must equal noisy_target shape "
+                             f"{tuple(noisy_target.shape)}")
+        p_t, p_h, p_w = cfg.patch_size
+        if f % p_t or h % p_h or w % p_w:
+            raise ValueError(f"video (F, H, W) = {(f, h, w)} is not divisible by patch_size "
+                             f"{tuple(cfg.patch_size)}")
+        if max(2 * f // p_t, h // p_h, w // p_w) > cfg.rope_max_seq_len:
+            raise ValueError(f"video of (2F, H, W) = {(2 * f, h, w)} patches exceeds rope_max_seq_len="
+                             f"{cfg.rope_max_seq_len}")
+        if sigma.shape != (b,):
+            raise ValueError(f"sigma must have shape (B,) = ({b},), got {tuple(sigma.shape)}")
+        if not torch.isfinite(sigma).all() or (sigma < 0).any() or (sigma > 1).any():
+            raise ValueError(f"sigma must lie in [0, 1], got min {sigma.min().item()} "
+                             f"max {sigma.max().item()}")
+        for name, cams in (("source_cams", source_cams), ("target_cams", target_cams)):
+            if cams.shape != (b, f, 3, 4):
+                raise ValueError(f"{name} must have shape (B, F, 3, 4) = {(b, f, 3, 4)}, "
+                                 f"got {tuple(cams.shape)}")
+        if encoder_hidden_states is not None and (
+            encoder_hidden_states.ndim != 3
+            or encoder_hidden_states.shape[0] != b
+            or encoder_hidden_states.shape[2] != cfg.text_dim
+        ):
+            raise ValueError(f"encoder_hidden_states must be (B, L, text_dim) = ({b}, L, {cfg.text_dim}), "
+                             f"got {tuple(encoder_hidden_states.shape)}")
+
+    def forward(
+        self,
+        noisy_target: torch.Tensor,
+        sigma: torch.Tensor,
+        source_video: torch.Tensor,
+        source_cams: torch.Tensor,
+        target_cams: torch.Tensor,
+        encoder_hidden_states: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Predict the flow-matching velocity (noise - x0) of the target video.
+
+        Args:
+            noisy_target: (B, C, F, H, W) x_sigma = (1 - sigma) x0 + sigma noise.
+            sigma: (B,) noise level in [0, 1], 1 = pure noise.
+            source_video: (B, C, F, H, W) clean source video.
+            source_cams: (B, F, 3, 4) source world-to-camera extrinsics (relative to source frame 0).
+            target_cams: (B, F, 3, 4) target world-to-camera extrinsics in the same world frame.
+            encoder_hidden_states: optional (B, L, text_dim) text embeddings; the learned null
+                context is used when None.
+
+        Returns:
+            (B, C_out, F, H, W) predicted velocity for the target half.
+        """
+        self._check_inputs(noisy_target, sigma, source_video, source_cams, target_cams, encoder_hidden_states)
+        b, _, f, h, w = noisy_target.shape
+        p_t, p_h, p_w = self.config.patch_size
+        ppf, pph, ppw = f // p_t, h // p_h, w // p_w
+        tokens_per_frame = pph * ppw
+
+        hidden_states = torch.cat([noisy_target, source_video], dim=2)  # (B, C, 2F, H, W)
+        rotary_emb = self.rope(hidden_states)
+        hidden_states = self.patch_embedding(hidden_states).flatten(2).transpose(1, 2).contiguous()
+
+        # With temporal patches (p_t > 1) one token frame covers p_t video frames; like ReCamMaster's
+        # frame subsampling, each token frame takes the camera of its first video frame.
+        frame_cams = torch.cat([flatten_cameras(target_cams), flatten_cameras(source_cams)], dim=1)[:, ::p_t]
+
+        if encoder_hidden_states is None:
+            encoder_hidden_states = self.null_text.expand(b, -1, -1)
+        timestep = sigma.to(torch.float32) * WAN_TIMESTEP_SCALE
+        temb, timestep_proj, context, _ = self.condition_embedder(timestep, encoder_hidden_states.to(
+            hidden_states.dtype))
+        timestep_proj = timestep_proj.unflatten(1, (6, -1))  # (B, 6, D)
+
+        block_args = (context, timestep_proj, rotary_emb, frame_cams, tokens_per_frame)
+        for block in self.blocks:
+            step = functools.partial(camera_block_forward, block)
+            if torch.is_grad_enabled() and self.gradient_checkpointing:
+                hidden_states = self._gradient_checkpointing_func(step, hidden_states, *block_args)
+            else:
+                hidden_states = step(hidden_states, *block_args)
+
+        # Only the target tokens (the first F' token frames) are decoded.
+        hidden_states = hidden_states[:, : ppf * tokens_per_frame]
+        shift, scale = (self.scale_shift_table + temb.unsqueeze(1)).chunk(2, dim=1)
+        hidden_states = (self.norm_out(hidden_states.float()) * (1 + scale) + shift).type_as(hidden_states)
+        hidden_states = self.proj_out(hidden_states)  # (B, S_target, p_t * p_h * p_w * C_out)
+
+        hidden_states = hidden_states.reshape(b, ppf, pph, ppw, p_t, p_h, p_w, -1)
+        hidden_states = hidden_states.permute(0, 7, 1, 4, 2, 5, 3, 6)
+        return hidden_states.reshape(b, -1, ppf * p_t, pph * p_h, ppw * p_w)
+
+    def num_parameters_total(self) -> int:
+        """Total parameter count (trainable or not)."""
+        return sum(math.prod(p.shape) for p in self.parameters())

@@ -1,0 +1,305 @@
+"""Pretrain the ReCam-Tiny base model with the rectified-flow objective on the synthetic world.
+
+Objective (per sample, x0 = ground-truth target render, noise ~ N(0, I)):
+    x_sigma = (1 - sigma) x0 + sigma noise,  v_target = noise - x0,
+    loss = mean over (C, F, H, W) of (v_theta(x_sigma, sigma, source, cams) - v_target)^2,
+computed on the target half only (the model returns only that half).
+
+sigma sampling (``--sigma-sampling``):
+    logit_normal (default): sigma = sigmoid(n), n ~ N(0, 1) as in SD3 / Wan training. It puts most
+        samples at mid noise where the velocity is hardest to predict, while both ends still get
+        some mass; a small uniform share (10 %) is mixed in so that sigma near 1 (where GRPO's
+        first sampling steps live) and near 0 are not starved.
+    uniform: sigma ~ U(0, 1).
+
+Evaluation: deterministic Euler ODE sampling (``--eval-ode-steps`` steps, sigmas linspace 1 -> 0) on
+held-out conditions from the world's held-out split, reporting the MSE of the samples to the
+ground-truth renders and, when rewards/cam_score.py exists, the mean cam_score of the samples and of
+the ground-truth renders.
+
+Writes ``<out>/config.json`` + ``<out>/diffusion_pytorch_model.safetensors`` (diffusers
+save_pretrained) and ``<out>/provenance.json``.
+
+Example (the committed checkpoint's exact command is in its provenance.json):
+    python scripts/pretrain_base.py --out checkpoints/recam_tiny_base --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from recam.model import ReCamTransformer3DModel, tiny_config  # noqa: E402
+from recam.world import SyntheticWorld, collate_conditions  # noqa: E402
+
+CAM_SCORE_FILE = ROOT / "rewards" / "cam_score.py"
+
+
+def sample_sigmas(n: int, mode: str, generator: torch.Generator, uniform_share: float = 0.1) -> torch.Tensor:
+    """Training noise levels, (n,) in (0, 1). See the module docstring for the two modes."""
+    if mode == "uniform":
+        return torch.rand(n, generator=generator)
+    if mode == "logit_normal":
+        sig = torch.sigmoid(torch.randn(n, generator=generator))
+        use_uniform = torch.rand(n, generator=generator) < uniform_share
+        return torch.where(use_uniform, torch.rand(n, generator=generator), sig)
+    raise ValueError(f"unknown sigma sampling mode {mode!r}; use 'logit_normal' or 'uniform'")
+
+
+def flow_matching_loss(
+    model: ReCamTransformer3DModel,
+    x0: torch.Tensor,
+    noise: torch.Tensor,
+    sigma: torch.Tensor,
+    source_video: torch.Tensor,
+    source_cams: torch.Tensor,
+    target_cams: torch.Tensor,
+) -> torch.Tensor:
+    """Rectified-flow MSE on the target half.
+
+    Args: x0, noise, source_video (B, 3, F, H, W); sigma (B,); cams (B, F, 3, 4).
+    Returns: scalar loss.
+    """
+    s = sigma.view(-1, 1, 1, 1, 1)
+    x_sigma = (1 - s) * x0 + s * noise
+    pred = model(x_sigma, sigma, source_video, source_cams, target_cams)
+    return torch.mean((pred - (noise - x0)) ** 2)
+
+
+@torch.no_grad()
+def euler_ode_sample(
+    model: ReCamTransformer3DModel,
+    noise: torch.Tensor,
+    source_video: torch.Tensor,
+    source_cams: torch.Tensor,
+    target_cams: torch.Tensor,
+    num_steps: int,
+) -> torch.Tensor:
+    """Deterministic Euler sampling from sigma = 1 to 0: x <- x + (sigma_next - sigma) v.
+
+    Args: noise (B, 3, F, H, W) starting point at sigma = 1; other inputs as for the model.
+    Returns: (B, 3, F, H, W) sample at sigma = 0.
+    """
+    sigmas = torch.linspace(1.0, 0.0, num_steps + 1)
+    x = noise
+    for i in range(num_steps):
+        sigma = sigmas[i].expand(x.shape[0])
+        v = model(x, sigma, source_video, source_cams, target_cams)
+        x = x + (sigmas[i + 1] - sigmas[i]) * v
+    return x
+
+
+def stack_batch(conditions: list) -> dict:
+    batch = collate_conditions(conditions)
+    for key in ("source_video", "source_cams", "target_cams", "target_video"):
+        batch[key] = batch[key].float()
+    return batch
+
+
+def evaluate(
+    model: ReCamTransformer3DModel,
+    eval_conditions: list,
+    batch_size: int,
+    ode_steps: int,
+    seed: int,
+    with_cam_score: bool,
+) -> dict:
+    """ODE-sample every held-out condition once (fixed noise) and score it."""
+    was_training = model.training
+    model.eval()
+    gen = torch.Generator().manual_seed(seed)
+    sq_err, n_elems = 0.0, 0
+    gen_scores, gt_scores = [], []
+    for start in range(0, len(eval_conditions), batch_size):
+        conds = eval_conditions[start : start + batch_size]
+        batch = stack_batch(conds)
+        gt = batch["target_video"]
+        noise = torch.randn(gt.shape, generator=gen)
+        video = euler_ode_sample(
+            model, noise, batch["source_video"], batch["source_cams"], batch["target_cams"], ode_steps
+        )
+        sq_err += torch.sum((video - gt) ** 2).item()
+        n_elems += gt.numel()
+        if with_cam_score:
+            from rewards.cam_score import cam_score
+
+            gen_scores.append(cam_score(video.clamp(-1, 1), conds)[0])
+            gt_scores.append(cam_score(gt, conds)[0])
+    model.train(was_training)
+    result = {"mse_to_ground_truth": sq_err / n_elems, "num_conditions": len(eval_conditions)}
+    if with_cam_score:
+        gen_all = torch.cat([torch.as_tensor(s, dtype=torch.float64) for s in gen_scores])
+        gt_all = torch.cat([torch.as_tensor(s, dtype=torch.float64) for s in gt_scores])
+        result["cam_score_generated"] = gen_all.mean().item()
+        result["cam_score_ground_truth"] = gt_all.mean().item()
+    return result
+
+
+def measure_timings(model: ReCamTransformer3DModel, batch_size: int = 8, repeats: int = 5) -> dict:
+    """Seconds per batched forward (no grad) and per forward+backward at the model's working size."""
+    f, size = 8, 32
+    x = torch.randn(batch_size, 3, f, size, size)
+    sigma = torch.rand(batch_size)
+    cams = torch.randn(batch_size, f, 3, 4)
+    args = (x, sigma, x.clone(), cams, cams.clone())
+    with torch.no_grad():
+        model(*args)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            model(*args)
+        fwd = (time.perf_counter() - start) / repeats
+    start = time.perf_counter()
+    for _ in range(repeats):
+        model(*args).square().mean().backward()
+    fwd_bwd = (time.perf_counter() - start) / repeats
+    model.zero_grad(set_to_none=True)
+    return {"batch_size": batch_size, "forward_s": fwd, "forward_backward_s": fwd_bwd}
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def lr_at(step: int, total: int, base_lr: float, warmup: int, final_fraction: float) -> float:
+    """Linear warmup then cosine decay to final_fraction * base_lr."""
+    if step < warmup:
+        return base_lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return base_lr * (final_fraction + (1 - final_fraction) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, required=True, help="output folder (weights, config, provenance)")
+    p.add_argument("--steps", type=int, default=4000)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--warmup-steps", type=int, default=100)
+    p.add_argument("--final-lr-fraction", type=float, default=0.05)
+    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-train-conditions", type=int, default=2048)
+    p.add_argument("--num-eval-conditions", type=int, default=32)
+    p.add_argument("--eval-every", type=int, default=1000)
+    p.add_argument("--eval-ode-steps", type=int, default=10)
+    p.add_argument("--sigma-sampling", choices=("logit_normal", "uniform"), default="logit_normal")
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args(argv)
+    for name in ("steps", "batch_size", "num_train_conditions", "num_eval_conditions", "eval_every",
+                 "eval_ode_steps", "threads"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.lr <= 0:
+        raise SystemExit(f"--lr must be > 0, got {args.lr}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    t_start = time.time()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    np.random.seed(args.seed)
+
+    with_cam_score = CAM_SCORE_FILE.is_file()
+    print(f"cam_score evaluation: {'on' if with_cam_score else 'off (rewards/cam_score.py missing)'}")
+
+    train_world = SyntheticWorld("train", num_conditions=args.num_train_conditions, seed=args.seed)
+    eval_world = SyntheticWorld("heldout", num_conditions=args.num_eval_conditions, seed=args.seed)
+    # Rendering is done once up front: the world is deterministic per index, and re-rendering every
+    # step would cost more CPU than the model itself at this size.
+    train_conditions = [train_world[i] for i in tqdm(range(len(train_world)), desc="render train")]
+    eval_conditions = [eval_world[i] for i in range(len(eval_world))]
+    train = stack_batch(train_conditions)
+    n_train = train["target_video"].shape[0]
+
+    model = ReCamTransformer3DModel(**tiny_config())
+    model.train()
+    num_params = sum(p.numel() for p in model.parameters())
+    print(f"ReCam-Tiny parameters: {num_params}")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    losses: list[float] = []
+    evals: list[dict] = []
+    perm, cursor = torch.randperm(n_train, generator=gen), 0
+    bar = tqdm(range(args.steps), desc="pretrain")
+    for step in bar:
+        if cursor + args.batch_size > n_train:
+            perm, cursor = torch.randperm(n_train, generator=gen), 0
+        idx = perm[cursor : cursor + args.batch_size]
+        cursor += args.batch_size
+
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, args.steps, args.lr, args.warmup_steps, args.final_lr_fraction)
+        x0 = train["target_video"][idx]
+        noise = torch.randn(x0.shape, generator=gen)
+        sigma = sample_sigmas(len(idx), args.sigma_sampling, gen)
+        loss = flow_matching_loss(
+            model, x0, noise, sigma,
+            train["source_video"][idx], train["source_cams"][idx], train["target_cams"][idx],
+        )
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+        optimizer.step()
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
+
+        if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
+            result = evaluate(model, eval_conditions, args.batch_size, args.eval_ode_steps, args.seed + 2,
+                              with_cam_score)
+            result["step"] = step + 1
+            result["train_loss_last50"] = float(np.mean(losses[-50:]))
+            evals.append(result)
+            tqdm.write(json.dumps(result))
+
+    timings = measure_timings(model)
+    args.out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(args.out)
+    provenance = {
+        "command": " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv]),
+        "seed": args.seed,
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "git_commit": git_commit(),
+        "wall_time_s": time.time() - t_start,
+        "num_parameters": num_params,
+        "final_train_loss": float(np.mean(losses[-50:])),
+        "final_eval": evals[-1],
+        "eval_history": evals,
+        "timings_2_threads" if args.threads == 2 else "timings": timings,
+        "environment": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "platform": platform.platform(),
+        },
+    }
+    (args.out / "provenance.json").write_text(json.dumps(provenance, indent=2) + "\n")
+    print(json.dumps({k: provenance[k] for k in ("wall_time_s", "final_train_loss", "final_eval")}, indent=2))
+    return provenance
+
+
+if __name__ == "__main__":
+    main()
