@@ -89,7 +89,32 @@ def get_config() -> ml_collections.ConfigDict:
 
     # ---- rewards ----
     c.reward = ml_collections.ConfigDict()
-    c.reward.weights = ml_collections.ConfigDict({"cam_score": 1.0, "fidelity": 0.5})  # name -> weight of `avg`
+    # name -> weight in `avg`; every registered reward is listed so any can be switched on from the command line
+    # (--config.reward.weights.discriminator=0.5); weight 0 means not computed at all.
+    c.reward.weights = ml_collections.ConfigDict({"cam_score": 1.0, "fidelity": 0.5, "unifiedscore": 0.0,
+                                                  "discriminator": 0.0})
+    c.reward.async_workers = 1  # reward jobs run on this many threads while the next batch samples
+    c.reward.failure_policy = "wait"  # failed samples: "wait" (retry, then exclude), "drop_group", "stop"
+    c.reward.max_retries = 2  # re-scoring rounds of failed samples under "wait"
+    c.reward.retry_backoff_s = 1.0  # first retry delay, doubled each round
+    c.reward.unified = ml_collections.ConfigDict()  # UnifiedReward judge (reward "unifiedscore")
+    c.reward.unified.base_url = "http://127.0.0.1:30000"  # OpenAI-compatible server root (sglang / vLLM)
+    c.reward.unified.model = "UnifiedReward"  # model name sent with each request
+    c.reward.unified.api_key_env = "UNIFIED_API_KEY"  # environment variable holding the API key (optional)
+    c.reward.unified.prompt_format = "final_score"  # "final_score" | "alignment_physics_style"
+    c.reward.unified.num_frames = 4  # frames sent per video
+    c.reward.unified.frame_size = 64  # longer side of each frame sent, in pixels
+    c.reward.unified.max_concurrency = 8  # requests in flight
+    c.reward.unified.timeout_s = 30.0  # per request
+    c.reward.unified.max_retries = 3  # retries per request (timeouts, 5xx, 429, dropped connections)
+    c.reward.unified.check_model = False  # also require the model name in /v1/models at start
+    c.reward.discriminator = ml_collections.ConfigDict()  # learned critic (reward "discriminator")
+    c.reward.discriminator.lr = 1e-3  # critic learning rate
+    c.reward.discriminator.temperature = 1.0  # T in -log sigmoid((s_teacher - s_student) / T)
+    c.reward.discriminator.adaptive_temperature = False  # track the spread of score differences instead
+    c.reward.discriminator.reg_threshold = 3.0  # scores beyond +-this are penalised
+    c.reward.discriminator.reg_weight = 0.1  # weight of that penalty
+    c.reward.discriminator.steps_per_epoch = 4  # critic updates per epoch (teacher = ground-truth renders)
 
     # ---- evaluation ----
     c.eval = ml_collections.ConfigDict()

@@ -124,6 +124,9 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
     _require(not unknown, f"reward.weights names unknown rewards {unknown}; known: {sorted(known_rewards())}")
     _require(all(w >= 0 for w in weights.values()) and sum(weights.values()) > 0,
              f"reward.weights must be non-negative with a positive sum, got {weights}")
+    _require(config.reward.failure_policy in ("wait", "drop_group", "stop"),
+             f"reward.failure_policy must be 'wait', 'drop_group' or 'stop', got {config.reward.failure_policy!r}")
+    _require(config.reward.async_workers >= 1, f"reward.async_workers must be >= 1, got {config.reward.async_workers}")
     conds_per_batch = per_batch // s.k
     _require(
         config.data.num_train_conditions >= conds_per_batch,

@@ -173,7 +173,8 @@ def epoch_record(epoch, step, derived, condition_ids, g_index, g_rewards, g_adv_
         "rewards/avg": avg_nt.tolist(),
         **{f"rewards/{k}": v.tolist() for k, v in g_rewards.items() if k != "avg"},
         "reward_shapes": {"avg": list(avg_nt.shape), **{k: list(v.shape) for k, v in g_rewards.items() if k != "avg"}},
-        **{f"reward_{k}": float(v.mean()) for k, v in g_rewards.items()},
+        # mean over the samples that were scored: a failed (NaN) reward is excluded, never averaged as 0
+        **{f"reward_{k}": float(v.nanmean()) for k, v in g_rewards.items()},
         "advantages": g_adv_t.tolist(),
         "advantage_per_condition": {str(g): {"count": c, "mean": m, "std": sd} for g, (c, m, sd) in adv_groups.items()},
         **{k: float(v) for k, v in adv_stats.items()},

@@ -198,11 +198,21 @@ class GroupStat:
 
 
 def recompute_advantages(rewards, group_ids, std_mode: str = "group",
-                         eps: float = 1e-4) -> tuple[np.ndarray, dict[int, GroupStat]]:
+                         eps: float = 1e-4, keep=None) -> tuple[np.ndarray, dict[int, GroupStat]]:
     """(N,) advantages (r - mean_g) / (std_g + eps) and per-group reward stats (population std).
 
-    Groups whose rewards are all exactly equal get advantage exactly 0, whatever the std_mode.
+    Groups whose rewards are all exactly equal get advantage exactly 0, whatever the std_mode. With `keep`
+    (N,) bool, samples excluded by the trainer (a reward failed) take no part and get advantage 0.
     """
+    if keep is not None:
+        keep = np.asarray(keep, dtype=bool)
+        full = np.zeros(len(keep))
+        if not keep.any():
+            return full, {}
+        sub, stats = recompute_advantages(np.asarray(rewards, dtype=np.float64)[keep], np.asarray(group_ids)[keep],
+                                          std_mode, eps)
+        full[keep] = sub
+        return full, stats
     r = np.asarray(rewards, dtype=np.float64)
     ids = np.asarray(group_ids)
     if r.ndim != 1 or r.shape != ids.shape:
@@ -269,6 +279,9 @@ class EpochView:
         self.m = self.total // self.k if self.total is not None and self.k else None
         self.rewards = {key[len("rewards/"):]: _array(v) for key, v in rec.items() if key.startswith("rewards/")}
         self.adv = _array(rec.get("advantages"))
+        excluded = rec.get("excluded")
+        self.keep = (~np.asarray(excluded, dtype=bool) if isinstance(excluded, list) and len(excluded) == (self.N or -1)
+                     else None)  # samples the trainer kept in the advantages (a failed reward excludes one)
         avg = self.rewards.get("avg")
         self.r0 = None
         if avg is not None and avg.ndim in (1, 2) and avg.shape[0] == (self.N or -1):
@@ -480,9 +493,16 @@ def check_reward_finite(v: EpochView, s: Settings) -> Check:
     bad = {}
     arrays = {f"rewards/{k}": a for k, a in v.rewards.items()}
     arrays["advantages"] = v.adv
+    excused = 0
     for key, a in arrays.items():
         if a is not None and a.size:
-            n = int((~np.isfinite(a)).sum())
+            nonfinite = ~np.isfinite(a)
+            if v.keep is not None and key.startswith("rewards/") and a.shape[0] == len(v.keep):
+                # a reward that failed is NaN by design when the trainer excluded that sample from training
+                excluded = ~v.keep.reshape((-1,) + (1,) * (a.ndim - 1))
+                excused += int((nonfinite & excluded).sum())
+                nonfinite &= ~excluded
+            n = int(nonfinite.sum())
             if n:
                 bad[key] = n
     for key, x in v.rec.items():
@@ -490,6 +510,9 @@ def check_reward_finite(v: EpochView, s: Settings) -> Check:
             bad[key] = 1
     if bad:
         return Check(name, FAIL, {"non_finite": bad}, f"NaN/Inf values: {bad}")
+    if excused:
+        return Check(name, WARN, {"non_finite": 0, "failed_and_excluded": excused},
+                     f"{excused} reward values failed (NaN) on samples the trainer excluded from the advantages")
     return Check(name, PASS, {"non_finite": 0}, "no NaN or Inf in rewards or advantages")
 
 
@@ -512,10 +535,11 @@ def check_advantage_per_condition(v: EpochView, s: Settings) -> Check:
     idx = np.asarray(v.indices)
     groups = None
     if v.r0 is not None:
-        _, groups = recompute_advantages(v.r0, idx, s.std_mode, s.eps)
+        _, groups = recompute_advantages(v.r0, idx, s.std_mode, s.eps, v.keep)
     rows = []
-    for g in sorted(set(v.indices)):
-        vals = v.a0[idx == g]
+    kept = v.keep if v.keep is not None else np.ones(len(idx), dtype=bool)
+    for g in sorted(set(idx[kept].tolist())):
+        vals = v.a0[(idx == g) & kept]
         mean, std = float(vals.mean()), float(vals.std())
         reward = groups.get(g) if groups else None
         constant = reward.constant if reward else bool(np.all(vals == 0))
@@ -561,7 +585,7 @@ def check_advantage_recompute(v: EpochView, s: Settings) -> Check:
                            ["rewards/avg or advantages (shape)"])
     if v.adv.ndim not in (1, 2):
         return Check(name, FAIL, {"logged_shape": list(v.adv.shape)}, "advantages are not an (N, T) array")
-    expected, _ = recompute_advantages(v.r0, np.asarray(v.indices), s.std_mode, s.eps)
+    expected, _ = recompute_advantages(v.r0, np.asarray(v.indices), s.std_mode, s.eps, v.keep)
     logged = v.adv if v.adv.ndim == 2 else v.adv[:, None]
     if logged.shape[0] != expected.shape[0]:
         return Check(name, FAIL, {"logged": list(v.adv.shape), "expected_N": int(expected.size)},
@@ -612,7 +636,7 @@ def check_zero_std_groups(v: EpochView, s: Settings) -> Check:
     name = "zero_std_groups"
     if v.r0 is None or v.indices is None:
         return _not_logged(name, ["rewards/avg", "dataset_indices"])
-    _, groups = recompute_advantages(v.r0, np.asarray(v.indices), s.std_mode, s.eps)
+    _, groups = recompute_advantages(v.r0, np.asarray(v.indices), s.std_mode, s.eps, v.keep)
     zero = [g for g, st in groups.items() if st.constant]
     ratio = len(zero) / len(groups) if groups else 0.0
     nums = {"zero_std_groups": len(zero), "groups": len(groups), "zero_std_ratio": ratio,
@@ -647,7 +671,8 @@ def check_reward_means(v: EpochView, s: Settings) -> Check:
         if arr is None:
             problems.append(f"rewards/{key} not logged or unreadable, cannot check reward_{key}")
             continue
-        mean = float(arr.mean()) if arr.size else float("nan")
+        # failed (NaN) rewards are excluded from training and from the logged mean
+        mean = float(np.nanmean(arr)) if arr.size and np.isfinite(arr).any() else float("nan")
         nums[key] = {"logged": claimed, "array_mean": mean}
         if not _close(claimed, mean, s.tol):
             problems.append(f"reward_{key}={claimed:.6g} but the mean of rewards/{key} is {mean:.6g}")
@@ -695,7 +720,7 @@ def check_reward_std_mean(v: EpochView, s: Settings) -> Check:
         return Check(name, WARN, {}, "reward_std_mean not logged")
     if v.r0 is None:
         return _not_logged(name, ["rewards/avg"])
-    _, groups = recompute_advantages(v.r0, np.asarray(v.indices), s.std_mode, s.eps)
+    _, groups = recompute_advantages(v.r0, np.asarray(v.indices), s.std_mode, s.eps, v.keep)
     mean_std = float(np.mean([g.std for g in groups.values()])) if groups else 0.0
     nums = {"logged": logged, "recomputed": mean_std}
     if not _close(logged, mean_std, s.tol):

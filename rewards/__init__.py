@@ -36,7 +36,8 @@ def get_reward(name: str) -> RewardFn:
 
 
 class MultiReward:
-    """Weighted combination: scores[key] (B,) for each reward plus scores["avg"] = sum_i w_i s_i / sum_i w_i.
+    """Weighted combination: scores[key] (B,) for each reward of positive weight plus
+    scores["avg"] = sum_i w_i s_i / sum_i w_i.
 
     A NaN in any weighted reward makes that sample's avg NaN, so a failure can be excluded downstream
     instead of entering the group statistics as a number.
@@ -48,7 +49,7 @@ class MultiReward:
             raise ValueError(f"unknown reward names {unknown}; known rewards: {known_rewards()}")
         if not weights or sum(weights.values()) <= 0 or any(w < 0 for w in weights.values()):
             raise ValueError(f"reward weights must be non-negative with a positive sum, got {weights}")
-        self.weights = dict(weights)
+        self.weights = {name: w for name, w in weights.items() if w > 0}  # weight 0: not computed at all
 
     def __call__(self, videos: torch.Tensor, conditions: list) -> tuple[dict[str, torch.Tensor], dict]:
         scores, details = {}, {}

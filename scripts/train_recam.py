@@ -31,7 +31,7 @@ from tqdm.auto import tqdm  # noqa: E402
 
 from config.validate import validate  # noqa: E402
 from recam import runlog  # noqa: E402
-from recam.advantages import broadcast_over_timesteps, group_advantages, nonzero_group_mask  # noqa: E402
+from recam.advantages import broadcast_over_timesteps, nonzero_group_mask  # noqa: E402
 from recam.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint, set_rng_state  # noqa: E402
 from recam.distributed import local_slice, use_cpu_if_no_accelerator  # noqa: E402
 from recam.health import diagnose_step  # noqa: E402
@@ -48,6 +48,13 @@ from recam.variants import (  # noqa: E402
 )
 from recam.world import SyntheticWorld, collate_conditions  # noqa: E402
 from rewards import MultiReward  # noqa: E402
+from rewards.async_pipeline import (  # noqa: E402
+    AsyncRewardRunner,
+    RewardServerDown,
+    concat_results,
+    exclusion_mask,
+    masked_group_advantages,
+)
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", "config/grpo.py:tiny_cpu", "Preset file:name plus overrides.")
@@ -118,6 +125,9 @@ def main(_):
         from diffusers.training_utils import EMAModel
         ema = EMAModel(policy.parameters(), decay=t.ema_decay)
     reward_fn = MultiReward(dict(config.reward.weights))
+    discriminator = setup_reward_services(config, log)  # before any sampling: a down judge fails here
+    runner = AsyncRewardRunner(reward_fn, config.reward.async_workers, config.reward.failure_policy,
+                               config.reward.max_retries, config.reward.retry_backoff_s)
     policy_loss_fn = get_policy_loss(t.policy_loss)
     kl_estimator = None if t.kl_type == "gaussian_mean" else get_kl_estimator(t.kl_type)
     variants = VariantInputs(config.train) if t.policy_loss == "grpo_variants" else None
@@ -161,8 +171,7 @@ def main(_):
         epoch_t0 = time.time()
         # ---- 1. sample k copies per condition, storing only what training needs ----
         unwrapped.eval()
-        local = {"states": [], "log_probs": [], "index": [], "rewards": {}}
-        reward_seconds = 0.0
+        local = {"states": [], "log_probs": [], "index": [], "videos": []}
         for b in tqdm(range(s.num_batches_per_epoch), desc=f"epoch {epoch} sampling", disable=not log.enabled,
                       leave=False):
             position = epoch * s.num_batches_per_epoch + b
@@ -172,27 +181,35 @@ def main(_):
             noise = per_sample_noise(keys, s.num_steps + 1, video_shape).to(accelerator.device)
             out = rollout(velocity_fn_for(unwrapped, repeat_batch(batch, accelerator.device), autocast),
                           noise, sigmas, T, s.noise_level, s.sde_type)
-            r0 = time.time()
-            scores, _ = reward_fn(out.videos.cpu(), batch["conditions"])
-            reward_seconds += time.time() - r0
+            runner.submit(position, out.videos.cpu(), batch["conditions"])  # scored while the next batch samples
             local["states"].append(out.states.cpu())
             local["log_probs"].append(out.log_probs.cpu())
             local["index"].append(torch.tensor(indices))
-            for key, v in scores.items():
-                local["rewards"].setdefault(key, []).append(v.float())
+            local["videos"].append(out.videos.cpu())
+        try:
+            results = runner.collect()
+        except RewardServerDown as e:
+            stopped_by = f"reward server down at epoch {epoch}: {e}"
+            log.info(f"{stopped_by}; the last checkpoint {latest_checkpoint(ckpt_root)} is intact")
+            break
+        scores, valid = concat_results(results)
+        reward_seconds = sum(sum(r.call_seconds) for r in results)
         states = torch.cat(local["states"])
         old_log_probs = torch.cat(local["log_probs"])
         cond_index = torch.cat(local["index"])
-        rewards = {k: torch.cat(v) for k, v in local["rewards"].items()}
+        rewards = {k: v.float() for k, v in scores.items()}
 
         # ---- 2. gather across processes (rank order), advantages per condition, take back our slice ----
         g_index = accelerator.gather(cond_index.to(accelerator.device)).cpu()
         g_rewards = {k: accelerator.gather(v.to(accelerator.device)).cpu() for k, v in rewards.items()}
-        advantages, adv_stats = group_advantages(g_rewards["avg"], g_index, config.advantage.std_mode,
-                                                 config.advantage.eps)
+        g_valid = accelerator.gather(valid.to(accelerator.device)).cpu().bool()
+        # A failed reward is excluded from its group's statistics, never counted as a 0.
+        keep, exclusion = exclusion_mask(g_valid, g_index, runner.exclusion_policy)
+        advantages, _, adv_stats = masked_group_advantages(g_rewards["avg"], g_index, keep,
+                                                           config.advantage.std_mode, config.advantage.eps)
         g_adv_t = broadcast_over_timesteps(advantages, T)  # (N, T)
-        keep = (nonzero_group_mask(advantages, g_index) if config.advantage.filter_zero_std
-                else torch.ones_like(advantages, dtype=torch.bool))
+        if config.advantage.filter_zero_std:
+            keep &= nonzero_group_mask(advantages, g_index)
         adv_local = local_slice(g_adv_t, rank, world_size)
         g_traj = trajectory_ids(g_index)
         traj_ids = local_slice(g_traj, rank, world_size)
@@ -201,6 +218,11 @@ def main(_):
                                      [train_world[int(i)].condition_id for i in g_index], g_index,
                                      g_rewards, g_adv_t, adv_stats, reward_seconds)
         record["trajectory_ids"] = [f"{c}#{k}" for c, k in g_traj.tolist()]
+        record["excluded"] = (~keep).tolist()
+        record.update(exclusion)
+        if discriminator is not None:
+            record.update(train_discriminator(discriminator, local["videos"], cond_index, train_world,
+                                              config.reward.discriminator.steps_per_epoch, log))
         epoch_signal = {"zero_std_ratio": record["zero_std_ratio"], "mean_reward": record["reward_avg"]}
 
         # ---- 3. policy updates: clipped ratio + KL to the frozen base, accumulating over timesteps ----
@@ -285,7 +307,7 @@ def main(_):
             healthy_ckpt = latest_checkpoint(ckpt_root)
             if config.health.action == "stop" or (config.health.action == "rollback"
                                                    and rollbacks >= config.health.max_rollbacks):
-                stopped_by = f"{critical[0].rule} at step {global_step}"
+                stopped_by = f"health guard, {critical[0].rule} at step {global_step}"
                 load_into(healthy_ckpt, unwrapped, optimizer, ema)
                 log.info(f"stopped; weights restored from the last healthy checkpoint {healthy_ckpt}")
                 break
@@ -310,11 +332,12 @@ def main(_):
         if epoch % config.eval.freq == 0 and epoch != config.num_epochs:
             run_eval(f"epoch_{epoch:04d}")
 
+    runner.close()
     eval_after = run_eval("final")
     if accelerator.is_main_process:
         reports = runlog.write_reports(run_dir)
-        log.summary(eval_before, eval_after, extra_paths=reports, note=stopped_by and f"stopped by the health "
-                    f"guard: {stopped_by}", rollbacks=rollbacks)
+        log.summary(eval_before, eval_after, extra_paths=reports, note=stopped_by and f"stopped early: "
+                    f"{stopped_by}", rollbacks=rollbacks)
     log.close()
     # The DDP reducer must die before its process group, or gloo's teardown deadlocks on the GIL at exit.
     accelerator.free_memory()
@@ -325,6 +348,44 @@ def main(_):
         torch.distributed.destroy_process_group()
     if stopped_by:
         sys.exit(3)
+
+
+def setup_reward_services(config, log):
+    """Configure rewards that need a service or state; a judge that is down fails here, before sampling."""
+    weights = {k: w for k, w in config.reward.weights.items() if w > 0}
+    if "unifiedscore" in weights:
+        from rewards.unified import UnifiedConfig, health_check, set_unified_config
+
+        u = config.reward.unified
+        ucfg = UnifiedConfig(base_url=u.base_url, model=u.model, api_key_env=u.api_key_env,
+                             prompt_format=u.prompt_format, num_frames=u.num_frames, frame_size=u.frame_size,
+                             max_concurrency=u.max_concurrency, timeout_s=u.timeout_s, max_retries=u.max_retries)
+        health_check(ucfg, check_model=u.check_model)
+        set_unified_config(ucfg)
+        log.info(f"UnifiedReward judge at {u.base_url} is up")
+    if "discriminator" in weights:
+        from rewards.discriminator import Discriminator, DiscriminatorConfig, set_active_discriminator
+
+        d = config.reward.discriminator
+        disc = Discriminator(DiscriminatorConfig(lr=d.lr, temperature=d.temperature,
+                                                 adaptive_temperature=d.adaptive_temperature,
+                                                 reg_threshold=d.reg_threshold, reg_weight=d.reg_weight,
+                                                 seed=config.seed))
+        set_active_discriminator(disc)
+        return disc
+    return None
+
+
+def train_discriminator(disc, videos: list, cond_index, world, steps: int, log) -> dict:
+    """Critic updates ranking ground-truth renders (teacher) above this epoch's samples (student)."""
+    student = torch.cat(videos)
+    teacher = torch.stack([world[int(i)].target_video for i in cond_index])
+    metrics = {}
+    for _ in range(steps):
+        metrics = {f"discriminator/{k}": float(v) for k, v in disc.train_step(teacher, student).items()}
+    for severity, message in disc.health({k.split("/", 1)[1]: v for k, v in metrics.items()}):
+        log.info(f"discriminator health {severity}: {message}")
+    return metrics
 
 
 def trajectory_ids(g_index: torch.Tensor) -> torch.Tensor:
