@@ -29,8 +29,8 @@ import torch
 
 from rewards import register_reward
 
-ROT_SCALE_DEG = 5.0  # a 5 degree rotation error costs a factor e
-TRANS_SCALE = 0.05  # 5% of the scene depth costs a factor e
+ROT_SCALE_DEG = 10.0  # a 10 degree rotation error costs a factor e
+TRANS_SCALE = 0.1  # 10% of the scene depth costs a factor e
 MIN_LANDMARKS = 4
 COLOUR_RADIUS = 0.6  # RGB distance (in [0, 1] units) within which a pixel votes for a landmark colour
 MIN_MASS = 0.3  # total vote weight a landmark needs to count as found
