@@ -33,6 +33,9 @@ def get_config() -> ml_collections.ConfigDict:
     # ---- model ----
     c.model = ml_collections.ConfigDict()
     c.model.pretrained = "checkpoints/recam_tiny_base"  # folder with config.json + safetensors (diffusers layout)
+    c.model.lora_rank = 0  # 0 = full fine-tuning; > 0 = LoRA adapter, reference = same network with it disabled
+    c.model.lora_alpha = 16.0  # LoRA alpha (update scaled by alpha / rank)
+    c.model.lora_targets = ""  # comma-separated module suffixes; "" = self-attention q/k/v/out (recam.lora)
 
     # ---- sampling (rollouts) ----
     c.sample = ml_collections.ConfigDict()

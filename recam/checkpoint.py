@@ -29,6 +29,38 @@ def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
 
 
+def write_model(model, directory: Path) -> None:
+    """The policy's weights: the LoRA adapter alone when there is one, else the whole model (diffusers layout)."""
+    from recam.lora import has_lora, save_adapter
+
+    if has_lora(model):
+        save_adapter(model, directory)
+    else:
+        model.save_pretrained(directory, safe_serialization=True)
+
+
+def read_model_into(model, directory: Path) -> None:
+    """Load weights written by `write_model` into a live model of the same layout, in place."""
+    from safetensors.torch import load_file
+
+    from recam.lora import ADAPTER_WEIGHTS_NAME, has_lora
+
+    name = ADAPTER_WEIGHTS_NAME if has_lora(model) else "diffusion_pytorch_model.safetensors"
+    path = directory / name
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: the checkpoint does not match this run's model "
+                                f"({'LoRA' if has_lora(model) else 'full fine-tuning'})")
+    state = load_file(str(path))
+    if has_lora(model):
+        from peft import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(model, state)
+        if result.unexpected_keys:
+            raise ValueError(f"{path}: unexpected adapter keys {list(result.unexpected_keys)[:5]}")
+    else:
+        model.load_state_dict(state)
+
+
 def save_checkpoint(ckpt_root: Path, name: str, model, optimizer, ema, state: dict, keep: int = 2,
                     protect: tuple[str, ...] = ()) -> Path:
     """Write checkpoint `name` under ckpt_root atomically and point `latest` at it; prune old ones."""
@@ -36,7 +68,7 @@ def save_checkpoint(ckpt_root: Path, name: str, model, optimizer, ema, state: di
     final = ckpt_root / name
     tmp = ckpt_root / f".tmp-{name}"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp / "model", safe_serialization=True)
+    write_model(model, tmp / "model")
     torch.save({"optimizer": optimizer.state_dict(), "ema": ema.state_dict() if ema is not None else None,
                 "rng": rng_state()}, tmp / "trainer.pt")
     (tmp / "state.json").write_text(json.dumps(state, indent=1))

@@ -32,9 +32,16 @@ from tqdm.auto import tqdm  # noqa: E402
 from config.validate import validate  # noqa: E402
 from recam import runlog  # noqa: E402
 from recam.advantages import broadcast_over_timesteps, nonzero_group_mask  # noqa: E402
-from recam.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint, set_rng_state  # noqa: E402
+from recam.checkpoint import (  # noqa: E402
+    latest_checkpoint,
+    load_trainer_state,
+    read_model_into,
+    save_checkpoint,
+    set_rng_state,
+)
 from recam.distributed import local_slice, use_cpu_if_no_accelerator  # noqa: E402
 from recam.health import diagnose_step  # noqa: E402
+from recam.lora import adapter_disabled, add_lora  # noqa: E402
 from recam.losses import get_kl_estimator, get_policy_loss  # noqa: E402
 from recam.model import ReCamTransformer3DModel  # noqa: E402
 from recam.pipeline import STEP_FNS, ode_sample, per_sample_noise, rescore, rollout  # noqa: E402
@@ -60,10 +67,13 @@ FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", "config/grpo.py:tiny_cpu", "Preset file:name plus overrides.")
 
 
-def velocity_fn_for(model, batch: dict, autocast):
-    """Close the conditioning of a batch over the model: v(x, sigma) for the pipeline functions."""
+def velocity_fn_for(model, batch: dict, autocast, adapter_off: bool = False):
+    """Close the conditioning of a batch over the model: v(x, sigma) for the pipeline functions.
+
+    adapter_off: run the base network under a LoRA policy (the reference), never building a graph.
+    """
     def velocity(x, sigma):
-        with autocast():
+        with autocast(), (adapter_disabled(model) if adapter_off else contextlib.nullcontext()):
             return model(x, sigma, batch["source_video"], batch["source_cams"], batch["target_cams"]).float()
     return velocity
 
@@ -114,12 +124,17 @@ def main(_):
     train_world = SyntheticWorld("train", d.num_train_conditions, d.seed, d.num_frames, d.size, d.conditions_per_scene)
     heldout = SyntheticWorld("heldout", d.num_heldout_conditions, d.seed, d.num_frames, d.size, d.conditions_per_scene)
     policy = ReCamTransformer3DModel.from_pretrained(config.model.pretrained)
+    use_lora = config.model.lora_rank > 0
     reference = None
-    if config.train.beta > 0:
+    if use_lora:  # the reference is the same network with the adapter disabled: no second copy in memory
+        add_lora(policy, config.model.lora_rank, config.model.lora_alpha,
+                 [m.strip() for m in config.model.lora_targets.split(",") if m.strip()] or None)
+    elif config.train.beta > 0:
         reference = copy.deepcopy(policy).requires_grad_(False).eval().to(accelerator.device)
     t = config.train
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2),
-                                  weight_decay=t.adam_weight_decay, eps=t.adam_epsilon)
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=t.learning_rate,
+                                  betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.adam_weight_decay,
+                                  eps=t.adam_epsilon)
     ema = None
     if t.ema:
         from diffusers.training_utils import EMAModel
@@ -240,7 +255,11 @@ def main(_):
                                         accelerator.device)
                 mb_states = states[sel].to(accelerator.device)
                 policy_v = velocity_fn_for(policy, mb_batch, autocast)
-                ref_v = velocity_fn_for(reference, mb_batch, autocast) if reference is not None else None
+                ref_v = None
+                if use_lora and t.beta > 0:
+                    ref_v = velocity_fn_for(unwrapped, mb_batch, autocast, adapter_off=True)
+                elif reference is not None:
+                    ref_v = velocity_fn_for(reference, mb_batch, autocast)
                 acc = []
                 prepared = variants.prepare(policy_v, mb_states, sigmas, old_log_probs[sel], traj_ids[sel], _inner,
                                             s.noise_level, s.sde_type) if variants else None
@@ -470,8 +489,7 @@ def save(ckpt_root, epoch, global_step, model, optimizer, ema, config):
 def load_into(ckpt, model, optimizer, ema, lr_factor: float = 1.0) -> tuple[int, int]:
     """Restore weights, optimizer, EMA and RNG from a checkpoint in place; returns (epoch, global step)."""
     state, trainer = load_trainer_state(ckpt)
-    weights = ReCamTransformer3DModel.from_pretrained(ckpt / "model").state_dict()
-    model.load_state_dict(weights)
+    read_model_into(model, ckpt / "model")
     optimizer.load_state_dict(trainer["optimizer"])
     for group in optimizer.param_groups:
         group["lr"] = state["learning_rate"] * lr_factor

@@ -96,3 +96,31 @@ def test_guard_handles_injected_blowup_and_keeps_a_healthy_checkpoint(tmp_path, 
     else:
         assert p.returncode == 3
         assert latest == "epoch_0001"  # the broken epoch 1 was never saved over it
+
+
+def test_lora_run_trains_only_the_adapter_and_its_reference_is_the_base(tmp_path):
+    import torch
+
+    from recam.lora import adapter_disabled, load_adapter, trainable_parameter_names
+    from recam.model import ReCamTransformer3DModel
+
+    run(tmp_path, "--config.num_epochs=1", "--config.model.lora_rank=4", "--config.eval.freq=100")
+    latest = (tmp_path / "checkpoints" / "latest").read_text()
+    adapter_dir = tmp_path / "checkpoints" / latest / "model"
+    assert (adapter_dir / "adapter_model.safetensors").exists()
+    assert not (adapter_dir / "diffusion_pytorch_model.safetensors").exists()  # no full copy of the base
+    base = ReCamTransformer3DModel.from_pretrained(ROOT / "checkpoints" / "recam_tiny_base").eval()
+    tuned = ReCamTransformer3DModel.from_pretrained(ROOT / "checkpoints" / "recam_tiny_base").eval()
+    load_adapter(tuned, adapter_dir)
+    assert trainable_parameter_names(tuned) and all("lora_" in n for n in trainable_parameter_names(tuned))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 8, 32, 32, generator=g)
+    cams = torch.eye(3, 4).expand(2, 8, 3, 4).contiguous()
+    sigma = torch.tensor([0.7, 0.3])
+    with torch.no_grad():
+        ref = base(x, sigma, x, cams, cams)
+        with adapter_disabled(tuned):
+            off = tuned(x, sigma, x, cams, cams)
+        on = tuned(x, sigma, x, cams, cams)
+    assert torch.equal(off, ref)  # the reference is exactly the base network
+    assert not torch.equal(on, ref)  # the saved adapter carries the update
