@@ -124,3 +124,32 @@ def test_lora_run_trains_only_the_adapter_and_its_reference_is_the_base(tmp_path
         on = tuned(x, sigma, x, cams, cams)
     assert torch.equal(off, ref)  # the reference is exactly the base network
     assert not torch.equal(on, ref)  # the saved adapter carries the update
+
+
+SMOKE_SIZE = ("--config.num_epochs=1", "--config.data.num_train_conditions=16",
+              "--config.data.num_heldout_conditions=4", "--config.sample.num_batches_per_epoch=1",
+              "--config.sample.num_steps=4", "--config.sample.eval_num_steps=4", "--config.eval.freq=100",
+              "--config.eval.num_videos=0", "--config.train.batch_size=4")
+
+
+@pytest.mark.parametrize("preset", ["ema", "gradient_adaptive", "amic", "ptrw", "temporal_decay", "asymmetric",
+                                    "conservative", "aggressive", "balanced"])
+def test_every_variant_preset_runs_at_smoke_size_and_logs_its_metrics(tmp_path, preset):
+    from config import grpo
+
+    cmd = [sys.executable, str(ROOT / "scripts" / "train_recam.py"), f"--config=config/grpo.py:{preset}",
+           "--config.logging.wandb_mode=disabled", "--config.num_threads=2", f"--config.run_dir={tmp_path}",
+           *SMOKE_SIZE]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    steps = records(tmp_path, "step")
+    assert steps and all(np.isfinite(s["loss"]) for s in steps)
+    t = grpo.get_config(preset).train
+    prefixes = {"use_ema_smoothing": "ema/", "use_gradient_adaptive_weighting": "gradient_adaptive/",
+                "use_amic": "amic/", "use_ptrw": "ptrw/", "use_temporal_decay": "temporal_decay/",
+                "use_asymmetric_clipping": "asymmetric/"}
+    for flag, prefix in prefixes.items():
+        logged = any(k.startswith(prefix) for k in steps[0])
+        assert logged == bool(t[flag]), (flag, sorted(steps[0]))
+    if t.use_ema_smoothing:
+        assert all(s["ema/missing_state"] == 0 for s in steps)
