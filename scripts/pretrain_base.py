@@ -104,6 +104,27 @@ def euler_ode_sample(
     return x
 
 
+def render_conditions(world: SyntheticWorld, desc: str) -> tuple[list, list[int]]:
+    """Render every condition of a world; returns (conditions, indices skipped).
+
+    Scenes whose landmark placement fails (the world raises RuntimeError "could not place ...") are
+    skipped and counted rather than aborting a 25-minute run; the count lands in provenance.json.
+    """
+    conditions, skipped = [], []
+    for i in tqdm(range(len(world)), desc=desc):
+        try:
+            conditions.append(world[i])
+        except RuntimeError as err:
+            if "could not place" not in str(err):
+                raise
+            skipped.append(i)
+    if skipped:
+        print(f"warning: {desc}: skipped {len(skipped)} conditions whose scene could not be built: {skipped}")
+    if not conditions:
+        raise RuntimeError(f"{desc}: no condition could be rendered")
+    return conditions, skipped
+
+
 def stack_batch(conditions: list) -> dict:
     batch = collate_conditions(conditions)
     for key in ("source_video", "source_cams", "target_cams", "target_video"):
@@ -206,6 +227,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-ode-steps", type=int, default=10)
     p.add_argument("--sigma-sampling", choices=("logit_normal", "uniform"), default="logit_normal")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--timing-repeats", type=int, default=5,
+                   help="batch-8 forward / forward+backward repeats timed at the end (0: skip timing)")
+    p.add_argument("--num-layers", type=int, default=None,
+                   help="override tiny_config()'s number of DiT blocks (default: keep it)")
+    p.add_argument("--keep-eval-checkpoints", action="store_true",
+                   help="also save the model at every evaluation under <out>/eval_step_<N>/")
     args = p.parse_args(argv)
     for name in ("steps", "batch_size", "num_train_conditions", "num_eval_conditions", "eval_every",
                  "eval_ode_steps", "threads"):
@@ -217,6 +244,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     t_start = time.time()
     torch.set_num_threads(args.threads)
@@ -230,12 +258,15 @@ def main(argv: list[str] | None = None) -> dict:
     eval_world = SyntheticWorld("heldout", num_conditions=args.num_eval_conditions, seed=args.seed)
     # Rendering is done once up front: the world is deterministic per index, and re-rendering every
     # step would cost more CPU than the model itself at this size.
-    train_conditions = [train_world[i] for i in tqdm(range(len(train_world)), desc="render train")]
-    eval_conditions = [eval_world[i] for i in range(len(eval_world))]
+    train_conditions, train_skipped = render_conditions(train_world, "render train")
+    eval_conditions, eval_skipped = render_conditions(eval_world, "render held-out")
     train = stack_batch(train_conditions)
     n_train = train["target_video"].shape[0]
 
-    model = ReCamTransformer3DModel(**tiny_config())
+    config = tiny_config()
+    if args.num_layers is not None:
+        config["num_layers"] = args.num_layers
+    model = ReCamTransformer3DModel(**config)
     model.train()
     num_params = sum(p.numel() for p in model.parameters())
     print(f"ReCam-Tiny parameters: {num_params}")
@@ -275,17 +306,22 @@ def main(argv: list[str] | None = None) -> dict:
             result["train_loss_last50"] = float(np.mean(losses[-50:]))
             evals.append(result)
             tqdm.write(json.dumps(result))
+            if args.keep_eval_checkpoints:
+                model.save_pretrained(args.out / f"eval_step_{step + 1:06d}")
 
-    timings = measure_timings(model)
+    timings = measure_timings(model, repeats=args.timing_repeats) if args.timing_repeats > 0 else None
     args.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(args.out)
     provenance = {
-        "command": " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv]),
+        "command": " ".join(shlex.quote(a) for a in ["python", "scripts/pretrain_base.py", *argv]),
         "seed": args.seed,
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "git_commit": git_commit(),
         "wall_time_s": time.time() - t_start,
         "num_parameters": num_params,
+        "num_train_conditions_used": len(train_conditions),
+        "skipped_train_indices": train_skipped,
+        "skipped_eval_indices": eval_skipped,
         "final_train_loss": float(np.mean(losses[-50:])),
         "final_eval": evals[-1],
         "eval_history": evals,
