@@ -58,6 +58,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.adam_epsilon = 1e-8  # AdamW epsilon
     c.train.max_grad_norm = 1.0  # gradient clipping norm
     c.train.num_inner_epochs = 1  # passes over the epoch's samples
+    c.train.gradient_accumulation_steps = 1  # micro-batches (of train.batch_size) per optimizer step
     c.train.timestep_fraction = 0.9  # fraction of the denoising steps that are trained (the last is skipped)
     c.train.policy_loss = "grpo_clip"  # registered policy loss (recam.losses.POLICY_LOSSES)
     c.train.clip_range = 1e-3  # PPO clip epsilon; diffusion ratios sit close to 1

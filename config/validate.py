@@ -75,6 +75,8 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
         s.batch_size % t.batch_size == 0,
         f"train.batch_size={t.batch_size} must divide sample.batch_size={s.batch_size}",
     )
+    _require(isinstance(t.gradient_accumulation_steps, int) and t.gradient_accumulation_steps >= 1,
+             f"train.gradient_accumulation_steps must be a positive integer, got {t.gradient_accumulation_steps!r}")
     _require(s.sde_type in ("sde", "cps"), f"sample.sde_type must be 'sde' or 'cps', got {s.sde_type!r}")
     _require(s.noise_level > 0, f"sample.noise_level must be > 0 for a stochastic policy, got {s.noise_level}")
     _require(0 < t.timestep_fraction <= 1, f"train.timestep_fraction must be in (0, 1], got {t.timestep_fraction}")

@@ -246,45 +246,49 @@ def main(_):
         order = order[keep_local[order]]
         step_metrics, critical = [], []
         for _inner in range(t.num_inner_epochs):
-            for mb in range(0, len(order), t.batch_size):
+            micro = [order[i:i + t.batch_size] for i in range(0, len(order), t.batch_size)]
+            for first in range(0, len(micro), t.gradient_accumulation_steps):
+                chunk = micro[first:first + t.gradient_accumulation_steps]
                 if global_step == config.debug.inject_blowup_at_step and not injected:
                     inject_blowup(unwrapped)
                     injected = True  # one-shot, so a rollback replaying this step sees a healthy model
-                sel = order[mb:mb + t.batch_size]
-                mb_batch = repeat_batch(collate_conditions([train_world[int(i)] for i in cond_index[sel]]),
-                                        accelerator.device)
-                mb_states = states[sel].to(accelerator.device)
-                policy_v = velocity_fn_for(policy, mb_batch, autocast)
-                ref_v = None
-                if use_lora and t.beta > 0:
-                    ref_v = velocity_fn_for(unwrapped, mb_batch, autocast, adapter_off=True)
-                elif reference is not None:
-                    ref_v = velocity_fn_for(reference, mb_batch, autocast)
                 acc = []
-                prepared = variants.prepare(policy_v, mb_states, sigmas, old_log_probs[sel], traj_ids[sel], _inner,
-                                            s.noise_level, s.sde_type) if variants else None
-                for j in range(T):
-                    cur = rescore(policy_v, mb_states, sigmas, j, s.noise_level, s.sde_type)
-                    kl = None
-                    if ref_v is not None:
-                        with torch.no_grad():
-                            ref = rescore(ref_v, mb_states, sigmas, j, s.noise_level, s.sde_type)
-                        kl = (gaussian_kl_between_means(cur.mean, ref.mean, cur.std) if kl_estimator is None
-                              else kl_estimator(cur.log_prob, ref.log_prob))
-                    loss, metrics = policy_loss_fn(
-                        cur.log_prob, old_log_probs[sel, j].to(accelerator.device),
-                        adv_local[sel, j].to(accelerator.device), clip_range=t.clip_range,
-                        adv_clip_max=t.adv_clip_max, log_ratio_clamp=t.log_ratio_clamp, kl=kl, beta=t.beta,
-                        **(variants.loss_kwargs(prepared, j, T) if variants else {}))
-                    if prepared:
-                        metrics.update(prepared["metrics"])
-                    if ref_v is not None:
-                        metrics["mean_log_prob_ref"] = ref.log_prob.mean()
-                    metrics["importance_weight_var"] = (cur.log_prob.detach() - old_log_probs[sel, j].to(
-                        accelerator.device)).clamp(-t.log_ratio_clamp, t.log_ratio_clamp).exp().var(unbiased=False)
-                    with accelerator.no_sync(policy) if j < T - 1 else contextlib.nullcontext():
-                        accelerator.backward(loss / T)  # gradients accumulate over timesteps; sync once
-                    acc.append({k: v.detach() for k, v in metrics.items()})
+                for c, sel in enumerate(chunk):
+                    mb_batch = repeat_batch(collate_conditions([train_world[int(i)] for i in cond_index[sel]]),
+                                            accelerator.device)
+                    mb_states = states[sel].to(accelerator.device)
+                    policy_v = velocity_fn_for(policy, mb_batch, autocast)
+                    ref_v = None
+                    if use_lora and t.beta > 0:
+                        ref_v = velocity_fn_for(unwrapped, mb_batch, autocast, adapter_off=True)
+                    elif reference is not None:
+                        ref_v = velocity_fn_for(reference, mb_batch, autocast)
+                    prepared = variants.prepare(policy_v, mb_states, sigmas, old_log_probs[sel], traj_ids[sel], _inner,
+                                                s.noise_level, s.sde_type) if variants else None
+                    for j in range(T):
+                        cur = rescore(policy_v, mb_states, sigmas, j, s.noise_level, s.sde_type)
+                        kl = None
+                        if ref_v is not None:
+                            with torch.no_grad():
+                                ref = rescore(ref_v, mb_states, sigmas, j, s.noise_level, s.sde_type)
+                            kl = (gaussian_kl_between_means(cur.mean, ref.mean, cur.std) if kl_estimator is None
+                                  else kl_estimator(cur.log_prob, ref.log_prob))
+                        loss, metrics = policy_loss_fn(
+                            cur.log_prob, old_log_probs[sel, j].to(accelerator.device),
+                            adv_local[sel, j].to(accelerator.device), clip_range=t.clip_range,
+                            adv_clip_max=t.adv_clip_max, log_ratio_clamp=t.log_ratio_clamp, kl=kl, beta=t.beta,
+                            **(variants.loss_kwargs(prepared, j, T) if variants else {}))
+                        if prepared:
+                            metrics.update(prepared["metrics"])
+                        if ref_v is not None:
+                            metrics["mean_log_prob_ref"] = ref.log_prob.mean()
+                        metrics["importance_weight_var"] = (cur.log_prob.detach() - old_log_probs[sel, j].to(
+                            accelerator.device)).clamp(-t.log_ratio_clamp, t.log_ratio_clamp).exp().var(unbiased=False)
+                        last = c == len(chunk) - 1 and j == T - 1
+                        # gradients accumulate over timesteps and micro-batches; processes sync once per step
+                        with accelerator.no_sync(policy) if not last else contextlib.nullcontext():
+                            accelerator.backward(loss / (T * len(chunk)))
+                        acc.append({k: v.detach() for k, v in metrics.items()})
                 grad_norm = accelerator.clip_grad_norm_(policy.parameters(), t.max_grad_norm)
                 m = {k: float(torch.stack([a[k] for a in acc]).mean()) for k in acc[0]}  # one sync per step
                 m["ratio_max"] = max(float(a["ratio_max"]) for a in acc)
