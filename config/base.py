@@ -13,7 +13,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.run_name = "tiny_cpu"  # name shown in logs and wandb
     c.run_dir = "runs/tiny_cpu"  # where checkpoints, metrics.jsonl, videos and reports go
     c.seed = 0  # global seed: sampler order, noise, model init of anything not loaded
-    c.num_epochs = 12  # GRPO epochs (one epoch = sample, score, train)
+    c.num_epochs = 16  # GRPO epochs (one epoch = sample, score, train); longer runs drift (see README)
     c.expected_num_processes = 0  # processes the preset was designed for; 0 = accept whatever is launched
     c.mixed_precision = "no"  # "no" | "fp16" | "bf16"; log-prob math stays fp32 regardless
     c.resume = True  # resume from <run_dir>/checkpoints/latest when it exists
@@ -40,7 +40,7 @@ def get_config() -> ml_collections.ConfigDict:
     # ---- sampling (rollouts) ----
     c.sample = ml_collections.ConfigDict()
     c.sample.batch_size = 8  # samples per process per sampling batch
-    c.sample.num_batches_per_epoch = 2  # sampling batches per epoch
+    c.sample.num_batches_per_epoch = 4  # sampling batches per epoch
     c.sample.k = 4  # copies per condition (GRPO group size)
     c.sample.num_steps = 10  # denoising steps of a rollout
     c.sample.shift = 1.0  # sigma schedule time shift (1 = linear sigmas)
@@ -51,20 +51,20 @@ def get_config() -> ml_collections.ConfigDict:
     # ---- training ----
     c.train = ml_collections.ConfigDict()
     c.train.batch_size = 8  # samples per process per optimizer micro-batch
-    c.train.learning_rate = 1e-4  # AdamW learning rate
+    c.train.learning_rate = 1e-4  # AdamW learning rate (full fine-tuning of the tiny model)
     c.train.adam_beta1 = 0.9  # AdamW beta1
     c.train.adam_beta2 = 0.999  # AdamW beta2
     c.train.adam_weight_decay = 1e-4  # AdamW weight decay
     c.train.adam_epsilon = 1e-8  # AdamW epsilon
     c.train.max_grad_norm = 1.0  # gradient clipping norm
     c.train.num_inner_epochs = 1  # passes over the epoch's samples
-    c.train.gradient_accumulation_steps = 1  # micro-batches (of train.batch_size) per optimizer step
-    c.train.timestep_fraction = 0.9  # fraction of the denoising steps that are trained (the last is skipped)
+    c.train.gradient_accumulation_steps = 2  # micro-batches (of train.batch_size) per optimizer step
+    c.train.timestep_fraction = 0.5  # fraction of denoising steps trained: the noisiest, where layout and camera form
     c.train.policy_loss = "grpo_clip"  # registered policy loss (recam.losses.POLICY_LOSSES)
     c.train.clip_range = 1e-3  # PPO clip epsilon; diffusion ratios sit close to 1
     c.train.adv_clip_max = 5.0  # advantages are clamped to +-this
     c.train.log_ratio_clamp = 10.0  # log-ratio clamped to +-this before exp
-    c.train.beta = 0.004  # KL coefficient toward the frozen reference (0 disables the reference)
+    c.train.beta = 0.02  # KL coefficient toward the frozen reference (0 disables the reference)
     c.train.kl_type = "gaussian_mean"  # "gaussian_mean" (exact KL of transition means) | "k1" | "k2" | "k3"
     c.train.ema = False  # keep an EMA of the policy weights, used for evaluation
     c.train.ema_decay = 0.95  # EMA decay per optimizer step
@@ -95,7 +95,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.reward = ml_collections.ConfigDict()
     # name -> weight in `avg`; every registered reward is listed so any can be switched on from the command line
     # (--config.reward.weights.discriminator=0.5); weight 0 means not computed at all.
-    c.reward.weights = ml_collections.ConfigDict({"cam_score": 1.0, "fidelity": 0.5, "unifiedscore": 0.0,
+    c.reward.weights = ml_collections.ConfigDict({"cam_score": 1.0, "fidelity": 1.5, "unifiedscore": 0.0,
                                                   "discriminator": 0.0})
     c.reward.async_workers = 1  # reward jobs run on this many threads while the next batch samples
     c.reward.failure_policy = "wait"  # failed samples: "wait" (retry, then exclude), "drop_group", "stop"
