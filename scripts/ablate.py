@@ -1,7 +1,9 @@
 """Ablation harness: presets x seeds on the embedded default, compared against plain GRPO.
 
-    python scripts/ablate.py --out runs/ablation --seeds 0 1 2 --epochs 6 \\
-        --presets tiny_cpu ema gradient_adaptive amic ptrw temporal_decay asymmetric conservative aggressive balanced
+    python scripts/ablate.py --out runs/ablation --seeds 0 1 2 --epochs 4 --config.sample.num_batches_per_epoch=2
+
+Any --config.* argument is passed to every run. The default preset list is plain GRPO (tiny_cpu, the baseline)
+followed by the six single variants and the three combinations.
 
 Each (preset, seed) run goes to <out>/<preset>/seed<k>; finished runs (summary.md present) are skipped and
 interrupted ones resume from their checkpoints, so re-running the same command continues where it stopped.
@@ -120,11 +122,13 @@ def main(argv=None) -> int:
                                                       "balanced"], help="the first one is the baseline")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--epochs", type=int, default=6)
-    ap.add_argument("--extra", nargs="*", default=[], help="more --config.* overrides for every run")
-    args = ap.parse_args(argv)
+    args, extra_overrides = ap.parse_known_args(argv)  # any --config.* override is passed to every run
+    bad = [a for a in extra_overrides if not a.startswith("--config.")]
+    if bad:
+        ap.error(f"unrecognized arguments: {bad} (only --config.* overrides pass through)")
     out = ROOT / args.out if not Path(args.out).is_absolute() else Path(args.out)
     command = "python scripts/ablate.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-    extra = [f"--config.num_epochs={args.epochs}", *args.extra]
+    extra = [f"--config.num_epochs={args.epochs}", *extra_overrides]
     results = {}
     for seed in args.seeds:
         for preset in args.presets:
