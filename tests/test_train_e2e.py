@@ -75,7 +75,9 @@ def test_two_processes_gather_the_same_groups_and_advantages_as_one(tmp_path):
     assert e2["num_processes"] == 2 and e1["num_processes"] == 1
     assert sorted(e1["dataset_indices"]) == sorted(e2["dataset_indices"])
     assert e1["dataset_indices"] == e2["dataset_indices"]  # same global batch order
-    np.testing.assert_allclose(e1["advantages"], e2["advantages"], atol=1e-5)
+    # Same noise per sample, so the same videos and rewards up to float rounding of batch-4 vs batch-8 kernels.
+    np.testing.assert_allclose(e1["rewards/cam_score"], e2["rewards/cam_score"], atol=1e-4)
+    np.testing.assert_allclose(e1["advantages"], e2["advantages"], atol=1e-3)
 
 
 @pytest.mark.parametrize("action", ["rollback", "stop"])
@@ -83,6 +85,9 @@ def test_guard_handles_injected_blowup_and_keeps_a_healthy_checkpoint(tmp_path, 
     p = run(tmp_path, "--config.num_epochs=3", "--config.debug.inject_blowup_at_step=1",
             f"--config.health.action={action}", "--config.eval.freq=100", check=False)
     health = records(tmp_path, "health")
+    if (tmp_path / "rolled_back.jsonl").exists():  # a rollback archives the broken epoch's records there
+        health += [r for r in map(json.loads, (tmp_path / "rolled_back.jsonl").read_text().splitlines())
+                   if r["type"] == "health"]
     assert any(f["rule"] == "ratio_explosion" and f["severity"] == "critical" for h in health for f in h["findings"])
     latest = (tmp_path / "checkpoints" / "latest").read_text()
     state = json.loads((tmp_path / "checkpoints" / latest / "state.json").read_text())
