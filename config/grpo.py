@@ -20,6 +20,7 @@ def smoke():
     c.data.num_train_conditions = 16
     c.data.num_heldout_conditions = 8
     c.sample.num_batches_per_epoch = 1
+    c.train.gradient_accumulation_steps = 1
     c.sample.num_steps = 6
     c.sample.eval_num_steps = 6
     c.eval.freq = 2
