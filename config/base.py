@@ -29,10 +29,28 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.size = 32  # frame height = width in pixels
     c.data.conditions_per_scene = 4  # target trajectories per scene
     c.data.seed = 0  # seed of the world (scene layouts, trajectories)
+    # ---- data: or ReCamMaster-layout scene folders (recam/data.py). There num_frames is the frames read per clip,
+    # num_train_conditions / num_heldout_conditions cap the splits (0 = all), size/conditions_per_scene/seed unused.
+    c.data.source = "synthetic"  # "synthetic" (the world above) | "recammaster" (scene folders under data.root)
+    c.data.root = ""  # recammaster: folder searched for scenes (videos/camNN.mp4 + cameras/camera_extrinsics.json)
+    c.data.height = 480  # recammaster: frames are resized to cover height x width, then centre-cropped
+    c.data.width = 832  # recammaster: see data.height
+    c.data.frame_interval = 1  # recammaster: read frames 0, interval, 2 x interval, ... of each clip
+    c.data.num_heldout_scenes = 1  # recammaster: scenes held out for evaluation (first by SHA-1 of their path)
+    c.data.source_cams = ""  # recammaster: comma-separated cameras allowed as source ("cam01"); "" = every camera
+    c.data.cache_size = 8  # recammaster: decoded conditions kept in memory per process (LRU)
 
     # ---- model ----
     c.model = ml_collections.ConfigDict()
     c.model.pretrained = "checkpoints/recam_tiny_base"  # folder with config.json + safetensors (diffusers layout)
+    # How model.pretrained is read. "recam": from_pretrained of a ReCam folder (as above); "wan_diffusers": a Wan2.1
+    # transformer (or pipeline) folder in diffusers layout, camera modules initialised (load_wan_transformer);
+    # "recammaster_diffsynth": ReCamMaster's DiffSynth-layout checkpoint file, e.g. step20000.ckpt
+    # (load_recammaster_checkpoint); both loaders are in recam/loading.py
+    c.model.format = "recam"
+    c.model.vae = ""  # "" = sample in pixel space; a Wan VAE folder (or a -Diffusers pipeline folder) = its latents
+    c.model.dtype = "float32"  # "float32" | "bfloat16" (frozen bf16 base; needs LoRA, whose adapter stays fp32)
+    c.model.gradient_checkpointing = False  # recompute each block's activations in the backward pass
     c.model.lora_rank = 0  # 0 = full fine-tuning; > 0 = LoRA adapter, reference = same network with it disabled
     c.model.lora_alpha = 16.0  # LoRA alpha (update scaled by alpha / rank)
     c.model.lora_targets = ""  # comma-separated module suffixes; "" = self-attention q/k/v/out (recam.lora)

@@ -44,6 +44,73 @@ def recam_8npu():
     return c
 
 
+def recam_wan_1_3b_8npu():
+    """ReCamMaster (Wan2.1-T2V-1.3B) on real multi-camera data, 8 devices x 2 samples per device, k = 4, 4 batches
+    per epoch: 64 samples, 16 conditions per epoch (recam_8npu's arithmetic).
+
+    81 x 480 x 832 clips sampled in the Wan VAE's latent space, LoRA on a frozen bf16 base, gradient checkpointing,
+    rewards that need no landmarks. Nothing is downloaded; it expects these local paths (docs/real_scale.md, "Real
+    data and latent space"): models/ReCamMaster/step20000.ckpt (ReCamMaster's released DiffSynth-layout
+    checkpoint), models/Wan2.1-T2V-1.3B-Diffusers (the -Diffusers release; only its vae/ is read) and the
+    MultiCamVideo scenes + metadata.csv under data/MultiCamVideo-Dataset/train.
+    """
+    c = recam_8npu()
+    c.run_name = "recam_wan_1_3b_8npu"
+    c.run_dir = "runs/recam_wan_1_3b_8npu"
+    c.data.source = "recammaster"
+    c.data.root = "data/MultiCamVideo-Dataset/train"
+    c.data.num_frames = 81  # ReCamMaster's clip: 81 frames -> 21 latent frames
+    c.data.height = 480
+    c.data.width = 832
+    c.data.frame_interval = 1
+    c.data.num_train_conditions = 0  # every (scene, source cam, target cam) of the training scenes
+    c.data.num_heldout_scenes = 16
+    c.data.num_heldout_conditions = 16  # evenly strided over the held-out scenes' conditions
+    c.data.cache_size = 4  # a decoded condition (source + target, 81 x 480 x 832 fp32) takes 0.78 GB
+    c.model.format = "recammaster_diffsynth"
+    c.model.pretrained = "models/ReCamMaster/step20000.ckpt"
+    c.model.vae = "models/Wan2.1-T2V-1.3B-Diffusers"
+    c.model.dtype = "bfloat16"
+    c.model.gradient_checkpointing = True
+    c.model.lora_rank = 32  # Flow-GRPO's Wan2.1 LoRA: r 32, alpha 64
+    c.model.lora_alpha = 64.0
+    c.sample.num_steps = 20
+    c.sample.eval_num_steps = 20
+    c.sample.shift = 3.0  # Wan2.1's flow shift at 480p
+    c.eval.freq = 10
+    c.eval.batch_size = 2
+    c.eval.num_videos = 2
+    # cam_score needs the synthetic world's landmarks; fidelity compares with the ground-truth target clip.
+    # With a UnifiedReward server up, add --config.reward.weights.unifiedscore=1.0 (and reward.unified.base_url).
+    c.reward.weights.cam_score = 0.0
+    c.reward.weights.fidelity = 1.0
+    return c
+
+
+def recam_wan_14b_multinode():
+    """Wan2.1-T2V-14B on real multi-camera data, 2 nodes x 8 devices = 16 processes x 1 sample per device (one sample
+    per backward: two do not fit at 14B), k = 4, 4 batches per epoch: 64 samples, 16 conditions per epoch, as
+    recam_wan_1_3b_8npu; two micro-batches per optimizer step keep its 32 samples per step.
+
+    Expects models/Wan2.1-T2V-14B-Diffusers (transformer/ and vae/ of the -Diffusers release) and the data under
+    data/MultiCamVideo-Dataset/train. No ReCamMaster 14B checkpoint is released, so the camera modules start as
+    no-ops (cam_encoder 0, projector I); to post-train a camera-trained 14B, point model.pretrained at it with
+    model.format "recam" or "recammaster_diffsynth". Launch lines (npu_multinode.yaml for DDP, fsdp.yaml with
+    --config.model.dtype=float32 for sharded weights): docs/real_scale.md, section 5.
+    """
+    c = recam_wan_1_3b_8npu()
+    c.run_name = "recam_wan_14b_multinode"
+    c.run_dir = "runs/recam_wan_14b_multinode"
+    c.expected_num_processes = 16
+    c.sample.batch_size = 1
+    c.train.batch_size = 1
+    c.train.gradient_accumulation_steps = 2
+    c.model.format = "wan_diffusers"
+    c.model.pretrained = "models/Wan2.1-T2V-14B-Diffusers"
+    c.model.vae = "models/Wan2.1-T2V-14B-Diffusers"
+    return c
+
+
 def _variants(c, name, **flags):
     """tiny_cpu with policy-optimization variants switched on (see config/base.py, recam/variants.py)."""
     c.run_name = name
@@ -104,7 +171,8 @@ def balanced():
 
 VARIANT_PRESETS = (ema, gradient_adaptive, amic, ptrw, temporal_decay, asymmetric, conservative, aggressive,
                    balanced)
-PRESETS = {f.__name__: f for f in (tiny_cpu, smoke, recam_8npu, *VARIANT_PRESETS)}
+REAL_SCALE_PRESETS = (recam_wan_1_3b_8npu, recam_wan_14b_multinode)
+PRESETS = {f.__name__: f for f in (tiny_cpu, smoke, recam_8npu, *VARIANT_PRESETS, *REAL_SCALE_PRESETS)}
 
 
 def get_config(name: str = "tiny_cpu"):

@@ -5,6 +5,9 @@ Every error names the config field(s) at fault and says what would fix them.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import ml_collections
 
 
@@ -16,6 +19,12 @@ def _require(cond: bool, msg: str) -> None:
     if not cond:
         raise ConfigError(msg)
 
+
+DATA_SOURCES = ("synthetic", "recammaster")
+MODEL_FORMATS = ("recam", "wan_diffusers", "recammaster_diffsynth")
+MODEL_DTYPES = ("float32", "bfloat16")
+# Rewards that read the synthetic world's landmarks: real data has none (recam/data.py).
+LANDMARK_REWARDS = ("cam_score",)
 
 VARIANT_FLAGS = ("use_ema_smoothing", "use_gradient_adaptive_weighting", "use_amic", "use_gspo", "use_ptrw",
                  "use_temporal_decay", "use_asymmetric_clipping")
@@ -130,9 +139,119 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
              f"reward.failure_policy must be 'wait', 'drop_group' or 'stop', got {config.reward.failure_policy!r}")
     _require(config.reward.async_workers >= 1, f"reward.async_workers must be >= 1, got {config.reward.async_workers}")
     conds_per_batch = per_batch // s.k
-    _require(
-        config.data.num_train_conditions >= conds_per_batch,
-        f"data.num_train_conditions={config.data.num_train_conditions} is smaller than the "
-        f"{conds_per_batch} unique conditions one sampling batch needs",
-    )
+    d, m = config.data, config.model
+    _require(d.source in DATA_SOURCES, f"data.source={d.source!r} unknown; use one of {list(DATA_SOURCES)}")
+    _require(m.format in MODEL_FORMATS, f"model.format={m.format!r} unknown; use one of {list(MODEL_FORMATS)}")
+    _require(m.dtype in MODEL_DTYPES, f"model.dtype={m.dtype!r} unknown; use one of {list(MODEL_DTYPES)}")
+    _require(m.dtype == "float32" or m.lora_rank > 0,
+             f"model.dtype={m.dtype!r} keeps the loaded weights in half precision, which only a LoRA adapter (fp32) "
+             "may train: set model.lora_rank > 0 or model.dtype='float32'")
+    _require(m.dtype == "float32" or config.mixed_precision == "bf16",
+             f"model.dtype={m.dtype!r} needs mixed_precision='bf16' (the model does not cast its inputs), got "
+             f"{config.mixed_precision!r}")
+    if d.source == "synthetic":
+        _require(
+            d.num_train_conditions >= conds_per_batch,
+            f"data.num_train_conditions={d.num_train_conditions} is smaller than the "
+            f"{conds_per_batch} unique conditions one sampling batch needs",
+        )
+    else:
+        _require(isinstance(d.root, str) and d.root != "",
+                 "data.source='recammaster' needs data.root, the folder holding the scene folders")
+        for field in ("height", "width", "frame_interval", "num_heldout_scenes"):
+            _require(isinstance(d[field], int) and d[field] >= 1,
+                     f"data.{field} must be a positive integer, got {d[field]!r}")
+        for field in ("num_train_conditions", "num_heldout_conditions", "cache_size"):
+            _require(isinstance(d[field], int) and d[field] >= 0,
+                     f"data.{field} must be an integer >= 0, got {d[field]!r}")
+        _require(d.num_train_conditions == 0 or d.num_train_conditions >= conds_per_batch,
+                 f"data.num_train_conditions={d.num_train_conditions} is smaller than the {conds_per_batch} unique "
+                 "conditions one sampling batch needs (0 = every condition)")
+        for name in LANDMARK_REWARDS:
+            _require(weights.get(name, 0) == 0,
+                     f"reward.weights.{name}={weights.get(name)} needs the synthetic world's landmarks, which real "
+                     f"data (data.source='recammaster') does not have: set --config.reward.weights.{name}=0 and "
+                     "score with fidelity / unifiedscore / discriminator")
     return derived_numbers(config, num_processes)
+
+
+def _transformer_config_file(config: ml_collections.ConfigDict) -> Path | None:
+    folder = Path(config.model.pretrained)
+    if config.model.format == "wan_diffusers" and not (folder / "config.json").is_file():
+        folder = folder / "transformer"  # a whole -Diffusers pipeline folder
+    return folder / "config.json" if folder.is_dir() else None
+
+
+def _diffsynth_in_channels(path: Path) -> int | None:
+    """Input channels of a DiffSynth-layout checkpoint file, read from patch_embedding's shape without loading the
+    weights (safetensors header, or a memory-mapped torch file); None when that is not possible (folders, legacy
+    torch files): the trainer then checks right after loading."""
+    import torch
+
+    key = "patch_embedding.weight"
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), "pt") as f:
+                return int(f.get_slice(key).get_shape()[1]) if key in f.keys() else None
+        if path.suffix in (".ckpt", ".pt", ".pth", ".bin"):
+            state = torch.load(str(path), map_location="cpu", mmap=True, weights_only=True)
+            for wrapper in ("state_dict", "module"):
+                if isinstance(state, dict) and set(state) == {wrapper}:
+                    state = state[wrapper]
+            return int(state[key].shape[1]) if key in state else None
+    except Exception:  # unreadable here (legacy torch format, pickled objects): the loader will say what is wrong
+        return None
+    return None
+
+
+def _vae_config(path: str) -> dict:
+    folder = Path(path)
+    if not (folder / "config.json").is_file() and (folder / "vae" / "config.json").is_file():
+        folder = folder / "vae"
+    _require((folder / "config.json").is_file(), f"model.vae={path!r}: no config.json in {folder} (nor in a vae/ "
+             "subfolder); point it at the Wan VAE folder or the -Diffusers pipeline folder")
+    return json.loads((folder / "config.json").read_text())
+
+
+def latent_channels(config: ml_collections.ConfigDict) -> int:
+    """Channels of the space the policy samples in: 3 for pixels, the VAE's z_dim for latents."""
+    return 3 if not config.model.vae else int(_vae_config(config.model.vae)["z_dim"])
+
+
+def check_in_channels(in_channels: int, config: ml_collections.ConfigDict) -> None:
+    """The transformer must take the codec's channels; the message carries both numbers."""
+    channels = latent_channels(config)
+    space = f"the latents of model.vae={config.model.vae!r}" if config.model.vae else "pixel space (model.vae='')"
+    _require(in_channels == channels,
+             f"model.pretrained={config.model.pretrained!r} has in_channels={in_channels} but {space} has "
+             f"{channels} channels; use a model and a model.vae that belong together")
+
+
+def validate_files(config: ml_collections.ConfigDict) -> None:
+    """The checks that read the filesystem (paths, config.json headers; never weights), run by the trainer right
+    after `validate` and before any model is built. Kept apart so presets for other machines validate anywhere."""
+    d, m = config.data, config.model
+    if d.source == "recammaster":
+        _require(Path(d.root).is_dir(), f"data.root={d.root!r} is not a folder (data.source='recammaster')")
+    _require(Path(m.pretrained).exists(), f"model.pretrained={m.pretrained!r} does not exist "
+             f"(model.format={m.format!r})")
+    if m.vae:
+        vae = _vae_config(m.vae)
+        t, sp = vae.get("scale_factor_temporal") or 4, vae.get("scale_factor_spatial") or 8
+        h, w = (d.height, d.width) if d.source == "recammaster" else (d.size, d.size)
+        _require((d.num_frames - 1) % t == 0,
+                 f"data.num_frames={d.num_frames} must be 1 + {t}k for the Wan VAE (model.vae={m.vae!r})")
+        _require(h % sp == 0 and w % sp == 0,
+                 f"frame size {h}x{w} (data.{'height/width' if d.source == 'recammaster' else 'size'}) must be "
+                 f"divisible by the Wan VAE's spatial factor {sp}")
+    if m.format == "recammaster_diffsynth":
+        in_channels = _diffsynth_in_channels(Path(m.pretrained))
+    else:
+        config_file = _transformer_config_file(config)
+        _require(config_file is not None and config_file.is_file(),
+                 f"model.pretrained={m.pretrained!r}: no config.json there (model.format={m.format!r})")
+        in_channels = json.loads(config_file.read_text()).get("in_channels")
+    if in_channels is not None:
+        check_in_channels(int(in_channels), config)

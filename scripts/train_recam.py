@@ -5,6 +5,10 @@
 Per epoch: sample k copies of each condition with SDE log-probs -> score with the rewards -> gather across
 processes -> group-relative advantages broadcast over the trained timesteps -> clipped-ratio policy updates
 with a KL pull toward the frozen base -> log, checkpoint, evaluate held-out conditions with ODE sampling.
+
+Data: the synthetic world (data.source = "synthetic") or ReCamMaster-layout scene folders ("recammaster").
+Space: pixels (model.vae = "") or the Wan VAE's latents: the source video is encoded once per batch, rollouts
+and training run on latents, and samples are decoded before the rewards and the written videos.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from accelerate.utils import gather_object  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
-from config.validate import validate  # noqa: E402
+from config.validate import check_in_channels, validate, validate_files  # noqa: E402
 from recam import runlog  # noqa: E402
 from recam.advantages import broadcast_over_timesteps, nonzero_group_mask  # noqa: E402
 from recam.checkpoint import (  # noqa: E402
@@ -39,8 +43,11 @@ from recam.checkpoint import (  # noqa: E402
     save_checkpoint,
     set_rng_state,
 )
+from recam.codec import PixelCodec, WanVAECodec  # noqa: E402
+from recam.data import ReCamMasterDataset  # noqa: E402
 from recam.distributed import local_slice, use_cpu_if_no_accelerator  # noqa: E402
 from recam.health import diagnose_step  # noqa: E402
+from recam.loading import load_recammaster_checkpoint, load_wan_transformer  # noqa: E402
 from recam.lora import adapter_disabled, add_lora  # noqa: E402
 from recam.losses import get_kl_estimator, get_policy_loss  # noqa: E402
 from recam.model import ReCamTransformer3DModel  # noqa: E402
@@ -78,29 +85,34 @@ def velocity_fn_for(model, batch: dict, autocast, adapter_off: bool = False):
     return velocity
 
 
-def repeat_batch(batch: dict, device) -> dict:
-    keys = ("source_video", "source_cams", "target_cams")
-    return {k: batch[k].to(device) for k in keys}
+def model_inputs(batch: dict, codec, device) -> dict:
+    """The conditioning the model sees, in the codec's space: the source video (encoded once per batch) and one
+    camera per (latent) frame. In pixel space this is the batch's own tensors."""
+    return {"source_video": codec.encode(batch["source_video"].to(device)),
+            "source_cams": codec.latent_cams(batch["source_cams"]).to(device),
+            "target_cams": codec.latent_cams(batch["target_cams"]).to(device)}
 
 
-def evaluate(model, world, config, sigmas, reward_fn, accelerator, autocast, tag: str, run_dir: Path) -> dict:
+def evaluate(model, world, codec, config, sigmas, reward_fn, accelerator, autocast, tag: str, run_dir: Path) -> dict:
     """Held-out evaluation with deterministic ODE sampling from fixed per-condition noise; rank-sharded."""
     idx = list(range(accelerator.process_index, len(world), accelerator.num_processes))
     results = []
-    shape = tuple(world[0].target_video.shape)
+    shape = codec.latent_shape(tuple(world[0].target_video.shape))
     for start in range(0, len(idx), config.eval.batch_size):
         chunk = idx[start:start + config.eval.batch_size]
         batch = collate_conditions([world[i] for i in chunk])
         noise = per_sample_noise([(config.eval.seed, i) for i in chunk], 1, shape)[:, 0]
-        videos = ode_sample(velocity_fn_for(model, repeat_batch(batch, accelerator.device), autocast),
-                            noise.to(accelerator.device), sigmas).cpu()
+        latents = ode_sample(velocity_fn_for(model, model_inputs(batch, codec, accelerator.device), autocast),
+                             noise.to(accelerator.device), sigmas)
+        videos = codec.decode(latents).cpu()
         scores, details = reward_fn(videos, batch["conditions"])
         for n, i in enumerate(chunk):
             row = {"index": i, **{f"reward_{k}": float(v[n]) for k, v in scores.items()}}
             row.update({k: float(v[n]) for k, v in details.items() if torch.is_tensor(v) and v.ndim == 1})
             results.append(row)
         if accelerator.is_main_process and start == 0 and config.eval.num_videos > 0:
-            runlog.write_comparison_videos(run_dir / "videos" / tag, batch, videos, config.eval.num_videos)
+            runlog.write_comparison_videos(run_dir / "videos" / tag, batch, videos, config.eval.num_videos,
+                                           scale=max(1, 128 // videos.shape[-2]))  # 4x for 32 px, 1x at real size
     rows = sorted(gather_object(results), key=lambda r: r["index"])
     return runlog.summarise_eval(rows)
 
@@ -112,6 +124,7 @@ def main(_):
     use_cpu_if_no_accelerator()
     accelerator = Accelerator(mixed_precision=config.mixed_precision)
     derived = validate(config, accelerator.num_processes)  # before any model is built
+    validate_files(config)  # paths, and in_channels against the codec's channels, from config.json headers
     run_dir = Path(config.run_dir)
     rank, world_size = accelerator.process_index, accelerator.num_processes
     log = runlog.RunLog(run_dir, config, enabled=accelerator.is_main_process)
@@ -120,10 +133,13 @@ def main(_):
     np.random.seed(config.seed)
 
     # ---- data, models, optimizer, rewards ----
-    d = config.data
-    train_world = SyntheticWorld("train", d.num_train_conditions, d.seed, d.num_frames, d.size, d.conditions_per_scene)
-    heldout = SyntheticWorld("heldout", d.num_heldout_conditions, d.seed, d.num_frames, d.size, d.conditions_per_scene)
-    policy = ReCamTransformer3DModel.from_pretrained(config.model.pretrained)
+    train_world, heldout = build_datasets(config)
+    log.info(f"data: {config.data.source}, {len(train_world)} training / {len(heldout)} held-out conditions")
+    policy = load_policy(config, log)
+    check_in_channels(policy.config.in_channels, config)
+    # The space the policy samples in: pixels, or the frozen Wan VAE's latents (fp32, on the device).
+    codec = WanVAECodec.from_pretrained(config.model.vae, device=accelerator.device) if config.model.vae else \
+        PixelCodec()
     use_lora = config.model.lora_rank > 0
     reference = None
     if use_lora:  # the reference is the same network with the adapter disabled: no second copy in memory
@@ -131,6 +147,8 @@ def main(_):
                  [m.strip() for m in config.model.lora_targets.split(",") if m.strip()] or None)
     elif config.train.beta > 0:
         reference = copy.deepcopy(policy).requires_grad_(False).eval().to(accelerator.device)
+    if config.model.gradient_checkpointing:  # recompute block activations in the backward: memory for time
+        policy.enable_gradient_checkpointing()
     t = config.train
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=t.learning_rate,
                                   betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.adam_weight_decay,
@@ -168,12 +186,13 @@ def main(_):
     T = derived["num_train_timesteps"]
     sampler = KRepeatBatchSampler(len(train_world), s.batch_size, s.k, world_size, rank, config.seed,
                                   s.num_batches_per_epoch)
-    video_shape = tuple(train_world[0].target_video.shape)
+    latent_shape = codec.latent_shape(tuple(train_world[0].target_video.shape))  # noise and rollout states
 
     def run_eval(tag):
         with ema_weights(ema, unwrapped):
             unwrapped.eval()
-            out = evaluate(unwrapped, heldout, config, eval_sigmas, reward_fn, accelerator, autocast, tag, run_dir)
+            out = evaluate(unwrapped, heldout, codec, config, eval_sigmas, reward_fn, accelerator, autocast, tag,
+                           run_dir)
         log.eval_record(tag, global_step, out)
         return out
 
@@ -193,14 +212,16 @@ def main(_):
             indices = sampler.batch_at(position)
             batch = collate_conditions([train_world[i] for i in indices])
             keys = [(config.seed, position, rank * s.batch_size + n) for n in range(len(indices))]
-            noise = per_sample_noise(keys, s.num_steps + 1, video_shape).to(accelerator.device)
-            out = rollout(velocity_fn_for(unwrapped, repeat_batch(batch, accelerator.device), autocast),
+            noise = per_sample_noise(keys, s.num_steps + 1, latent_shape).to(accelerator.device)
+            out = rollout(velocity_fn_for(unwrapped, model_inputs(batch, codec, accelerator.device), autocast),
                           noise, sigmas, T, s.noise_level, s.sde_type)
-            runner.submit(position, out.videos.cpu(), batch["conditions"])  # scored while the next batch samples
+            videos = codec.decode(out.videos).cpu()  # rewards see pixels
+            runner.submit(position, videos, batch["conditions"])  # scored while the next batch samples
             local["states"].append(out.states.cpu())
             local["log_probs"].append(out.log_probs.cpu())
             local["index"].append(torch.tensor(indices))
-            local["videos"].append(out.videos.cpu())
+            if discriminator is not None:  # its student videos; kept only when it trains
+                local["videos"].append(videos)
         try:
             results = runner.collect()
         except RewardServerDown as e:
@@ -230,7 +251,7 @@ def main(_):
         traj_ids = local_slice(g_traj, rank, world_size)
         keep_local = local_slice(keep, rank, world_size)
         record = runlog.epoch_record(epoch, global_step, derived,
-                                     [train_world[int(i)].condition_id for i in g_index], g_index,
+                                     [condition_id(train_world, int(i)) for i in g_index], g_index,
                                      g_rewards, g_adv_t, adv_stats, reward_seconds)
         record["trajectory_ids"] = [f"{c}#{k}" for c, k in g_traj.tolist()]
         record["excluded"] = (~keep).tolist()
@@ -254,8 +275,8 @@ def main(_):
                     injected = True  # one-shot, so a rollback replaying this step sees a healthy model
                 acc = []
                 for c, sel in enumerate(chunk):
-                    mb_batch = repeat_batch(collate_conditions([train_world[int(i)] for i in cond_index[sel]]),
-                                            accelerator.device)
+                    mb_batch = model_inputs(collate_conditions([train_world[int(i)] for i in cond_index[sel]]),
+                                            codec, accelerator.device)
                     mb_states = states[sel].to(accelerator.device)
                     policy_v = velocity_fn_for(policy, mb_batch, autocast)
                     ref_v = None
@@ -371,6 +392,37 @@ def main(_):
         torch.distributed.destroy_process_group()
     if stopped_by:
         sys.exit(3)
+
+
+def build_datasets(config):
+    """(train, held-out) datasets of recam.world.Condition: the synthetic world, or ReCamMaster-layout folders."""
+    d = config.data
+    if d.source == "synthetic":
+        return (SyntheticWorld("train", d.num_train_conditions, d.seed, d.num_frames, d.size, d.conditions_per_scene),
+                SyntheticWorld("heldout", d.num_heldout_conditions, d.seed, d.num_frames, d.size,
+                               d.conditions_per_scene))
+    common = dict(num_frames=d.num_frames, height=d.height, width=d.width, frame_interval=d.frame_interval,
+                  num_heldout_scenes=d.num_heldout_scenes, cache_size=d.cache_size,
+                  source_cams=tuple(c.strip() for c in d.source_cams.split(",") if c.strip()))
+    return (ReCamMasterDataset(d.root, "train", max_conditions=d.num_train_conditions, **common),
+            ReCamMasterDataset(d.root, "heldout", max_conditions=d.num_heldout_conditions, **common))
+
+
+def condition_id(dataset, i: int) -> str:
+    """A condition's id; real data names it without decoding its videos."""
+    return dataset.condition_id(i) if isinstance(dataset, ReCamMasterDataset) else dataset[i].condition_id
+
+
+def load_policy(config, log):
+    """The transformer from model.pretrained, read as model.format says, in model.dtype."""
+    m = config.model
+    dtype = getattr(torch, m.dtype)
+    if m.format == "recam":
+        return ReCamTransformer3DModel.from_pretrained(m.pretrained, torch_dtype=dtype)
+    loader = load_wan_transformer if m.format == "wan_diffusers" else load_recammaster_checkpoint
+    model, report = loader(m.pretrained, dtype=dtype)
+    log.info(report.summary())
+    return model
 
 
 def setup_reward_services(config, log):

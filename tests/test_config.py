@@ -53,3 +53,34 @@ def test_command_line_overrides_reach_validation_before_any_model_is_built(tmp_p
     assert p.returncode != 0
     assert "sample.k=3 must divide" in p.stderr + p.stdout
     assert "nonexistent" not in p.stderr + p.stdout  # failed before the model was loaded
+
+
+@pytest.mark.parametrize("name,procs,per_device", [("recam_wan_1_3b_8npu", 8, 2), ("recam_wan_14b_multinode", 16, 1)])
+def test_real_scale_presets_arithmetic_and_settings(name, procs, per_device):
+    c = grpo.get_config(name)
+    assert c.expected_num_processes == procs
+    d = validate(c, procs)
+    assert (d["samples_per_epoch"], d["unique_conditions_per_epoch"], d["k"], d["num_batches_per_epoch"],
+            d["per_device_batch"]) == (64, 16, 4, 4, per_device)
+    assert c.data.source == "recammaster" and c.model.vae and c.model.lora_rank > 0
+    assert (c.data.num_frames, c.data.height, c.data.width) == (81, 480, 832)
+    assert c.mixed_precision == "bf16" and c.model.dtype == "bfloat16" and c.model.gradient_checkpointing
+    assert c.reward.weights.cam_score == 0 and c.reward.weights.fidelity > 0  # no landmarks in real data
+    with pytest.raises(ConfigError, match="expected_num_processes"):
+        validate(c, 1)
+
+
+@pytest.mark.parametrize("mutate,field", [
+    (lambda c: setattr(c.data, "source", "webvid"), "data.source"),
+    (lambda c: setattr(c.model, "format", "ckpt"), "model.format"),
+    (lambda c: setattr(c.model, "dtype", "float16"), "model.dtype"),
+    (lambda c: setattr(c.model, "dtype", "bfloat16"), "model.dtype"),  # a bf16 base needs LoRA
+    (lambda c: (setattr(c.data, "source", "recammaster"), c.reward.weights.__setitem__("cam_score", 0.0)),
+     "data.root"),
+    (lambda c: (setattr(c.data, "source", "recammaster"), setattr(c.data, "root", "x")), "reward.weights.cam_score"),
+])
+def test_broken_data_and_model_fields_are_named(mutate, field):
+    c = grpo.get_config("tiny_cpu")
+    mutate(c)
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        validate(c, 1)
