@@ -109,18 +109,23 @@ def score_video(video: np.ndarray, cond) -> dict:
     colors = cond.landmark_colors.double().numpy()
     K = cond.intrinsics.double().numpy()
     gt = cond.target_cams.double().numpy()
-    depth = float(np.linalg.norm(landmarks.mean(0)))
     est, reasons = [], Counter()
-    for frame in video:
-        if not np.isfinite(frame).all():
-            est.append(None)
-            reasons["non_finite_pixels"] += 1
-            continue
-        uv, found = find_landmarks(frame, colors)
-        pose, reason = estimate_pose(uv, found, landmarks, K)
-        est.append(pose)
-        if reason:
-            reasons[reason] += 1
+    if len(landmarks) < MIN_LANDMARKS:  # real footage: no known 3D landmarks, so no frame is estimable
+        est = [None] * len(video)
+        reasons["scene_has_too_few_landmarks"] = len(video)
+        depth = float("nan")
+    else:
+        depth = float(np.linalg.norm(landmarks.mean(0)))
+        for frame in video:
+            if not np.isfinite(frame).all():
+                est.append(None)
+                reasons["non_finite_pixels"] += 1
+                continue
+            uv, found = find_landmarks(frame, colors)
+            pose, reason = estimate_pose(uv, found, landmarks, K)
+            est.append(pose)
+            if reason:
+                reasons[reason] += 1
     err = trajectory_errors(est, gt, depth)
     per_frame = np.exp(-err["rot"] / ROT_SCALE_DEG) * np.exp(-err["trans"] / TRANS_SCALE)
     per_frame = np.where(np.isfinite(per_frame), per_frame, 0.0)

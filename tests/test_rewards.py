@@ -78,3 +78,16 @@ def test_registry_and_weighted_average(heldout):
     fid, _ = fidelity(v, c)
     torch.testing.assert_close(scores["avg"], (2 * cam + fid) / 3)
     assert "cam_score/rot_err" in details and "fidelity/psnr" in details
+
+
+def test_condition_without_landmarks_scores_zero_with_reason(heldout):
+    # Real footage (recam.data) carries no 3D landmarks: every frame is unestimable, counted, nothing raises.
+    import dataclasses
+
+    cond = dataclasses.replace(heldout["conditions"][0], landmarks=torch.zeros(0, 3),
+                               landmark_colors=torch.zeros(0, 3))
+    video = heldout["target_video"][:1]
+    scores, d = cam_score(video, [cond])
+    assert float(scores[0]) == 0.0
+    assert d["fail_reason"] == {"scene_has_too_few_landmarks": video.shape[2]}
+    assert int(d["frames_ok"][0]) == 0 and torch.isnan(d["rot_err"][0])
