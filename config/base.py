@@ -144,6 +144,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.seed = 1234  # fixed noise seed for evaluation
     c.eval.batch_size = 16  # conditions per evaluation forward
     c.eval.num_videos = 4  # held-out conditions written as source | ground truth | generated videos
+    c.eval.report_rewards = "cam_score,fidelity"  # also scored at evaluation, whatever their weight (never in avg)
 
     # ---- health guard (recam/health.py rules, evaluated every optimizer step) ----
     c.health = ml_collections.ConfigDict()

@@ -84,6 +84,7 @@ def recam_wan_1_3b_8npu():
     # With a UnifiedReward server up, add --config.reward.weights.unifiedscore=1.0 (and reward.unified.base_url).
     c.reward.weights.cam_score = 0.0
     c.reward.weights.fidelity = 1.0
+    c.eval.report_rewards = "fidelity"
     return c
 
 

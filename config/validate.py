@@ -30,6 +30,11 @@ VARIANT_FLAGS = ("use_ema_smoothing", "use_gradient_adaptive_weighting", "use_am
                  "use_temporal_decay", "use_asymmetric_clipping")
 
 
+def eval_report_rewards(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+    """Rewards scored at evaluation besides the weighted ones (eval.report_rewards, comma-separated)."""
+    return tuple(n.strip() for n in config.eval.report_rewards.split(",") if n.strip())
+
+
 def derived_numbers(config: ml_collections.ConfigDict, num_processes: int) -> dict:
     """Numbers every reader of a run needs, computed once: samples and unique conditions per batch/epoch."""
     s = config.sample
@@ -133,6 +138,8 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
     _require(len(weights) > 0, "reward.weights is empty: name at least one reward")
     unknown = sorted(set(weights) - set(known_rewards()))
     _require(not unknown, f"reward.weights names unknown rewards {unknown}; known: {sorted(known_rewards())}")
+    unknown = sorted(set(eval_report_rewards(config)) - set(known_rewards()))
+    _require(not unknown, f"eval.report_rewards names unknown rewards {unknown}; known: {sorted(known_rewards())}")
     _require(all(w >= 0 for w in weights.values()) and sum(weights.values()) > 0,
              f"reward.weights must be non-negative with a positive sum, got {weights}")
     _require(config.reward.failure_policy in ("wait", "drop_group", "stop"),
@@ -172,6 +179,9 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
                      f"reward.weights.{name}={weights.get(name)} needs the synthetic world's landmarks, which real "
                      f"data (data.source='recammaster') does not have: set --config.reward.weights.{name}=0 and "
                      "score with fidelity / unifiedscore / discriminator")
+            _require(name not in eval_report_rewards(config),
+                     f"eval.report_rewards names {name!r}, which needs the synthetic world's landmarks that real data "
+                     "(data.source='recammaster') does not have; drop it from eval.report_rewards")
     return derived_numbers(config, num_processes)
 
 

@@ -39,21 +39,25 @@ class MultiReward:
     """Weighted combination: scores[key] (B,) for each reward of positive weight plus
     scores["avg"] = sum_i w_i s_i / sum_i w_i.
 
+    `report` names rewards that are computed and returned alongside but never enter `avg` (evaluation uses it
+    so that, say, a camera-only run still shows its fidelity).
+
     A NaN in any weighted reward makes that sample's avg NaN, so a failure can be excluded downstream
     instead of entering the group statistics as a number.
     """
 
-    def __init__(self, weights: dict[str, float]):
-        unknown = sorted(set(weights) - set(REWARDS))
+    def __init__(self, weights: dict[str, float], report: tuple[str, ...] = ()):
+        unknown = sorted((set(weights) | set(report)) - set(REWARDS))
         if unknown:
             raise ValueError(f"unknown reward names {unknown}; known rewards: {known_rewards()}")
         if not weights or sum(weights.values()) <= 0 or any(w < 0 for w in weights.values()):
             raise ValueError(f"reward weights must be non-negative with a positive sum, got {weights}")
         self.weights = {name: w for name, w in weights.items() if w > 0}  # weight 0: not computed at all
+        self.report = tuple(name for name in report if name not in self.weights)
 
     def __call__(self, videos: torch.Tensor, conditions: list) -> tuple[dict[str, torch.Tensor], dict]:
         scores, details = {}, {}
-        for name in self.weights:
+        for name in (*self.weights, *self.report):
             s, d = REWARDS[name](videos, conditions)
             if s.shape != (videos.shape[0],):
                 raise ValueError(f"reward {name!r} returned shape {tuple(s.shape)}, expected ({videos.shape[0]},)")

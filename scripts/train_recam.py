@@ -33,7 +33,7 @@ from accelerate.utils import gather_object  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
-from config.validate import check_in_channels, validate, validate_files  # noqa: E402
+from config.validate import check_in_channels, eval_report_rewards, validate, validate_files  # noqa: E402
 from recam import runlog  # noqa: E402
 from recam.advantages import broadcast_over_timesteps, nonzero_group_mask  # noqa: E402
 from recam.checkpoint import (  # noqa: E402
@@ -158,6 +158,7 @@ def main(_):
         from diffusers.training_utils import EMAModel
         ema = EMAModel(policy.parameters(), decay=t.ema_decay)
     reward_fn = MultiReward(dict(config.reward.weights))
+    eval_reward_fn = MultiReward(dict(config.reward.weights), report=eval_report_rewards(config))
     discriminator = setup_reward_services(config, log)  # before any sampling: a down judge fails here
     runner = AsyncRewardRunner(reward_fn, config.reward.async_workers, config.reward.failure_policy,
                                config.reward.max_retries, config.reward.retry_backoff_s)
@@ -191,7 +192,7 @@ def main(_):
     def run_eval(tag):
         with ema_weights(ema, unwrapped):
             unwrapped.eval()
-            out = evaluate(unwrapped, heldout, codec, config, eval_sigmas, reward_fn, accelerator, autocast, tag,
+            out = evaluate(unwrapped, heldout, codec, config, eval_sigmas, eval_reward_fn, accelerator, autocast, tag,
                            run_dir)
         log.eval_record(tag, global_step, out)
         return out

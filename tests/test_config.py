@@ -78,6 +78,9 @@ def test_real_scale_presets_arithmetic_and_settings(name, procs, per_device):
     (lambda c: (setattr(c.data, "source", "recammaster"), c.reward.weights.__setitem__("cam_score", 0.0)),
      "data.root"),
     (lambda c: (setattr(c.data, "source", "recammaster"), setattr(c.data, "root", "x")), "reward.weights.cam_score"),
+    (lambda c: (setattr(c.data, "source", "recammaster"), setattr(c.data, "root", "x"),
+                c.reward.weights.__setitem__("cam_score", 0.0)), "eval.report_rewards"),
+    (lambda c: setattr(c.eval, "report_rewards", "cam_score,fidlity"), "eval.report_rewards"),
 ])
 def test_broken_data_and_model_fields_are_named(mutate, field):
     c = grpo.get_config("tiny_cpu")

@@ -208,6 +208,7 @@ def real_config(data_dir, models, **fields):
     c.data.num_frames, c.data.height, c.data.width = FRAMES, SIZE, SIZE
     c.model.format, c.model.pretrained, c.model.vae = "wan_diffusers", str(models / "wan"), str(models / "vae")
     c.reward.weights.cam_score = 0.0
+    c.eval.report_rewards = "fidelity"
     for key, value in fields.items():
         section, name = key.split("__")
         c[section][name] = value
@@ -251,7 +252,8 @@ def test_trainer_runs_on_recammaster_folders_in_latent_space(data_dir, tiny_mode
            f"--config.model.vae={tiny_models / 'vae'}", "--config.model.lora_rank=4", "--config.model.lora_alpha=8",
            "--config.model.dtype=bfloat16", "--config.mixed_precision=bf16",
            "--config.model.gradient_checkpointing=True",
-           "--config.reward.weights.cam_score=0", "--config.reward.weights.fidelity=1"]
+           "--config.reward.weights.cam_score=0", "--config.reward.weights.fidelity=1",
+           "--config.eval.report_rewards=fidelity"]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
                        env={**os.environ, "OMP_NUM_THREADS": "2"})
     assert p.returncode == 0, f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}"

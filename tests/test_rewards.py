@@ -91,3 +91,16 @@ def test_condition_without_landmarks_scores_zero_with_reason(heldout):
     assert float(scores[0]) == 0.0
     assert d["fail_reason"] == {"scene_has_too_few_landmarks": video.shape[2]}
     assert int(d["frames_ok"][0]) == 0 and torch.isnan(d["rot_err"][0])
+
+
+def test_reported_rewards_are_scored_but_never_enter_avg(heldout):
+    v, c = heldout["source_video"][:4], heldout["conditions"][:4]
+    m = MultiReward({"cam_score": 1.0, "fidelity": 0.0}, report=("fidelity", "cam_score"))
+    scores, details = m(v, c)
+    cam, _ = cam_score(v, c)
+    fid, _ = fidelity(v, c)
+    torch.testing.assert_close(scores["avg"], cam)
+    torch.testing.assert_close(scores["fidelity"], fid)
+    assert "fidelity/psnr" in details and m.report == ("fidelity",)
+    with pytest.raises(ValueError, match="fidlity"):
+        MultiReward({"cam_score": 1.0}, report=("fidlity",))
