@@ -58,7 +58,7 @@ def get_config() -> ml_collections.ConfigDict:
     # ---- sampling (rollouts) ----
     c.sample = ml_collections.ConfigDict()
     c.sample.batch_size = 8  # samples per process per sampling batch
-    c.sample.num_batches_per_epoch = 4  # sampling batches per epoch
+    c.sample.num_batches_per_epoch = 8  # sampling batches per epoch (64 samples = 16 conditions x k 4 here)
     c.sample.k = 4  # copies per condition (GRPO group size)
     c.sample.num_steps = 10  # denoising steps of a rollout
     c.sample.shift = 1.0  # sigma schedule time shift (1 = linear sigmas)
@@ -69,14 +69,14 @@ def get_config() -> ml_collections.ConfigDict:
     # ---- training ----
     c.train = ml_collections.ConfigDict()
     c.train.batch_size = 8  # samples per process per optimizer micro-batch
-    c.train.learning_rate = 1e-4  # AdamW learning rate (full fine-tuning of the tiny model)
+    c.train.learning_rate = 2e-4  # AdamW learning rate (full fine-tuning of the tiny model, one step per epoch)
     c.train.adam_beta1 = 0.9  # AdamW beta1
     c.train.adam_beta2 = 0.999  # AdamW beta2
     c.train.adam_weight_decay = 1e-4  # AdamW weight decay
     c.train.adam_epsilon = 1e-8  # AdamW epsilon
     c.train.max_grad_norm = 1.0  # gradient clipping norm
     c.train.num_inner_epochs = 1  # passes over the epoch's samples
-    c.train.gradient_accumulation_steps = 2  # micro-batches (of train.batch_size) per optimizer step
+    c.train.gradient_accumulation_steps = 8  # micro-batches per optimizer step; 8 = the whole epoch in one step
     c.train.timestep_fraction = 0.5  # fraction of denoising steps trained: the noisiest, where layout and camera form
     c.train.policy_loss = "grpo_clip"  # registered policy loss (recam.losses.POLICY_LOSSES)
     c.train.clip_range = 1e-3  # PPO clip epsilon; diffusion ratios sit close to 1

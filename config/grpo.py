@@ -40,6 +40,8 @@ def recam_8npu():
     c.train.batch_size = 2
     c.sample.k = 4
     c.sample.num_batches_per_epoch = 4
+    c.train.gradient_accumulation_steps = 2  # 4 micro-batches of 2 per process: two optimizer steps per epoch
+    c.train.learning_rate = 1e-4
     c.num_epochs = 100
     return c
 
