@@ -80,3 +80,17 @@ class WanVAECodec:
         """(B, F, 3, 4) per-video-frame cameras -> (B, 1 + (F - 1) / 4, 3, 4): frames 0, 4, ..., F - 1."""
         return cams[:, camera_frame_indices(cams.shape[1], self.temporal_factor)]
 
+
+
+def encode_once(codec, videos: torch.Tensor, keys: list, cache: dict) -> torch.Tensor:
+    """codec.encode(videos) (B, 3, F, H, W), encoding each distinct key once: the k copies of a group share a source
+    video, and the training pass asks for it again. `cache` (key -> encoded video) carries the results between
+    calls; the caller decides its lifetime (the trainer keeps one epoch's)."""
+    first = {}  # key -> its first row in this batch, for keys not yet cached
+    for row, key in enumerate(keys):
+        if key not in cache and key not in first:
+            first[key] = row
+    if first:
+        encoded = codec.encode(videos[list(first.values())])
+        cache.update(zip(first, encoded, strict=True))
+    return torch.stack([cache[key] for key in keys])

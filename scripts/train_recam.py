@@ -43,7 +43,7 @@ from recam.checkpoint import (  # noqa: E402
     save_checkpoint,
     set_rng_state,
 )
-from recam.codec import PixelCodec, WanVAECodec  # noqa: E402
+from recam.codec import PixelCodec, WanVAECodec, encode_once  # noqa: E402
 from recam.data import ReCamMasterDataset  # noqa: E402
 from recam.distributed import local_slice, use_cpu_if_no_accelerator  # noqa: E402
 from recam.health import diagnose_step  # noqa: E402
@@ -85,10 +85,16 @@ def velocity_fn_for(model, batch: dict, autocast, adapter_off: bool = False):
     return velocity
 
 
-def model_inputs(batch: dict, codec, device) -> dict:
-    """The conditioning the model sees, in the codec's space: the source video (encoded once per batch) and one
-    camera per (latent) frame. In pixel space this is the batch's own tensors."""
-    return {"source_video": codec.encode(batch["source_video"].to(device)),
+def model_inputs(batch: dict, codec, device, source_cache: dict | None = None) -> dict:
+    """The conditioning the model sees, in the codec's space: the source video and one camera per (latent) frame.
+    In pixel space this is the batch's own tensors; in latent space, with `source_cache`, each condition's source is
+    encoded once however many copies and passes ask for it."""
+    source = batch["source_video"].to(device)
+    if source_cache is None or isinstance(codec, PixelCodec):
+        source = codec.encode(source)
+    else:
+        source = encode_once(codec, source, batch["condition_ids"], source_cache)
+    return {"source_video": source,
             "source_cams": codec.latent_cams(batch["source_cams"]).to(device),
             "target_cams": codec.latent_cams(batch["target_cams"]).to(device)}
 
@@ -207,6 +213,7 @@ def main(_):
         # ---- 1. sample k copies per condition, storing only what training needs ----
         unwrapped.eval()
         local = {"states": [], "log_probs": [], "index": [], "videos": []}
+        source_cache = {}  # this epoch's encoded source videos (latent space only), shared by sampling and training
         for b in tqdm(range(s.num_batches_per_epoch), desc=f"epoch {epoch} sampling", disable=not log.enabled,
                       leave=False):
             position = epoch * s.num_batches_per_epoch + b
@@ -214,7 +221,8 @@ def main(_):
             batch = collate_conditions([train_world[i] for i in indices])
             keys = [(config.seed, position, rank * s.batch_size + n) for n in range(len(indices))]
             noise = per_sample_noise(keys, s.num_steps + 1, latent_shape).to(accelerator.device)
-            out = rollout(velocity_fn_for(unwrapped, model_inputs(batch, codec, accelerator.device), autocast),
+            out = rollout(velocity_fn_for(unwrapped, model_inputs(batch, codec, accelerator.device, source_cache),
+                                          autocast),
                           noise, sigmas, T, s.noise_level, s.sde_type)
             videos = codec.decode(out.videos).cpu()  # rewards see pixels
             runner.submit(position, videos, batch["conditions"])  # scored while the next batch samples
@@ -277,7 +285,7 @@ def main(_):
                 acc = []
                 for c, sel in enumerate(chunk):
                     mb_batch = model_inputs(collate_conditions([train_world[int(i)] for i in cond_index[sel]]),
-                                            codec, accelerator.device)
+                                            codec, accelerator.device, source_cache)
                     mb_states = states[sel].to(accelerator.device)
                     policy_v = velocity_fn_for(policy, mb_batch, autocast)
                     ref_v = None

@@ -21,7 +21,7 @@ from diffusers import AutoencoderKLWan, WanTransformer3DModel
 
 from config import grpo
 from config.validate import ConfigError, validate, validate_files
-from recam.codec import PixelCodec, WanVAECodec
+from recam.codec import PixelCodec, WanVAECodec, encode_once
 from recam.data import ReCamMasterDataset
 from recam.loading import to_diffsynth_state_dict
 from recam.model import ReCamTransformer3DModel
@@ -271,3 +271,26 @@ def test_trainer_runs_on_recammaster_folders_in_latent_space(data_dir, tiny_mode
     latest = (run_dir / "checkpoints" / "latest").read_text()
     assert (run_dir / "checkpoints" / latest / "model" / "adapter_model.safetensors").exists()
     assert list((run_dir / "videos" / "final").glob("heldout_scene*.gif"))
+
+
+def test_encode_once_encodes_each_source_once_and_matches_a_plain_encode():
+    class CountingCodec:  # stands in for the VAE: an invertible-enough map that records what it was given
+        def __init__(self):
+            self.rows = 0
+
+        def encode(self, video):
+            self.rows += video.shape[0]
+            return video.flatten(1).sum(1, keepdim=True) * 2.0 + 1.0
+
+    videos = torch.randn(3, 3, 5, 8, 8, generator=torch.Generator().manual_seed(0))
+    keys = ["a", "b", "c"]
+    # a sampling batch of k = 2 copies per condition, then a training micro-batch in another order
+    batch1, ids1 = videos[[0, 0, 1, 1]], ["a", "a", "b", "b"]
+    batch2, ids2 = videos[[2, 1, 2, 0]], ["c", "b", "c", "a"]
+    codec, cache = CountingCodec(), {}
+    out1 = encode_once(codec, batch1, ids1, cache)
+    out2 = encode_once(codec, batch2, ids2, cache)
+    assert codec.rows == len(keys)  # each distinct source once, over both calls
+    plain = CountingCodec()
+    torch.testing.assert_close(out1, plain.encode(batch1))
+    torch.testing.assert_close(out2, plain.encode(batch2))
