@@ -64,6 +64,7 @@ class Thresholds:
     clipfrac_critical: float = 0.9
     zero_std_warn: float = 0.5
     reward_drop: float = 0.5  # fraction of the earlier best the mean reward may lose
+    reward_term_drop: float = 0.75  # the same for one reward term, whose epoch mean is noisier (seen: -51% by chance)
     reward_std_floor: float = 1e-8
     first_ratio_warn: float = 1e-2
     first_ratio_critical: float = 0.5
@@ -288,6 +289,30 @@ def rule_reward(m: dict, history, th: Thresholds, run_dir: str) -> list[Finding]
     return out[:1]
 
 
+_NOT_REWARD_TERMS = ("reward_avg", "reward_seconds", "reward_shapes", "reward_std_mean")
+
+
+def rule_reward_term(m: dict, history, th: Thresholds, run_dir: str) -> list[Finding]:
+    """One reward term (reward_<key>) falling far below its best while the weighted average may still hold:
+    the policy is buying the other terms with it. Terms that were ever negative are skipped: a zero-centred
+    score (a learned critic's) has no meaningful relative drop."""
+    for k in m:
+        if not k.startswith("reward_") or k in _NOT_REWARD_TERMS or not _ok(cur := _num(m, k)):
+            continue
+        earlier = [x for h in history if _ok(x := _num(h, k))]
+        if not earlier or min(earlier + [cur]) < 0:
+            continue
+        best = max(earlier)
+        if best > 0 and best - cur > th.reward_term_drop * best:
+            return [Finding("reward_term_collapse", "critical",
+                            {**_where(m), "term": k, k: cur, f"best_{k}": best, "drop": (best - cur) / best},
+                            f"The reward term {k} fell to {cur:.4g} from its best {best:.4g} "
+                            f"({(best - cur) / best:.0%} lower): the policy is trading it away for the other terms.",
+                            [_rollback(run_dir), "lower `train.learning_rate`; raise `train.beta`",
+                             f"raise `reward.weights.{k[len('reward_'):]}` relative to the other weights"])]
+    return []
+
+
 def rule_first_step_ratio(m: dict, history, th: Thresholds, run_dir: str) -> list[Finding]:
     dev = _num(m, "first_step_ratio_deviation")
     if not _ok(dev) or dev <= th.first_ratio_warn:
@@ -303,7 +328,7 @@ def rule_first_step_ratio(m: dict, history, th: Thresholds, run_dir: str) -> lis
 
 
 STEP_RULES = (rule_non_finite, rule_ratio, rule_reference_drift, rule_loss, rule_advantage_signal, rule_kl,
-              rule_clipfrac, rule_reward, rule_first_step_ratio)
+              rule_clipfrac, rule_reward, rule_reward_term, rule_first_step_ratio)
 
 
 def _sorted(findings: list[Finding]) -> list[Finding]:
@@ -358,7 +383,7 @@ def diagnose_epoch(record: dict, earlier_epochs=(), *, thresholds: Thresholds | 
     m = epoch_metrics(record)
     history = [epoch_metrics(r) for r in earlier_epochs]
     out = []
-    for rule in (rule_non_finite, rule_advantage_signal, rule_reward, rule_first_step_ratio):
+    for rule in (rule_non_finite, rule_advantage_signal, rule_reward, rule_reward_term, rule_first_step_ratio):
         out += rule(m, history, th, run_dir)
     return _sorted(out)
 

@@ -268,7 +268,8 @@ def main(_):
         if discriminator is not None:
             record.update(train_discriminator(discriminator, local["videos"], cond_index, train_world,
                                               config.reward.discriminator.steps_per_epoch, log))
-        epoch_signal = {"zero_std_ratio": record["zero_std_ratio"], "mean_reward": record["reward_avg"]}
+        epoch_signal = {"zero_std_ratio": record["zero_std_ratio"], "mean_reward": record["reward_avg"],
+                        **{k: v for k, v in record.items() if k.startswith("reward_") and isinstance(v, float)}}
 
         # ---- 3. policy updates: clipped ratio + KL to the frozen base, accumulating over timesteps ----
         unwrapped.train()
@@ -336,7 +337,7 @@ def main(_):
                 optimizer.zero_grad(set_to_none=True)
                 global_step += 1
                 log.step_record(global_step, epoch, m)
-                history.append(m)
+                history.append({**m, **epoch_signal})  # the reward rules compare epochs, so keep their signal
                 step_metrics.append(m)
                 if findings:
                     log.health_record(global_step, epoch, findings)

@@ -97,6 +97,27 @@ def test_reward_collapse_in_step_metrics():
     assert "every sample scores the same" in f[0].explanation
 
 
+def test_one_reward_term_traded_away_is_critical():
+    # The per-epoch train rewards of a real run at learning_rate 1e-3: cam_score went to 0 while fidelity rose.
+    cam = [0.1092, 0.0273, 0.1169, 0.0264, 0.0026]
+    fid = [0.1922, 0.0239, 0.1247, 0.1017, 0.0828]
+    steps = [healthy(e + 1, reward_cam_score=c, reward_fidelity=f)
+             for e, (c, f) in enumerate(zip(cam, fid, strict=True))]
+    f = health.diagnose_step(steps[4], steps[:2] + steps[3:4])
+    term = next(x for x in f if x.rule == "reward_term_collapse")
+    assert term.severity == "critical" and term.numbers["term"] == "reward_cam_score"
+    assert term.numbers["best_reward_cam_score"] == 0.1092 and "reward.weights.cam_score" in " ".join(term.actions)
+    # a term that merely fluctuates (the default run's cam_score: 0.175 best, 0.1095 worst) is fine
+    ok = [healthy(e + 1, reward_cam_score=c) for e, c in enumerate([0.109, 0.175, 0.1443, 0.1095])]
+    assert "reward_term_collapse" not in rules(health.diagnose_step(ok[-1], ok[:-1]))
+    # a zero-centred term (ever negative) has no relative drop
+    z = [healthy(e + 1, reward_discriminator=v) for e, v in enumerate([0.3, -0.1, 0.01])]
+    assert "reward_term_collapse" not in rules(health.diagnose_step(z[-1], z[:-1]))
+    # bookkeeping keys are not reward terms
+    b = [healthy(e + 1, reward_seconds=v, reward_std_mean=v) for e, v in enumerate([1.0, 0.1])]
+    assert health.diagnose_step(b[-1], b[:-1]) == []
+
+
 def _epoch(e, step, reward, zero_std=0.0625, rewards=None):
     return {"type": "epoch", "epoch": e, "step": step, "reward_avg": reward, "zero_std_ratio": zero_std,
             "first_step_ratio_deviation": 1e-5,
