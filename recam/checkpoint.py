@@ -75,11 +75,24 @@ def save_checkpoint(ckpt_root: Path, name: str, model, optimizer, ema, state: di
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
+    point_latest(ckpt_root, name)
+    _prune(ckpt_root, keep, protect=(name, *protect))
+    return final
+
+
+def point_latest(ckpt_root: Path, name: str) -> None:
+    """Atomically make `latest` name checkpoint folder `name`."""
     pointer_tmp = ckpt_root / f".{LATEST}.tmp"
     pointer_tmp.write_text(name)
     os.replace(pointer_tmp, ckpt_root / LATEST)
-    _prune(ckpt_root, keep, protect=(name, *protect))
-    return final
+
+
+def checkpoint_before(ckpt_root: Path, epoch: int) -> Path | None:
+    """The newest intact epoch_NNNN folder with NNNN < epoch (epoch_NNNN holds the weights that sample epoch
+    NNNN), or None."""
+    older = sorted(p for p in ckpt_root.glob("epoch_*")
+                   if p.is_dir() and p.name[6:].isdigit() and int(p.name[6:]) < epoch and (p / "state.json").exists())
+    return older[-1] if older else None
 
 
 def _prune(ckpt_root: Path, keep: int, protect: tuple[str, ...]) -> None:

@@ -289,6 +289,10 @@ def rule_reward(m: dict, history, th: Thresholds, run_dir: str) -> list[Finding]
     return out[:1]
 
 
+# Rules that judge an epoch's samples, i.e. the weights that drew them. Those weights are already in the latest
+# checkpoint (the update that broke them was the previous epoch's), so a rollback must go one checkpoint further.
+SAMPLE_RULES = frozenset({"reward_collapse", "reward_term_collapse"})
+
 _NOT_REWARD_TERMS = ("reward_avg", "reward_seconds", "reward_shapes", "reward_std_mean")
 
 

@@ -37,8 +37,10 @@ from config.validate import check_in_channels, eval_report_rewards, validate, va
 from recam import runlog  # noqa: E402
 from recam.advantages import broadcast_over_timesteps, nonzero_group_mask  # noqa: E402
 from recam.checkpoint import (  # noqa: E402
+    checkpoint_before,
     latest_checkpoint,
     load_trainer_state,
+    point_latest,
     read_model_into,
     save_checkpoint,
     set_rng_state,
@@ -46,7 +48,7 @@ from recam.checkpoint import (  # noqa: E402
 from recam.codec import PixelCodec, WanVAECodec, encode_once  # noqa: E402
 from recam.data import ReCamMasterDataset  # noqa: E402
 from recam.distributed import local_slice, use_cpu_if_no_accelerator  # noqa: E402
-from recam.health import diagnose_step  # noqa: E402
+from recam.health import SAMPLE_RULES, diagnose_step  # noqa: E402
 from recam.loading import load_recammaster_checkpoint, load_wan_transformer  # noqa: E402
 from recam.lora import adapter_disabled, add_lora  # noqa: E402
 from recam.losses import get_kl_estimator, get_policy_loss  # noqa: E402
@@ -359,6 +361,17 @@ def main(_):
         if critical:
             log.info("health guard: " + "; ".join(f"{f.rule} ({f.severity})" for f in critical))
             healthy_ckpt = latest_checkpoint(ckpt_root)
+            if any(f.rule in SAMPLE_RULES for f in critical):
+                # the collapsed samples were drawn by the weights in `latest`: restore the checkpoint before them
+                older = checkpoint_before(ckpt_root, epoch)
+                if older is None:
+                    log.info(f"no checkpoint older than epoch {epoch} is kept (config.keep_checkpoints); "
+                             f"restoring {healthy_ckpt}, whose weights drew the collapsed samples")
+                else:
+                    healthy_ckpt = older
+                    if accelerator.is_main_process:
+                        point_latest(ckpt_root, older.name)  # a crash from here on resumes from the good one
+                    accelerator.wait_for_everyone()
             if config.health.action == "stop" or (config.health.action == "rollback"
                                                    and rollbacks >= config.health.max_rollbacks):
                 stopped_by = f"health guard, {critical[0].rule} at step {global_step}"
