@@ -90,9 +90,9 @@ def point_latest(ckpt_root: Path, name: str) -> None:
 def checkpoint_before(ckpt_root: Path, epoch: int) -> Path | None:
     """The newest intact epoch_NNNN folder with NNNN < epoch (epoch_NNNN holds the weights that sample epoch
     NNNN), or None."""
-    older = sorted(p for p in ckpt_root.glob("epoch_*")
-                   if p.is_dir() and p.name[6:].isdigit() and int(p.name[6:]) < epoch and (p / "state.json").exists())
-    return older[-1] if older else None
+    older = [p for p in ckpt_root.glob("epoch_*") if p.is_dir() and (p / "state.json").exists()
+             and (n := p.name.removeprefix("epoch_")).isdigit() and int(n) < epoch]
+    return max(older, default=None)
 
 
 def _prune(ckpt_root: Path, keep: int, protect: tuple[str, ...]) -> None:

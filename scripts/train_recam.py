@@ -270,7 +270,8 @@ def main(_):
         if discriminator is not None:
             record.update(train_discriminator(discriminator, local["videos"], cond_index, train_world,
                                               config.reward.discriminator.steps_per_epoch, log))
-        epoch_signal = {"zero_std_ratio": record["zero_std_ratio"], "mean_reward": record["reward_avg"],
+        # reward_avg and every reward_<key>: the reward rules compare them across epochs
+        epoch_signal = {"zero_std_ratio": record["zero_std_ratio"],
                         **{k: v for k, v in record.items() if k.startswith("reward_") and isinstance(v, float)}}
 
         # ---- 3. policy updates: clipped ratio + KL to the frozen base, accumulating over timesteps ----
