@@ -25,6 +25,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.data = ml_collections.ConfigDict()
     c.data.num_train_conditions = 256  # training conditions (scenes x target trajectories)
     c.data.num_heldout_conditions = 32  # held-out conditions, from scenes never trained on
+    c.data.num_val_conditions = 32  # validation conditions (scenes in neither split) that choose eval.select_by's
     c.data.num_frames = 8  # frames per video (source and target each)
     c.data.size = 32  # frame height = width in pixels
     c.data.conditions_per_scene = 4  # target trajectories per scene
@@ -145,6 +146,12 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.batch_size = 16  # conditions per evaluation forward
     c.eval.num_videos = 4  # held-out conditions written as source | ground truth | generated videos
     c.eval.report_rewards = "cam_score,fidelity"  # also scored at evaluation, whatever their weight (never in avg)
+    # Which evaluated checkpoint (base, every eval.freq epochs, last) the run reports: "" = the last; a reward name =
+    # the one with the best validation value of it (validation conditions, never the held-out ones that measure it).
+    # Synthetic world only: real data (data.source "recammaster") has no validation split and reports the last.
+    c.eval.select_by = "cam_score"
+    c.eval.select_guard = "fidelity"  # "" or a reward whose validation value may not fall below the base's by more
+    c.eval.select_max_drop = 0.01  # than this for a checkpoint to be chosen (the base is always a candidate)
 
     # ---- health guard (recam/health.py rules, evaluated every optimizer step) ----
     c.health = ml_collections.ConfigDict()

@@ -19,6 +19,7 @@ def smoke():
     c.num_epochs = 2
     c.data.num_train_conditions = 16
     c.data.num_heldout_conditions = 8
+    c.data.num_val_conditions = 8
     c.sample.num_batches_per_epoch = 1
     c.train.gradient_accumulation_steps = 1
     c.sample.num_steps = 6
@@ -87,6 +88,7 @@ def recam_wan_1_3b_8npu():
     c.reward.weights.cam_score = 0.0
     c.reward.weights.fidelity = 1.0
     c.eval.report_rewards = "fidelity"
+    c.eval.select_by = ""  # real data has no validation split: the run reports its last epoch
     return c
 
 

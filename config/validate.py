@@ -140,6 +140,16 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
     _require(not unknown, f"reward.weights names unknown rewards {unknown}; known: {sorted(known_rewards())}")
     unknown = sorted(set(eval_report_rewards(config)) - set(known_rewards()))
     _require(not unknown, f"eval.report_rewards names unknown rewards {unknown}; known: {sorted(known_rewards())}")
+    e = config.eval
+    scored_at_eval = {k for k, w in weights.items() if w > 0} | set(eval_report_rewards(config))
+    for field in ("select_by", "select_guard"):  # real data has no validation split: there the last epoch reports
+        _require(e[field] == "" or e[field] in scored_at_eval or config.data.source != "synthetic",
+                 f"eval.{field}={e[field]!r} must be '' or a reward scored at evaluation (a positive reward.weights "
+                 f"entry or one in eval.report_rewards): {sorted(scored_at_eval)}")
+    _require(e.select_max_drop >= 0, f"eval.select_max_drop must be >= 0, got {e.select_max_drop}")
+    _require(not e.select_by or config.data.source != "synthetic" or config.data.num_val_conditions >= 1,
+             f"eval.select_by={e.select_by!r} needs validation conditions: data.num_val_conditions must be >= 1, "
+             f"got {config.data.num_val_conditions}")
     _require(all(w >= 0 for w in weights.values()) and sum(weights.values()) > 0,
              f"reward.weights must be non-negative with a positive sum, got {weights}")
     _require(config.reward.failure_policy in ("wait", "drop_group", "stop"),

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 LATEST = "latest"
+SELECTED = "selected"  # the checkpoint a run reports (chosen on validation conditions, see recam.selection)
 
 
 def rng_state() -> dict:
@@ -80,11 +81,16 @@ def save_checkpoint(ckpt_root: Path, name: str, model, optimizer, ema, state: di
     return final
 
 
+def point(ckpt_root: Path, pointer: str, name: str) -> None:
+    """Atomically make the pointer file `pointer` (e.g. LATEST, SELECTED) name checkpoint folder `name`."""
+    pointer_tmp = ckpt_root / f".{pointer}.tmp"
+    pointer_tmp.write_text(name)
+    os.replace(pointer_tmp, ckpt_root / pointer)
+
+
 def point_latest(ckpt_root: Path, name: str) -> None:
     """Atomically make `latest` name checkpoint folder `name`."""
-    pointer_tmp = ckpt_root / f".{LATEST}.tmp"
-    pointer_tmp.write_text(name)
-    os.replace(pointer_tmp, ckpt_root / LATEST)
+    point(ckpt_root, LATEST, name)
 
 
 def checkpoint_before(ckpt_root: Path, epoch: int) -> Path | None:

@@ -55,9 +55,10 @@ import torch
 from torch.utils.data import Dataset
 
 from recam import recammaster_io, video_io
-from recam.world import SPLITS, Condition
+from recam.world import Condition
 
 _CAM_VIDEO_RE = re.compile(r"cam\d+\.mp4")
+REAL_SPLITS = ("train", "heldout")  # real data has no validation split yet (config eval.select_by needs one)
 MAX_METADATA_LEVELS = 4  # metadata.csv is looked for in root and this many folders above it
 
 
@@ -109,8 +110,8 @@ class ReCamMasterDataset(Dataset):
                  height: int = video_io.RECAMMASTER_HEIGHT, width: int = video_io.RECAMMASTER_WIDTH,
                  frame_interval: int = 1, num_heldout_scenes: int = 1, source_cams: tuple[str, ...] | None = None,
                  max_conditions: int = 0, cache_size: int = 8) -> None:
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        if split not in REAL_SPLITS:
+            raise ValueError(f"split must be one of {REAL_SPLITS}, got {split!r}")
         if num_frames < 1 or height < 1 or width < 1 or frame_interval < 1:
             raise ValueError(f"need num_frames, height, width, frame_interval >= 1; got {num_frames}, {height}, "
                              f"{width}, {frame_interval}")

@@ -3,7 +3,8 @@
 metrics.jsonl holds one JSON object per line with a "type":
   "step"  - loss metrics of one optimizer step, keyed by the global step;
   "epoch" - everything an independent GRPO verification needs for one epoch (see `epoch_record`);
-  "eval"  - held-out evaluation (prefix eval/), with the global step it was taken at.
+  "eval"  - held-out evaluation (prefix eval/) and, with checkpoint selection on, validation (prefix val/) of one
+            checkpoint, with the global step it was taken at.
 """
 
 from __future__ import annotations
@@ -61,19 +62,27 @@ class RunLog:
             flat = {k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
             self.wandb.log(flat, step=record["step"])
 
-    def eval_record(self, tag: str, step: int, summary: dict) -> None:
+    def eval_record(self, tag: str, step: int, summary: dict, epoch: int = -1, checkpoint: str = "") -> None:
+        """An evaluation of the weights in checkpoint folder `checkpoint`; epoch = its last trained epoch (-1 for the
+        base), so that truncate_after keeps exactly the evaluations of the weights a resumed run continues from."""
         if not self.enabled:
             return
-        self._append({"type": "eval", "tag": tag, "step": step, **summary})
+        self._append({"type": "eval", "tag": tag, "step": step, "epoch": epoch, "checkpoint": checkpoint, **summary})
         if self.wandb:
-            self.wandb.log({k: v for k, v in summary.items() if k.startswith("eval/")}, step=step)
+            self.wandb.log({k: v for k, v in summary.items() if k.startswith(("eval/", "val/"))}, step=step)
 
     def read_eval(self, tag: str) -> dict | None:
         """A previously logged evaluation (so a resumed run does not re-evaluate its start)."""
         for rec in read_records(self.path):
             if rec.get("type") == "eval" and rec.get("tag") == tag:
-                return {k: v for k, v in rec.items() if k not in ("type", "tag", "step")}
+                return {k: v for k, v in rec.items() if k not in ("type", "tag", "step", "epoch")}
         return None
+
+    def read_evals(self) -> list[dict]:
+        """Every logged evaluation record, in the order taken (the base first)."""
+        if not self.path.exists():
+            return []
+        return [r for r in read_records(self.path) if r.get("type") == "eval"]
 
     def health_record(self, step: int, epoch: int, findings) -> None:
         if not self.enabled:
@@ -108,15 +117,29 @@ class RunLog:
         self.truncate_after(epoch, archive_reason=reason)
 
     def summary(self, before: dict, after: dict, extra_paths: dict | None = None, note: str | None = None,
-                rollbacks: int = 0) -> str:
+                rollbacks: int = 0, selected: dict | None = None, selection: str | None = None) -> str:
+        """The before/after table. With `selected` (the evaluation record of the checkpoint chosen on validation
+        conditions) the run reports that checkpoint, and the last epoch stays beside it for comparison."""
         rows = [("cam_score", "eval/cam_score"), ("RotErr (deg)", "eval/rot_err"),
                 ("TransErr", "eval/trans_err"), ("CamMC", "eval/cammc"), ("fidelity", "eval/fidelity")]
-        lines = ["| held-out metric | base | after GRPO | change |", "|---|---|---|---|"]
-        for name, key in rows:
-            if key in before and key in after:
-                lines.append(f"| {name} | {before[key]:.4f} | {after[key]:.4f} | {after[key] - before[key]:+.4f} |")
+        if selected is None:
+            lines = ["| held-out metric | base | after GRPO | change |", "|---|---|---|---|"]
+            for name, key in rows:
+                if key in before and key in after:
+                    lines.append(f"| {name} | {before[key]:.4f} | {after[key]:.4f} | {after[key] - before[key]:+.4f} |")
+        else:
+            sel = selected["checkpoint"]
+            lines = [f"| held-out metric | base | last epoch | selected ({sel}) | change (selected) | change (last) |",
+                     "|---|---|---|---|---|---|"]
+            for name, key in rows:
+                if key in before and key in after and key in selected:
+                    b, a, s = before[key], after[key], selected[key]
+                    lines.append(f"| {name} | {b:.4f} | {a:.4f} | {s:.4f} | {s - b:+.4f} | {a - b:+.4f} |")
         lines.append("")
         lines.append(f"conditions evaluated: {after.get('eval/num_conditions')} (held-out, ODE sampling, fixed noise)")
+        if selected is not None:
+            lines.append(f"selected checkpoint: {self.run_dir / 'checkpoints' / selected['checkpoint']} ({selection}; "
+                         "the held-out conditions play no part in the choice)")
         lines.append(f"health guard: {note or 'ran to the end'}; rollbacks: {rollbacks}")
         paths = {"metrics": self.path, "videos": self.run_dir / "videos", "checkpoints": self.run_dir / "checkpoints"}
         paths.update(extra_paths or {})
@@ -208,16 +231,15 @@ def mean_over_processes(metrics: dict, accelerator) -> dict:
     return out
 
 
-def summarise_eval(rows: list[dict]) -> dict:
-    """Mean held-out metrics (prefix eval/) from per-condition rows."""
-    out = {"eval/num_conditions": len(rows)}
-    names = {"reward_cam_score": "eval/cam_score", "reward_fidelity": "eval/fidelity", "reward_avg": "eval/reward_avg"}
+def summarise_eval(rows: list[dict], prefix: str = "eval") -> dict:
+    """Mean metrics (<prefix>/<name>, eval/ for held-out, val/ for validation) from per-condition rows."""
+    out = {f"{prefix}/num_conditions": len(rows)}
+    names = {"reward_cam_score": "cam_score", "reward_fidelity": "fidelity", "reward_avg": "reward_avg"}
     for key in rows[0]:
         if key == "index":
             continue
         vals = np.array([r[key] for r in rows], dtype=np.float64)
-        short = key.split("/")[-1]
-        name = names.get(key) or f"eval/{short}"
+        name = f"{prefix}/{names.get(key) or key.split('/')[-1]}"
         out[name] = float(np.nanmean(vals)) if np.isfinite(vals).any() else float("nan")
     return out
 

@@ -47,9 +47,10 @@ PALETTE_NAMES = ("red", "green", "blue", "yellow", "magenta", "cyan", "white")
 TRAJECTORY_KINDS = ("pan", "tilt", "roll", "dolly", "truck", "pedestal", "orbit", "zoom")
 _ROTATION_KINDS = ("pan", "tilt", "roll", "orbit")
 _TRANSLATION_KINDS = ("dolly", "truck", "pedestal", "zoom")
-SPLITS = ("train", "heldout")
-# Held-out scene ids live in their own range so the two splits can never share a scene.
-_HELDOUT_SCENE_OFFSET = 10_000_000
+SPLITS = ("train", "val", "heldout")
+# Each split's scene ids live in their own range, so no two splits can share a scene. "val" chooses which of a
+# run's checkpoints is reported (config eval.select_by); "heldout" only measures it.
+_SCENE_OFFSETS = {"train": 0, "heldout": 10_000_000, "val": 20_000_000}
 
 # Landmark sphere radius in world units; its projected radius (fx * r / z) is the blob's Gaussian
 # sigma in pixels, which keeps blobs 1-3 px wide at 32 px: large enough for sub-pixel centroids.
@@ -444,7 +445,8 @@ class SyntheticWorld(Dataset):
     """Seeded multi-camera dataset of `Condition`s.
 
     Item i belongs to scene i // conditions_per_scene of the split; train scenes have ids
-    0, 1, 2, ... and held-out scenes ids 10_000_000 + k, so the splits never share a scene.
+    0, 1, 2, ..., held-out scenes 10_000_000 + k and validation scenes 20_000_000 + k, so the splits never
+    share a scene.
     Items are deterministic in (seed, split, i) and cached after the first render.
     """
 
@@ -481,7 +483,7 @@ class SyntheticWorld(Dataset):
 
     def scene_id(self, i: int) -> int:
         k = i // self.conditions_per_scene
-        return k + (_HELDOUT_SCENE_OFFSET if self.split == "heldout" else 0)
+        return k + _SCENE_OFFSETS[self.split]
 
     def __getitem__(self, i: int) -> Condition:
         if not isinstance(i, (int, np.integer)):

@@ -37,9 +37,11 @@ from config.validate import check_in_channels, eval_report_rewards, validate, va
 from recam import runlog  # noqa: E402
 from recam.advantages import broadcast_over_timesteps, nonzero_group_mask  # noqa: E402
 from recam.checkpoint import (  # noqa: E402
+    SELECTED,
     checkpoint_before,
     latest_checkpoint,
     load_trainer_state,
+    point,
     point_latest,
     read_model_into,
     save_checkpoint,
@@ -56,6 +58,7 @@ from recam.model import ReCamTransformer3DModel  # noqa: E402
 from recam.pipeline import STEP_FNS, ode_sample, per_sample_noise, rescore, rollout  # noqa: E402
 from recam.sampler import KRepeatBatchSampler  # noqa: E402
 from recam.sde import flow_sigmas, gaussian_kl_between_means  # noqa: E402
+from recam.selection import select_checkpoint  # noqa: E402
 from recam.variants import (  # noqa: E402
     EMAImportanceState,
     gradient_adaptive_weights,
@@ -101,8 +104,11 @@ def model_inputs(batch: dict, codec, device, source_cache: dict | None = None) -
             "target_cams": codec.latent_cams(batch["target_cams"]).to(device)}
 
 
-def evaluate(model, world, codec, config, sigmas, reward_fn, accelerator, autocast, tag: str, run_dir: Path) -> dict:
-    """Held-out evaluation with deterministic ODE sampling from fixed per-condition noise; rank-sharded."""
+def evaluate(model, world, codec, config, sigmas, reward_fn, accelerator, autocast, tag: str, run_dir: Path,
+             prefix: str = "eval", videos_dir: Path | None = None) -> dict:
+    """Evaluation with deterministic ODE sampling from fixed per-condition noise; rank-sharded.
+
+    Metrics come back as <prefix>/<name>; comparison videos of the first conditions go to videos_dir/tag."""
     idx = list(range(accelerator.process_index, len(world), accelerator.num_processes))
     results = []
     shape = codec.latent_shape(tuple(world[0].target_video.shape))
@@ -118,11 +124,11 @@ def evaluate(model, world, codec, config, sigmas, reward_fn, accelerator, autoca
             row = {"index": i, **{f"reward_{k}": float(v[n]) for k, v in scores.items()}}
             row.update({k: float(v[n]) for k, v in details.items() if torch.is_tensor(v) and v.ndim == 1})
             results.append(row)
-        if accelerator.is_main_process and start == 0 and config.eval.num_videos > 0:
-            runlog.write_comparison_videos(run_dir / "videos" / tag, batch, videos, config.eval.num_videos,
+        if accelerator.is_main_process and start == 0 and config.eval.num_videos > 0 and videos_dir is not None:
+            runlog.write_comparison_videos(videos_dir / tag, batch, videos, config.eval.num_videos,
                                            scale=max(1, 128 // videos.shape[-2]))  # 4x for 32 px, 1x at real size
     rows = sorted(gather_object(results), key=lambda r: r["index"])
-    return runlog.summarise_eval(rows)
+    return runlog.summarise_eval(rows, prefix)
 
 
 def main(_):
@@ -141,8 +147,12 @@ def main(_):
     np.random.seed(config.seed)
 
     # ---- data, models, optimizer, rewards ----
-    train_world, heldout = build_datasets(config)
-    log.info(f"data: {config.data.source}, {len(train_world)} training / {len(heldout)} held-out conditions")
+    train_world, heldout, val_world = build_datasets(config)
+    log.info(f"data: {config.data.source}, {len(train_world)} training / {len(heldout)} held-out"
+             + (f" / {len(val_world)} validation conditions" if val_world is not None else " conditions"))
+    if config.eval.select_by and val_world is None:
+        log.info(f"eval.select_by={config.eval.select_by!r} is ignored: {config.data.source} data has no validation "
+                 "split, so the run reports its last epoch")
     policy = load_policy(config, log)
     check_in_channels(policy.config.in_channels, config)
     # The space the policy samples in: pixels, or the frozen Wan VAE's latents (fp32, on the device).
@@ -197,15 +207,36 @@ def main(_):
                                   s.num_batches_per_epoch)
     latent_shape = codec.latent_shape(tuple(train_world[0].target_video.shape))  # noise and rollout states
 
-    def run_eval(tag):
+    def run_eval(tag, checkpoint):
+        """Held-out metrics (eval/...) and, when a checkpoint is to be selected, validation metrics (val/...) of the
+        weights in memory, which are those of checkpoint folder `checkpoint` (epoch_NNNN)."""
         with ema_weights(ema, unwrapped):
             unwrapped.eval()
             out = evaluate(unwrapped, heldout, codec, config, eval_sigmas, eval_reward_fn, accelerator, autocast, tag,
-                           run_dir)
-        log.eval_record(tag, global_step, out)
+                           run_dir, "eval", run_dir / "videos")
+            if val_world is not None:
+                out.update(evaluate(unwrapped, val_world, codec, config, eval_sigmas, eval_reward_fn, accelerator,
+                                    autocast, tag, run_dir, "val"))
+        # epoch = the last trained epoch, so resuming or rolling back to a checkpoint keeps exactly its evaluations
+        trained_epochs = int(checkpoint.removeprefix("epoch_"))
+        log.eval_record(tag, global_step, out, epoch=trained_epochs - 1, checkpoint=checkpoint)
         return out
 
-    eval_before = log.read_eval("start") or run_eval("start")
+    def selected_eval() -> dict | None:
+        """The evaluation record the run reports (eval.select_by on val/...), or None when it reports its end."""
+        if val_world is None or not accelerator.is_main_process:  # only the main process saves and reports
+            return None
+        evals = log.read_evals()
+        index = select_checkpoint(evals, f"val/{config.eval.select_by}",
+                                  f"val/{config.eval.select_guard}" if config.eval.select_guard else "",
+                                  config.eval.select_max_drop)
+        return evals[index]
+
+    eval_before = log.read_eval("start") or run_eval("start", "epoch_0000")
+    if ckpt is not None and 0 < start_epoch < config.num_epochs and start_epoch % config.eval.freq == 0 \
+            and log.read_eval(f"epoch_{start_epoch:04d}") is None:
+        run_eval(f"epoch_{start_epoch:04d}", ckpt.name)  # the run died between this checkpoint and its evaluation
+    selected = selected_eval()  # its checkpoint is never pruned
     history: list[dict] = []  # recent step metrics, for the health rules
     rollbacks, stopped_by, injected = 0, None, False
 
@@ -384,6 +415,7 @@ def main(_):
                 epoch, global_step = load_into(healthy_ckpt, unwrapped, optimizer, ema,
                                                lr_factor=config.health.rollback_lr_factor ** rollbacks)
                 log.archive_after(epoch, reason=f"rollback {rollbacks}: {critical[0].rule}")
+                selected = selected_eval()  # the rolled-back evaluations are no longer candidates
                 history.clear()
                 log.info(f"rolled back to {healthy_ckpt} (epoch {epoch}, step {global_step}), "
                          f"learning rate now {optimizer.param_groups[0]['lr']:.3g}")
@@ -395,17 +427,23 @@ def main(_):
         epoch += 1
         accelerator.wait_for_everyone()
         if accelerator.is_main_process and (epoch % config.save_freq == 0 or epoch == config.num_epochs):
-            save(ckpt_root, epoch, global_step, unwrapped, optimizer, ema, config)
+            save(ckpt_root, epoch, global_step, unwrapped, optimizer, ema, config,
+                 protect=(selected["checkpoint"],) if selected else ())
         accelerator.wait_for_everyone()
         if epoch % config.eval.freq == 0 and epoch != config.num_epochs:
-            run_eval(f"epoch_{epoch:04d}")
+            run_eval(f"epoch_{epoch:04d}", f"epoch_{epoch:04d}")
+            selected = selected_eval()
 
     runner.close()
-    eval_after = run_eval("final")
+    eval_after = run_eval("final", latest_checkpoint(ckpt_root).name)  # a stopped run holds the weights of `latest`
+    selected = selected_eval()
     if accelerator.is_main_process:
+        if selected is not None:
+            point(ckpt_root, SELECTED, selected["checkpoint"])
         reports = runlog.write_reports(run_dir)
         log.summary(eval_before, eval_after, extra_paths=reports, note=stopped_by and f"stopped early: "
-                    f"{stopped_by}", rollbacks=rollbacks)
+                    f"{stopped_by}", rollbacks=rollbacks, selected=selected,
+                    selection=selection_rule(config) if selected is not None else None)
     log.close()
     # The DDP reducer must die before its process group, or gloo's teardown deadlocks on the GIL at exit.
     accelerator.free_memory()
@@ -419,17 +457,26 @@ def main(_):
 
 
 def build_datasets(config):
-    """(train, held-out) datasets of recam.world.Condition: the synthetic world, or ReCamMaster-layout folders."""
+    """(train, held-out, validation or None) datasets of recam.world.Condition: the synthetic world, or
+    ReCamMaster-layout folders (no validation split: there eval.select_by is ignored and the last epoch reports)."""
     d = config.data
     if d.source == "synthetic":
-        return (SyntheticWorld("train", d.num_train_conditions, d.seed, d.num_frames, d.size, d.conditions_per_scene),
-                SyntheticWorld("heldout", d.num_heldout_conditions, d.seed, d.num_frames, d.size,
-                               d.conditions_per_scene))
+        def world(split, n):
+            return SyntheticWorld(split, n, d.seed, d.num_frames, d.size, d.conditions_per_scene)
+        return (world("train", d.num_train_conditions), world("heldout", d.num_heldout_conditions),
+                world("val", d.num_val_conditions) if config.eval.select_by else None)
     common = dict(num_frames=d.num_frames, height=d.height, width=d.width, frame_interval=d.frame_interval,
                   num_heldout_scenes=d.num_heldout_scenes, cache_size=d.cache_size,
                   source_cams=tuple(c.strip() for c in d.source_cams.split(",") if c.strip()))
     return (ReCamMasterDataset(d.root, "train", max_conditions=d.num_train_conditions, **common),
-            ReCamMasterDataset(d.root, "heldout", max_conditions=d.num_heldout_conditions, **common))
+            ReCamMasterDataset(d.root, "heldout", max_conditions=d.num_heldout_conditions, **common), None)
+
+
+def selection_rule(config) -> str:
+    """The checkpoint selection rule in words, for the summary."""
+    e = config.eval
+    guard = (f", {e.select_guard} at most {e.select_max_drop:g} below the base's" if e.select_guard else "")
+    return f"best validation {e.select_by} over {config.data.num_val_conditions} validation conditions{guard}"
 
 
 def condition_id(dataset, i: int) -> str:
@@ -557,13 +604,13 @@ def velocity_coefficient(sigmas, j, noise_level, sde_type) -> float:
     return float((a - b).abs())
 
 
-def save(ckpt_root, epoch, global_step, model, optimizer, ema, config):
-    """Checkpoint at an epoch boundary: only healthy states get here."""
+def save(ckpt_root, epoch, global_step, model, optimizer, ema, config, protect: tuple[str, ...] = ()):
+    """Checkpoint at an epoch boundary: only healthy states get here. `protect`: checkpoints never pruned."""
     save_checkpoint(ckpt_root, f"epoch_{epoch:04d}", model, optimizer, ema,
                     {"epoch": epoch, "global_step": global_step,
                      "sampler_position": epoch * config.sample.num_batches_per_epoch,
                      "learning_rate": optimizer.param_groups[0]["lr"], "healthy": True},
-                    keep=config.keep_checkpoints)
+                    keep=config.keep_checkpoints, protect=protect)
 
 
 def load_into(ckpt, model, optimizer, ema, lr_factor: float = 1.0) -> tuple[int, int]:

@@ -81,6 +81,10 @@ def test_real_scale_presets_arithmetic_and_settings(name, procs, per_device):
     (lambda c: (setattr(c.data, "source", "recammaster"), setattr(c.data, "root", "x"),
                 c.reward.weights.__setitem__("cam_score", 0.0)), "eval.report_rewards"),
     (lambda c: setattr(c.eval, "report_rewards", "cam_score,fidlity"), "eval.report_rewards"),
+    (lambda c: setattr(c.eval, "select_by", "camscore"), "eval.select_by"),
+    (lambda c: setattr(c.eval, "select_guard", "unifiedscore"), "eval.select_guard"),  # weight 0, not reported
+    (lambda c: setattr(c.eval, "select_max_drop", -0.01), "eval.select_max_drop"),
+    (lambda c: setattr(c.data, "num_val_conditions", 0), "data.num_val_conditions"),
 ])
 def test_broken_data_and_model_fields_are_named(mutate, field):
     c = grpo.get_config("tiny_cpu")

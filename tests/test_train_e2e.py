@@ -32,7 +32,8 @@ def records(run_dir, kind):
 
 
 def test_smoke_run_logs_verifiable_grpo_and_checkpoints(tmp_path):
-    p = run(tmp_path, "--config.num_epochs=2", "--config.train.batch_size=4")
+    p = run(tmp_path, "--config.num_epochs=2", "--config.train.batch_size=4", "--config.eval.freq=1",
+            "--config.keep_checkpoints=1")
     epochs = records(tmp_path, "epoch")
     assert [e["epoch"] for e in epochs] == [0, 1]
     for e in epochs:
@@ -47,6 +48,20 @@ def test_smoke_run_logs_verifiable_grpo_and_checkpoints(tmp_path):
     assert (tmp_path / "checkpoints" / "latest").read_text() == "epoch_0002"
     assert "(PASS)" in (tmp_path / "summary.md").read_text(), p.stdout[-2000:]
     assert list((tmp_path / "videos" / "final").glob("*.gif"))
+    # The reported checkpoint is chosen on validation conditions: best val cam_score among the evaluations whose
+    # val fidelity is at most 0.01 below the base's (the base always qualifies); it survives pruning (keep 1).
+    ordered = records(tmp_path, "eval")
+    assert [r["checkpoint"] for r in ordered] == ["epoch_0000", "epoch_0001", "epoch_0002"]
+    assert all(r["val/num_conditions"] == 8 and r["eval/num_conditions"] == 8 for r in ordered)
+    floor = ordered[0]["val/fidelity"] - 0.01
+    best = max((r for r in ordered if r["val/fidelity"] >= floor or r is ordered[0]),
+               key=lambda r: r["val/cam_score"])
+    selected = (tmp_path / "checkpoints" / "selected").read_text()
+    assert selected == best["checkpoint"] and (tmp_path / "checkpoints" / selected / "state.json").exists()
+    summary = (tmp_path / "summary.md").read_text()
+    assert f"selected ({selected})" in summary and "held-out conditions play no part" in summary
+    change = summary.split("| cam_score |")[1].split("|")[3]
+    assert float(change) == pytest.approx(best["eval/cam_score"] - ordered[0]["eval/cam_score"], abs=1e-4)
 
 
 def test_sigkill_mid_epoch_then_resume_matches_uninterrupted(tmp_path):
