@@ -116,6 +116,13 @@ def get_config() -> ml_collections.ConfigDict:
     # (--config.reward.weights.discriminator=0.5); weight 0 means not computed at all.
     c.reward.weights = ml_collections.ConfigDict({"cam_score": 1.0, "fidelity": 1.5, "unifiedscore": 0.0,
                                                   "discriminator": 0.0})
+    # "" or a weighted reward kept as a constraint rather than maximised: its weight becomes a Lagrange multiplier
+    # (recam/constraint.py) that starts at its reward.weights entry and moves each epoch by constraint_lr times how
+    # far the epoch's mean of it is below the floor (the first epoch's mean, i.e. the base's, minus constraint_slack)
+    c.reward.constraint = ""
+    c.reward.constraint_slack = 0.01  # how far below the base's mean the constrained reward may go
+    c.reward.constraint_lr = 10.0  # multiplier change per epoch per unit of violation
+    c.reward.constraint_max_weight = 6.0  # the multiplier is kept in [0, this]
     c.reward.async_workers = 1  # reward jobs run on this many threads while the next batch samples
     c.reward.failure_policy = "wait"  # failed samples: "wait" (retry, then exclude), "drop_group", "stop"
     c.reward.max_retries = 2  # re-scoring rounds of failed samples under "wait"

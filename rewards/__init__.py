@@ -63,9 +63,19 @@ class MultiReward:
                 raise ValueError(f"reward {name!r} returned shape {tuple(s.shape)}, expected ({videos.shape[0]},)")
             scores[name] = s.float()
             details.update({f"{name}/{k}": v for k, v in d.items()})
-        total = sum(self.weights.values())
-        scores["avg"] = sum(w * scores[n] for n, w in self.weights.items()) / total
+        scores["avg"] = weighted_mean(scores, self.weights)
         return scores, details
+
+
+def weighted_mean(scores: dict[str, torch.Tensor], weights: dict[str, float]) -> torch.Tensor:
+    """sum_i w_i s_i / sum_i w_i over the rewards of positive weight: `avg`, the reward that drives training.
+
+    scores: name -> (B,) per-sample rewards; a NaN (a failed score) makes that sample's avg NaN.
+    """
+    used = {n: w for n, w in weights.items() if w > 0}
+    if not used:
+        raise ValueError(f"reward weights must have a positive entry, got {weights}")
+    return sum(w * scores[n] for n, w in used.items()) / sum(used.values())
 
 
 def _register_builtin() -> None:

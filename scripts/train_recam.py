@@ -48,6 +48,7 @@ from recam.checkpoint import (  # noqa: E402
     set_rng_state,
 )
 from recam.codec import PixelCodec, WanVAECodec, encode_once  # noqa: E402
+from recam.constraint import dual_step  # noqa: E402
 from recam.data import ReCamMasterDataset  # noqa: E402
 from recam.distributed import local_slice, use_cpu_if_no_accelerator  # noqa: E402
 from recam.health import SAMPLE_RULES, diagnose_step  # noqa: E402
@@ -66,7 +67,7 @@ from recam.variants import (  # noqa: E402
     output_gradient_norm,
 )
 from recam.world import SyntheticWorld, collate_conditions  # noqa: E402
-from rewards import MultiReward  # noqa: E402
+from rewards import MultiReward, weighted_mean  # noqa: E402
 from rewards.async_pipeline import (  # noqa: E402
     AsyncRewardRunner,
     RewardServerDown,
@@ -184,6 +185,9 @@ def main(_):
     kl_estimator = None if t.kl_type == "gaussian_mean" else get_kl_estimator(t.kl_type)
     variants = VariantInputs(config.train) if t.policy_loss == "grpo_variants" else None
 
+    r_cfg = config.reward
+    dual = {"weight": float(r_cfg.weights[r_cfg.constraint]), "threshold": None} if r_cfg.constraint else None
+
     # ---- resume (or start from the base, saved once as the first healthy checkpoint) ----
     policy, optimizer = accelerator.prepare(policy, optimizer)
     unwrapped = accelerator.unwrap_model(policy)
@@ -192,11 +196,11 @@ def main(_):
     start_epoch, global_step = 0, 0
     ckpt = latest_checkpoint(ckpt_root) if config.resume else None
     if ckpt is not None:
-        start_epoch, global_step = load_into(ckpt, unwrapped, optimizer, ema)
+        start_epoch, global_step = load_into(ckpt, unwrapped, optimizer, ema, dual=dual)
         log.truncate_after(start_epoch)
         log.info(f"resumed from {ckpt} at epoch {start_epoch}, global step {global_step}")
     elif accelerator.is_main_process:
-        save(ckpt_root, 0, 0, unwrapped, optimizer, ema, config)
+        save(ckpt_root, 0, 0, unwrapped, optimizer, ema, config, dual=dual)
     accelerator.wait_for_everyone()
 
     s = config.sample
@@ -283,6 +287,10 @@ def main(_):
         g_valid = accelerator.gather(valid.to(accelerator.device)).cpu().bool()
         # A failed reward is excluded from its group's statistics, never counted as a 0.
         keep, exclusion = exclusion_mask(g_valid, g_index, runner.exclusion_policy)
+        if dual is not None:  # a constrained reward enters avg with this epoch's multiplier as its weight
+            if dual["threshold"] is None:  # the first epoch's samples are the base's: they set the floor
+                dual["threshold"] = float(g_rewards[r_cfg.constraint].nanmean()) - r_cfg.constraint_slack
+            g_rewards["avg"] = weighted_mean(g_rewards, {**dict(r_cfg.weights), r_cfg.constraint: dual["weight"]})
         advantages, _, adv_stats = masked_group_advantages(g_rewards["avg"], g_index, keep,
                                                            config.advantage.std_mode, config.advantage.eps)
         g_adv_t = broadcast_over_timesteps(advantages, T)  # (N, T)
@@ -296,6 +304,8 @@ def main(_):
                                      [condition_id(train_world, int(i)) for i in g_index], g_index,
                                      g_rewards, g_adv_t, adv_stats, reward_seconds)
         record["trajectory_ids"] = [f"{c}#{k}" for c, k in g_traj.tolist()]
+        if dual is not None:
+            record["constraint_weight"], record["constraint_threshold"] = dual["weight"], dual["threshold"]
         record["excluded"] = (~keep).tolist()
         record.update(exclusion)
         if discriminator is not None:
@@ -407,12 +417,12 @@ def main(_):
             if config.health.action == "stop" or (config.health.action == "rollback"
                                                    and rollbacks >= config.health.max_rollbacks):
                 stopped_by = f"health guard, {critical[0].rule} at step {global_step}"
-                load_into(healthy_ckpt, unwrapped, optimizer, ema)
+                load_into(healthy_ckpt, unwrapped, optimizer, ema, dual=dual)
                 log.info(f"stopped; weights restored from the last healthy checkpoint {healthy_ckpt}")
                 break
             if config.health.action == "rollback":
                 rollbacks += 1
-                epoch, global_step = load_into(healthy_ckpt, unwrapped, optimizer, ema,
+                epoch, global_step = load_into(healthy_ckpt, unwrapped, optimizer, ema, dual=dual,
                                                lr_factor=config.health.rollback_lr_factor ** rollbacks)
                 log.archive_after(epoch, reason=f"rollback {rollbacks}: {critical[0].rule}")
                 selected = selected_eval()  # the rolled-back evaluations are no longer candidates
@@ -423,11 +433,14 @@ def main(_):
             epoch += 1  # action "warn": keep going, but this state is never saved as a checkpoint
             continue
 
-        # ---- 5. checkpoint, evaluate ----
+        # ---- 5. the constrained reward's multiplier for the next epoch, checkpoint, evaluate ----
+        if dual is not None:
+            dual["weight"] = dual_step(dual["weight"], float(g_rewards[r_cfg.constraint].nanmean()),
+                                       dual["threshold"], r_cfg.constraint_lr, r_cfg.constraint_max_weight)
         epoch += 1
         accelerator.wait_for_everyone()
         if accelerator.is_main_process and (epoch % config.save_freq == 0 or epoch == config.num_epochs):
-            save(ckpt_root, epoch, global_step, unwrapped, optimizer, ema, config,
+            save(ckpt_root, epoch, global_step, unwrapped, optimizer, ema, config, dual=dual,
                  protect=(selected["checkpoint"],) if selected else ())
         accelerator.wait_for_everyone()
         if epoch % config.eval.freq == 0 and epoch != config.num_epochs:
@@ -604,18 +617,24 @@ def velocity_coefficient(sigmas, j, noise_level, sde_type) -> float:
     return float((a - b).abs())
 
 
-def save(ckpt_root, epoch, global_step, model, optimizer, ema, config, protect: tuple[str, ...] = ()):
-    """Checkpoint at an epoch boundary: only healthy states get here. `protect`: checkpoints never pruned."""
+def save(ckpt_root, epoch, global_step, model, optimizer, ema, config, dual: dict | None = None,
+         protect: tuple[str, ...] = ()):
+    """Checkpoint at an epoch boundary: only healthy states get here. `protect`: checkpoints never pruned;
+    `dual`: the constrained reward's multiplier and floor (reward.constraint), restored with the weights."""
     save_checkpoint(ckpt_root, f"epoch_{epoch:04d}", model, optimizer, ema,
                     {"epoch": epoch, "global_step": global_step,
                      "sampler_position": epoch * config.sample.num_batches_per_epoch,
-                     "learning_rate": optimizer.param_groups[0]["lr"], "healthy": True},
+                     "learning_rate": optimizer.param_groups[0]["lr"], "healthy": True,
+                     **({"reward_constraint": dict(dual)} if dual is not None else {})},
                     keep=config.keep_checkpoints, protect=protect)
 
 
-def load_into(ckpt, model, optimizer, ema, lr_factor: float = 1.0) -> tuple[int, int]:
-    """Restore weights, optimizer, EMA and RNG from a checkpoint in place; returns (epoch, global step)."""
+def load_into(ckpt, model, optimizer, ema, lr_factor: float = 1.0, dual: dict | None = None) -> tuple[int, int]:
+    """Restore weights, optimizer, EMA, RNG and the constraint multiplier (into `dual`) from a checkpoint in place;
+    returns (epoch, global step)."""
     state, trainer = load_trainer_state(ckpt)
+    if dual is not None and "reward_constraint" in state:
+        dual.update(state["reward_constraint"])
     read_model_into(model, ckpt / "model")
     optimizer.load_state_dict(trainer["optimizer"])
     for group in optimizer.param_groups:

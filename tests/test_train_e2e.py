@@ -149,7 +149,7 @@ def test_lora_run_trains_only_the_adapter_and_its_reference_is_the_base(tmp_path
 SMOKE_SIZE = ("--config.num_epochs=1", "--config.data.num_train_conditions=16",
               "--config.data.num_heldout_conditions=4", "--config.sample.num_batches_per_epoch=1",
               "--config.sample.num_steps=4", "--config.sample.eval_num_steps=4", "--config.eval.freq=100",
-              "--config.eval.num_videos=0", "--config.train.batch_size=4")
+              "--config.eval.num_videos=0", "--config.train.batch_size=4", "--config.data.num_val_conditions=4")
 
 
 @pytest.mark.parametrize("preset", ["ema", "gradient_adaptive", "amic", "ptrw", "temporal_decay", "asymmetric",
@@ -173,3 +173,26 @@ def test_every_variant_preset_runs_at_smoke_size_and_logs_its_metrics(tmp_path, 
         assert logged == bool(t[flag]), (flag, sorted(steps[0]))
     if t.use_ema_smoothing:
         assert all(s["ema/missing_state"] == 0 for s in steps)
+
+
+def test_constrained_reward_weight_follows_the_dual_step_and_is_checkpointed(tmp_path):
+    import torch
+
+    from recam.constraint import dual_step
+    from rewards import weighted_mean
+
+    run(tmp_path, "--config.num_epochs=2", "--config.eval.freq=100", "--config.reward.constraint=fidelity",
+        "--config.reward.constraint_lr=20", "--config.eval.num_videos=0")
+    e0, e1 = records(tmp_path, "epoch")
+    first_fid = float(np.nanmean(e0["rewards/fidelity"]))
+    assert e0["constraint_threshold"] == pytest.approx(first_fid - 0.01)  # the base's samples set the floor
+    assert e0["constraint_weight"] == 1.5  # starts at reward.weights.fidelity
+    assert e1["constraint_weight"] == pytest.approx(dual_step(1.5, first_fid, first_fid - 0.01, 20, 6.0))
+    for e in (e0, e1):  # avg, which the advantages are computed from, uses the epoch's multiplier
+        scores = {k: torch.tensor(e[f"rewards/{k}"]) for k in ("cam_score", "fidelity")}
+        avg = weighted_mean(scores, {"cam_score": 1.0, "fidelity": e["constraint_weight"]})
+        np.testing.assert_allclose(np.array(e["rewards/avg"])[:, 0], avg.numpy(), rtol=1e-6)
+    state = json.loads((tmp_path / "checkpoints" / "epoch_0002" / "state.json").read_text())
+    second_fid = float(np.nanmean(e1["rewards/fidelity"]))
+    assert state["reward_constraint"]["weight"] == pytest.approx(
+        dual_step(e1["constraint_weight"], second_fid, first_fid - 0.01, 20, 6.0))
