@@ -89,6 +89,7 @@ def recam_wan_1_3b_8npu():
     c.reward.weights.fidelity = 1.0
     c.eval.report_rewards = "fidelity"
     c.eval.select_by = ""  # real data has no validation split: the run reports its last epoch
+    c.reward.constraint = ""  # fidelity is the only weighted reward here: nothing else to maximise under it
     return c
 
 

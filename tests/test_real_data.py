@@ -253,7 +253,7 @@ def test_trainer_runs_on_recammaster_folders_in_latent_space(data_dir, tiny_mode
            "--config.model.dtype=bfloat16", "--config.mixed_precision=bf16",
            "--config.model.gradient_checkpointing=True",
            "--config.reward.weights.cam_score=0", "--config.reward.weights.fidelity=1",
-           "--config.eval.report_rewards=fidelity"]
+           "--config.eval.report_rewards=fidelity", "--config.reward.constraint="]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
                        env={**os.environ, "OMP_NUM_THREADS": "2"})
     assert p.returncode == 0, f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
