@@ -140,16 +140,6 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
     _require(not unknown, f"reward.weights names unknown rewards {unknown}; known: {sorted(known_rewards())}")
     unknown = sorted(set(eval_report_rewards(config)) - set(known_rewards()))
     _require(not unknown, f"eval.report_rewards names unknown rewards {unknown}; known: {sorted(known_rewards())}")
-    r = config.reward
-    if r.constraint:
-        _require(weights.get(r.constraint, 0) > 0,
-                 f"reward.constraint={r.constraint!r} must name a reward of positive weight in reward.weights "
-                 f"{weights}: its weight is where the multiplier starts")
-        _require(any(w > 0 for k, w in weights.items() if k != r.constraint),
-                 f"reward.constraint={r.constraint!r} needs another reward of positive weight to maximise; "
-                 f"reward.weights is {weights}")
-        for field in ("constraint_slack", "constraint_lr", "constraint_max_weight"):
-            _require(r[field] >= 0, f"reward.{field} must be >= 0, got {r[field]}")
     e = config.eval
     scored_at_eval = {k for k, w in weights.items() if w > 0} | set(eval_report_rewards(config))
     for field in ("select_by", "select_guard"):  # real data has no validation split: there the last epoch reports
@@ -202,6 +192,16 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
             _require(name not in eval_report_rewards(config),
                      f"eval.report_rewards names {name!r}, which needs the synthetic world's landmarks that real data "
                      "(data.source='recammaster') does not have; drop it from eval.report_rewards")
+    r = config.reward
+    if r.constraint:
+        _require(weights.get(r.constraint, 0) > 0,
+                 f"reward.constraint={r.constraint!r} must name a reward of positive weight in reward.weights "
+                 f"{weights}: its weight is where the multiplier starts")
+        _require(any(w > 0 for k, w in weights.items() if k != r.constraint),
+                 f"reward.constraint={r.constraint!r} needs another reward of positive weight to maximise; "
+                 f"reward.weights is {weights} (--config.reward.constraint='' switches the constraint off)")
+        for field in ("constraint_slack", "constraint_lr", "constraint_max_weight"):
+            _require(r[field] >= 0, f"reward.{field} must be >= 0, got {r[field]}")
     return derived_numbers(config, num_processes)
 
 

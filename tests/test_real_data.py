@@ -208,6 +208,7 @@ def real_config(data_dir, models, **fields):
     c.data.num_frames, c.data.height, c.data.width = FRAMES, SIZE, SIZE
     c.model.format, c.model.pretrained, c.model.vae = "wan_diffusers", str(models / "wan"), str(models / "vae")
     c.reward.weights.cam_score = 0.0
+    c.reward.constraint = ""  # fidelity is the only weighted reward left
     c.eval.report_rewards = "fidelity"
     for key, value in fields.items():
         section, name = key.split("__")
