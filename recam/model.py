@@ -27,9 +27,10 @@ import functools
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from diffusers import WanTransformer3DModel
 from diffusers.configuration_utils import register_to_config
-from diffusers.models.transformers.transformer_wan import WanTransformerBlock
+from diffusers.models.transformers.transformer_wan import WanAttnProcessor, WanTransformerBlock
 
 CAMERA_DIM = 12  # flattened 3x4 [R|t]
 
@@ -103,6 +104,7 @@ def camera_block_forward(
     rotary_emb: tuple[torch.Tensor, torch.Tensor],
     frame_cams: torch.Tensor,
     tokens_per_frame: int,
+    num_out_tokens: int | None = None,
 ) -> torch.Tensor:
     """One Wan DiT block with ReCamMaster's camera injection.
 
@@ -114,9 +116,12 @@ def camera_block_forward(
         rotary_emb: Wan's (cos, sin) RoPE tables for the S tokens.
         frame_cams: (B, F', 12) flattened extrinsics, one row per post-patch frame.
         tokens_per_frame: H' * W' tokens sharing each frame's camera.
+        num_out_tokens: n, return only the first n tokens (None = all S). Every token still serves as a key
+            and value of self-attention, but only the first n are queried and sent through the cross-attention
+            and FFN: the last block needs nothing else, since only the target tokens are decoded.
 
     Returns:
-        (B, S, D) updated tokens. With a zero cam_encoder and an identity projector this equals
+        (B, n, D) updated tokens. With a zero cam_encoder and an identity projector and n = S this equals
         ``block(hidden_states, encoder_hidden_states, timestep_proj, rotary_emb)``.
     """
     # Mirrors WanTransformerBlock.forward (Wan2.1 path, per-sample timestep); only the two camera
@@ -128,8 +133,13 @@ def camera_block_forward(
     normed = (block.norm1(hidden_states.float()) * (1 + scale_msa) + shift_msa).type_as(hidden_states)
     cam_emb = block.cam_encoder(frame_cams.to(normed.dtype))  # (B, F', D)
     normed = normed + cam_emb.repeat_interleave(tokens_per_frame, dim=1)
-    attn_output = block.projector(block.attn1(normed, None, None, rotary_emb))
-    hidden_states = (hidden_states.float() + attn_output * gate_msa).type_as(hidden_states)
+    if num_out_tokens is None or num_out_tokens == normed.shape[1] or not can_trim_queries(block.attn1):
+        attn_output = block.attn1(normed, None, None, rotary_emb)
+        num_out_tokens = normed.shape[1]
+    else:
+        attn_output = leading_query_self_attention(block.attn1, normed, num_out_tokens, rotary_emb)
+    attn_output = block.projector(attn_output)
+    hidden_states = (hidden_states[:, :num_out_tokens].float() + attn_output * gate_msa).type_as(hidden_states)
 
     normed = block.norm2(hidden_states.float()).type_as(hidden_states)
     hidden_states = hidden_states + block.attn2(normed, encoder_hidden_states, None, None)
@@ -137,6 +147,40 @@ def camera_block_forward(
     normed = (block.norm3(hidden_states.float()) * (1 + c_scale_msa) + c_shift_msa).type_as(hidden_states)
     ff_output = block.ffn(normed)
     return (hidden_states.float() + ff_output.float() * c_gate_msa).type_as(hidden_states)
+
+
+def can_trim_queries(attn) -> bool:
+    """Whether leading_query_self_attention reproduces this attention module: diffusers' plain Wan processor with
+    separate q/k/v projections and no image keys (otherwise the module's own forward runs on all tokens)."""
+    return (type(attn.processor) is WanAttnProcessor and not getattr(attn, "fused_projections", False)
+            and attn.add_k_proj is None)
+
+
+def apply_interleaved_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Wan's RoPE: rotate each pair (x[2i], x[2i+1]) of the head dim by the angle whose cos / sin the tables hold.
+
+    x: (B, S, H, Dh); cos, sin: (1, S, 1, Dh) with each angle's value repeated for both members of its pair.
+    """
+    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    c, s = cos[..., 0::2], sin[..., 1::2]
+    return torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).flatten(-2).type_as(x)
+
+
+def leading_query_self_attention(attn, x: torch.Tensor, n: int, rotary_emb) -> torch.Tensor:
+    """Self-attention of a WanAttention module in which only the first n tokens ask: (B, S, D) -> (B, n, D).
+
+    Equal to ``attn(x, None, None, rotary_emb)[:, :n]`` (tested) at n / S of the query-side cost; keys and values
+    still come from all S tokens.
+    """
+    cos, sin = rotary_emb
+    q = attn.norm_q(attn.to_q(x[:, :n])).unflatten(2, (attn.heads, -1))
+    k = attn.norm_k(attn.to_k(x)).unflatten(2, (attn.heads, -1))
+    v = attn.to_v(x).unflatten(2, (attn.heads, -1))
+    q = apply_interleaved_rotary(q, cos[:, :n], sin[:, :n])
+    k = apply_interleaved_rotary(k, cos, sin)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    out = out.transpose(1, 2).flatten(2, 3).type_as(q)
+    return attn.to_out[1](attn.to_out[0](out))
 
 
 class ReCamTransformer3DModel(WanTransformer3DModel):
@@ -198,6 +242,9 @@ class ReCamTransformer3DModel(WanTransformer3DModel):
             block.projector = nn.Linear(inner_dim, inner_dim)
         # Small std so the null context starts near the text embedder's bias, like an empty prompt.
         self.null_text = nn.Parameter(torch.randn(1, null_text_len, text_dim) * 0.02)
+        # The last block skips the source tokens' queries and FFN, whose outputs nobody reads (about a quarter of
+        # a 2-block model's compute); False runs every block on all tokens, for checking that the two agree.
+        self.trim_last_block = True
         self.reset_camera_modules()
 
     @torch.no_grad()
@@ -296,16 +343,18 @@ class ReCamTransformer3DModel(WanTransformer3DModel):
             hidden_states.dtype))
         timestep_proj = timestep_proj.unflatten(1, (6, -1))  # (B, 6, D)
 
+        # Only the target tokens (the first F' token frames) are decoded, so the last block computes only them.
+        num_target = ppf * tokens_per_frame
         block_args = (context, timestep_proj, rotary_emb, frame_cams, tokens_per_frame)
-        for block in self.blocks:
-            step = functools.partial(camera_block_forward, block)
+        for i, block in enumerate(self.blocks):
+            last = i == len(self.blocks) - 1
+            step = functools.partial(camera_block_forward, block,
+                                     num_out_tokens=num_target if last and self.trim_last_block else None)
             if torch.is_grad_enabled() and self.gradient_checkpointing:
                 hidden_states = self._gradient_checkpointing_func(step, hidden_states, *block_args)
             else:
                 hidden_states = step(hidden_states, *block_args)
-
-        # Only the target tokens (the first F' token frames) are decoded.
-        hidden_states = hidden_states[:, : ppf * tokens_per_frame]
+        hidden_states = hidden_states[:, :num_target]
         shift, scale = (self.scale_shift_table + temb.unsqueeze(1)).chunk(2, dim=1)
         hidden_states = (self.norm_out(hidden_states.float()) * (1 + scale) + shift).type_as(hidden_states)
         hidden_states = self.proj_out(hidden_states)  # (B, S_target, p_t * p_h * p_w * C_out)

@@ -12,6 +12,8 @@ from diffusers import WanTransformer3DModel
 from recam.model import (
     ReCamTransformer3DModel,
     camera_block_forward,
+    can_trim_queries,
+    leading_query_self_attention,
     tiny_config,
     wan21_1_3b_config,
 )
@@ -127,6 +129,52 @@ def test_camera_block_forward_matches_wan_block_when_camera_is_neutral():
         ours = camera_block_forward(block, hidden, context, tproj, rope, cams, tpf)
         theirs = block(hidden, context, tproj, rope)
     assert torch.allclose(ours, theirs, atol=1e-6)
+
+
+def test_leading_query_self_attention_equals_the_modules_own_attention_sliced():
+    model = _tiny_model()
+    attn = model.blocks[1].attn1
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(2, 1024, 96, generator=g)
+    rope = model.rope(torch.zeros(2, 3, 16, 32, 32))
+    with torch.no_grad():
+        full = attn(x, None, None, rope)  # diffusers' WanAttnProcessor on all tokens
+        ours = leading_query_self_attention(attn, x, 512, rope)
+    assert ours.shape == (2, 512, 96)
+    assert torch.allclose(ours, full[:, :512], atol=1e-5)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_trimmed_last_block_gives_the_same_velocity_and_gradients(lora):
+    """The last block computes only the target tokens; its outputs and every parameter gradient must equal those
+    of running it on all tokens and slicing afterwards."""
+    model = _tiny_model()
+    with torch.no_grad():
+        for block in model.blocks:  # non-neutral cameras, so the camera path is exercised too
+            block.cam_encoder.weight.normal_(0, 0.1, generator=torch.Generator().manual_seed(7))
+    if lora:
+        from recam.lora import add_lora
+
+        add_lora(model, 4, 8.0)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.05)
+    assert can_trim_queries(model.blocks[-1].attn1)  # so the trimmed path is the one compared
+    inp = _inputs(b=2)
+    results = []
+    for trim in (True, False):
+        model.trim_last_block = trim
+        model.zero_grad()
+        out = model(**inp)
+        (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        results.append((out.detach(), grads))
+    (out_trim, g_trim), (out_full, g_full) = results
+    assert torch.allclose(out_trim, out_full, atol=1e-5)
+    assert g_trim.keys() == g_full.keys() and len(g_full) > 0
+    for name in g_full:
+        assert torch.allclose(g_trim[name], g_full[name], rtol=1e-4, atol=1e-5), name
 
 
 def test_text_embeddings_are_used_and_null_context_is_default():
