@@ -153,9 +153,10 @@ def camera_block_forward(
 
 def can_trim_queries(attn) -> bool:
     """Whether leading_query_self_attention reproduces this attention module: diffusers' plain Wan processor with
-    separate q/k/v projections and no image keys (otherwise the module's own forward runs on all tokens)."""
-    return (type(attn.processor) is WanAttnProcessor and not getattr(attn, "fused_projections", False)
-            and attn.add_k_proj is None)
+    separate q/k/v projections, no image keys and torch's default attention backend (otherwise the module's own
+    forward runs on all tokens, e.g. with a kernel chosen through diffusers' attention dispatcher)."""
+    return (type(attn.processor) is WanAttnProcessor and getattr(attn.processor, "_attention_backend", None) is None
+            and not getattr(attn, "fused_projections", False) and attn.add_k_proj is None)
 
 
 def apply_interleaved_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
