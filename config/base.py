@@ -84,7 +84,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.adv_clip_max = 5.0  # advantages are clamped to +-this
     c.train.log_ratio_clamp = 10.0  # log-ratio clamped to +-this before exp
     c.train.beta = 0.02  # KL coefficient toward the frozen reference (0 disables the reference)
-    c.train.kl_type = "gaussian_mean"  # "gaussian_mean" (exact KL of transition means) | "k1" | "k2" | "k3"
+    # recam.losses.KL_ESTIMATORS: "gaussian_mean" (closed form, exact) | "k1" | "k2" | "k3" (sampled); all return the
+    # per-element KL of the transition to the reference (averaged over elements, the closed form's units)
+    c.train.kl_type = "gaussian_mean"
     c.train.ema = False  # keep an EMA of the policy weights, used for evaluation
     c.train.ema_decay = 0.95  # EMA decay per optimizer step
 

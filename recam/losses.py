@@ -2,6 +2,8 @@
 
 Shapes: N = B * K samples (B conditions, K copies each). Log-probs, advantages and KL values are (N,)
 tensors for one trained timestep (any shape works as long as they match; means run over all elements).
+KL estimators take the transition's (N, ...) means, its std and the stored (N, ...) next state, and return
+(N,) per-element KL estimates.
 """
 
 from __future__ import annotations
@@ -11,13 +13,17 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from recam.sde import gaussian_kl_between_means
+
 __all__ = [
+    "K3_LOG_RATIO_CLAMP",
     "KL_ESTIMATORS",
     "POLICY_LOSSES",
+    "gaussian_log_ratio",
     "get_kl_estimator",
     "get_policy_loss",
     "grpo_policy_loss",
-    "kl_estimate",
+    "kl_gaussian_mean",
     "kl_k1",
     "kl_k2",
     "kl_k3",
@@ -26,7 +32,10 @@ __all__ = [
 ]
 
 PolicyLoss = Callable[..., tuple[Tensor, dict[str, Tensor]]]
-KLEstimator = Callable[[Tensor, Tensor], Tensor]
+# fn(cur_mean, ref_mean, std, sample) -> (N,); see the "KL estimators" section.
+KLEstimator = Callable[[Tensor, Tensor, "float | Tensor", Tensor], Tensor]
+
+K3_LOG_RATIO_CLAMP = 20.0
 
 POLICY_LOSSES: dict[str, PolicyLoss] = {}
 KL_ESTIMATORS: dict[str, KLEstimator] = {}
@@ -62,7 +71,7 @@ def get_policy_loss(name: str) -> PolicyLoss:
 
 
 def register_kl_estimator(name: str) -> Callable[[KLEstimator], KLEstimator]:
-    """Decorator adding a KL estimator fn(log_prob, log_prob_ref) -> Tensor to KL_ESTIMATORS."""
+    """Decorator adding fn(cur_mean, ref_mean, std, sample) -> (N,) to KL_ESTIMATORS (see "KL estimators")."""
     return _register(KL_ESTIMATORS, "KL estimator", name)
 
 
@@ -71,41 +80,112 @@ def get_kl_estimator(name: str) -> KLEstimator:
     return _lookup(KL_ESTIMATORS, "KL estimator", name)
 
 
-def _log_ratio(log_prob: Tensor, log_prob_ref: Tensor) -> Tensor:
-    if log_prob.shape != log_prob_ref.shape:
+# ---------------------------------------------------------------- KL estimators
+#
+# Every estimator takes (cur_mean, ref_mean, std, sample) for one Gaussian transition x_t -> x_{t-1} and
+# returns the (N,) per-sample estimate of KL(pi_theta(.|x_t) || pi_ref(.|x_t)) per element, i.e. the mean
+# over non-batch elements of the element-wise KLs: the units of the closed form "gaussian_mean".
+#
+# The estimator is applied to each element's log-ratio and only then averaged. Applying it to the
+# element-averaged log-probs (what the step functions return) is wrong for a D-element Gaussian: k2 and k3
+# are non-linear, so their value and gradient shrink to about 1/D of the KL's when the KL is small, and
+# k1's gradient with the sample held fixed has zero mean.
+#
+# All but the closed form assume sample ~ pi_theta. After an optimizer step within an epoch the stored
+# sample comes from the sampling-time policy instead, whose mean differs by a drift e. k1's gradient then
+# has mean (mean_old - ref_mean) / std^2, the KL gradient at the sampling policy (off by e / std^2);
+# k2's and k3's are off by a relative O(e * (e + |cur_mean - ref_mean|) / std^2), a product of two small gaps.
+
+
+def _kl_inputs(cur_mean: Tensor, ref_mean: Tensor, std: float | Tensor, sample: Tensor) -> tuple[Tensor, ...]:
+    """Validated float32 (cur_mean, ref_mean, std, sample); ref_mean and sample are constants."""
+    if not (cur_mean.shape == ref_mean.shape == sample.shape):
         raise ValueError(
-            f"log_prob shape {tuple(log_prob.shape)} != log_prob_ref shape {tuple(log_prob_ref.shape)}"
+            f"cur_mean {tuple(cur_mean.shape)}, ref_mean {tuple(ref_mean.shape)} and sample "
+            f"{tuple(sample.shape)} must have the same shape"
         )
-    return log_prob_ref - log_prob
+    if cur_mean.dim() < 2:
+        raise ValueError(f"means need a batch axis and at least one more, got shape {tuple(cur_mean.shape)}")
+    std_t = torch.as_tensor(std, dtype=torch.float32, device=cur_mean.device)
+    try:
+        broadcast_ok = torch.broadcast_shapes(std_t.shape, cur_mean.shape) == cur_mean.shape
+    except RuntimeError:
+        broadcast_ok = False
+    if not broadcast_ok:
+        raise ValueError(f"std of shape {tuple(std_t.shape)} does not broadcast to the means' shape")
+    if not bool((std_t > 0).all()):
+        raise ValueError("std must be > 0 everywhere: a deterministic step has no density and no finite KL")
+    # The reference is frozen and the sample is data: a gradient through either would not be a KL gradient.
+    return cur_mean.float(), ref_mean.detach().float(), std_t, sample.detach().float()
+
+
+def _element_mean(per_element: Tensor) -> Tensor:
+    return per_element.mean(dim=tuple(range(1, per_element.dim())))
+
+
+def gaussian_log_ratio(cur_mean: Tensor, ref_mean: Tensor, std: Tensor, sample: Tensor, pathwise: bool) -> Tensor:
+    """Per-element log N(x; ref_mean, std^2) - log N(x; cur_mean, std^2), same shape as the means.
+
+    With gap = (cur_mean - ref_mean) / std and noise = (x - cur_mean) / std this is -gap * (noise + gap / 2):
+    the normalising constants cancel for equal stds, and the factored form keeps the small difference of
+    two O(1) squares free of float32 cancellation.
+
+    pathwise=False holds x fixed, so the gradient is the score -grad log p_theta(x). pathwise=True holds
+    the noise fixed instead (x = cur_mean + std * noise moves with the policy mean, the reparameterised
+    sample); the value is the same.
+    """
+    gap = (cur_mean - ref_mean) / std
+    noise = (sample - (cur_mean.detach() if pathwise else cur_mean)) / std
+    return -gap * (noise + 0.5 * gap)
+
+
+@register_kl_estimator("gaussian_mean")
+def kl_gaussian_mean(cur_mean: Tensor, ref_mean: Tensor, std: float | Tensor, sample: Tensor) -> Tensor:
+    """Closed form (cur_mean - ref_mean)^2 / (2 std^2), element mean: exact value and gradient, no noise.
+
+    `sample` is unused; it is accepted so that every estimator has one signature.
+    """
+    cur, ref, std_t, _ = _kl_inputs(cur_mean, ref_mean, std, sample)
+    return gaussian_kl_between_means(cur, ref, std_t)
 
 
 @register_kl_estimator("k1")
-def kl_k1(log_prob: Tensor, log_prob_ref: Tensor) -> Tensor:
-    """k1 = -log r with log r = log p_ref - log q; unbiased for KL(q || p_ref) on samples from q."""
-    return -_log_ratio(log_prob, log_prob_ref)
+def kl_k1(cur_mean: Tensor, ref_mean: Tensor, std: float | Tensor, sample: Tensor) -> Tensor:
+    """k1 = -log r per element, at the reparameterised sample (noise held fixed), element mean.
+
+    Value: unbiased for the KL when sample ~ pi_theta. Gradient: (x - ref_mean) / std^2 * grad cur_mean,
+    whose mean is the exact KL gradient. With the sample held fixed instead, the gradient would be the
+    score -grad log p_theta(x), which has mean zero. Its variance does not shrink with the KL (k2 and k3's
+    does), so k1's gradient is the noisiest of the three when policy and reference are close.
+    """
+    cur, ref, std_t, x = _kl_inputs(cur_mean, ref_mean, std, sample)
+    return _element_mean(-gaussian_log_ratio(cur, ref, std_t, x, pathwise=True))
 
 
 @register_kl_estimator("k2")
-def kl_k2(log_prob: Tensor, log_prob_ref: Tensor) -> Tensor:
-    """k2 = (log r)^2 / 2; biased but low-variance, and its gradient is the reverse-KL gradient."""
-    return 0.5 * _log_ratio(log_prob, log_prob_ref) ** 2
+def kl_k2(cur_mean: Tensor, ref_mean: Tensor, std: float | Tensor, sample: Tensor) -> Tensor:
+    """k2 = (log r)^2 / 2 per element with the sample held fixed, element mean.
+
+    Gradient: E[(log p_theta - log p_ref) grad log p_theta] is the exact KL gradient (score-function
+    identity). Value: biased upward; for equal-std Gaussians E[k2] = KL + KL^2 / 2 per element, so the
+    relative bias is KL / 2 (0.5 % at a per-element KL of 0.01).
+    """
+    cur, ref, std_t, x = _kl_inputs(cur_mean, ref_mean, std, sample)
+    return _element_mean(0.5 * gaussian_log_ratio(cur, ref, std_t, x, pathwise=False) ** 2)
 
 
 @register_kl_estimator("k3")
-def kl_k3(log_prob: Tensor, log_prob_ref: Tensor, log_ratio_clamp: float = 20.0) -> Tensor:
-    """k3 = exp(log r) - 1 - log r, unbiased and non-negative.
+def kl_k3(cur_mean: Tensor, ref_mean: Tensor, std: float | Tensor, sample: Tensor) -> Tensor:
+    """k3 = exp(log r) - 1 - log r per element with the sample held fixed, element mean; non-negative.
 
-    log r is clamped to [-log_ratio_clamp, log_ratio_clamp] inside exp only: exp(89) already overflows
-    float32, while the linear -log r term needs no protection. Beyond the clamp the value is an
-    underestimate and the exp term's gradient is cut.
+    Value: unbiased (E[p_ref / p_theta] = 1 on-policy). Gradient: in general the forward-KL gradient, which for two
+    Gaussians of equal std equals the reverse-KL gradient, so its mean is exact here.
+    log r is clamped to +-K3_LOG_RATIO_CLAMP inside exp only (exp(89) overflows float32); beyond it the value
+    is an underestimate and the exp term's gradient is cut.
     """
-    log_r = _log_ratio(log_prob, log_prob_ref)
-    return torch.exp(log_r.clamp(-log_ratio_clamp, log_ratio_clamp)) - 1.0 - log_r
-
-
-def kl_estimate(log_prob: Tensor, log_prob_ref: Tensor, kind: str = "k3") -> Tensor:
-    """Per-sample KL(q || p_ref) estimate from log q (log_prob) and log p_ref; kind in KL_ESTIMATORS."""
-    return get_kl_estimator(kind)(log_prob, log_prob_ref)
+    cur, ref, std_t, x = _kl_inputs(cur_mean, ref_mean, std, sample)
+    log_r = gaussian_log_ratio(cur, ref, std_t, x, pathwise=False)
+    return _element_mean(torch.exp(log_r.clamp(-K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP)) - 1.0 - log_r)
 
 
 @register_policy_loss("grpo_clip")
