@@ -11,6 +11,7 @@ def get_config() -> ml_collections.ConfigDict:
 
     # ---- run ----
     c.run_name = "tiny_cpu"  # name shown in logs and wandb
+    c.domain = "camera"  # what is generated: a registered domain (recam.engine.domain.DOMAINS)
     c.run_dir = "runs/tiny_cpu"  # where checkpoints, metrics.jsonl, videos and reports go
     c.seed = 0  # global seed: sampler order, noise, model init of anything not loaded
     c.num_epochs = 12  # GRPO epochs (one epoch = sample, score, train); the camera gain peaks and fades (README)
@@ -79,6 +80,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.num_inner_epochs = 1  # passes over the epoch's samples
     c.train.gradient_accumulation_steps = 16  # micro-batches per optimizer step; 16 = the whole epoch in one step
     c.train.timestep_fraction = 0.5  # fraction of denoising steps trained: the noisiest, where layout and camera form
+    c.train.objective = "grpo"  # how stored samples become a loss (recam.engine.objective.OBJECTIVES)
     c.train.policy_loss = "grpo_clip"  # registered policy loss (recam.losses.POLICY_LOSSES)
     c.train.clip_range = 1e-3  # PPO clip epsilon; diffusion ratios sit close to 1
     c.train.adv_clip_max = 5.0  # advantages are clamped to +-this

@@ -60,11 +60,14 @@ def num_train_timesteps(num_steps: int, timestep_fraction: float) -> int:
 def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
     """Check `config` for a launch with `num_processes` processes; return `derived_numbers`."""
     import recam.variants  # noqa: F401  (registers the "grpo_variants" policy loss)
+    from recam.engine.domain import DOMAINS, known_domains
+    from recam.engine.objective import OBJECTIVES
     from recam.losses import KL_ESTIMATORS, POLICY_LOSSES
     from rewards import known_rewards
 
     s, t, a = config.sample, config.train, config.advantage
     _require(num_processes >= 1, f"num_processes must be >= 1, got {num_processes}")
+    _require(config.domain in known_domains(), f"domain={config.domain!r} unknown; use one of {sorted(DOMAINS)}")
     if config.expected_num_processes:
         _require(
             config.expected_num_processes == num_processes,
@@ -101,8 +104,8 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
     _require(0 < t.ema_decay < 1, f"train.ema_decay must be in (0, 1), got {t.ema_decay}")
     _require(t.policy_loss in POLICY_LOSSES,
              f"train.policy_loss={t.policy_loss!r} is not registered; known: {sorted(POLICY_LOSSES)}")
-    _require(t.kl_type == "gaussian_mean" or t.kl_type in KL_ESTIMATORS,
-             f"train.kl_type={t.kl_type!r} unknown; use 'gaussian_mean' or one of {sorted(KL_ESTIMATORS)}")
+    _require(t.kl_type in KL_ESTIMATORS, f"train.kl_type={t.kl_type!r} unknown; use one of {sorted(KL_ESTIMATORS)}")
+    _require(t.objective in OBJECTIVES, f"train.objective={t.objective!r} unknown; use one of {sorted(OBJECTIVES)}")
     variant_flags = [f for f in VARIANT_FLAGS if t[f]]
     _require(not variant_flags or t.policy_loss == "grpo_variants",
              f"train.{variant_flags[0] if variant_flags else ''} needs train.policy_loss='grpo_variants', "

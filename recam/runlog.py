@@ -118,11 +118,11 @@ class RunLog:
         self.truncate_after(epoch, archive_reason=reason)
 
     def summary(self, before: dict, after: dict, extra_paths: dict | None = None, note: str | None = None,
-                rollbacks: int = 0, selected: dict | None = None, selection: str | None = None) -> str:
+                rollbacks: int = 0, selected: dict | None = None, selection: str | None = None,
+                rows: tuple[tuple[str, str], ...] = ()) -> str:
         """The before/after table. With `selected` (the evaluation record of the checkpoint chosen on validation
-        conditions) the run reports that checkpoint, and the last epoch stays beside it for comparison."""
-        rows = [("cam_score", "eval/cam_score"), ("RotErr (deg)", "eval/rot_err"),
-                ("TransErr", "eval/trans_err"), ("CamMC", "eval/cammc"), ("fidelity", "eval/fidelity")]
+        conditions) the run reports that checkpoint, and the last epoch stays beside it for comparison.
+        rows: the domain's (label, metric key) pairs, e.g. ("cam_score", "eval/cam_score")."""
         if selected is None:
             lines = ["| held-out metric | base | after GRPO | change |", "|---|---|---|---|"]
             for name, key in rows:
@@ -239,12 +239,13 @@ def mean_over_processes(metrics: dict, accelerator) -> dict:
 def summarise_eval(rows: list[dict], prefix: str = "eval") -> dict:
     """Mean metrics (<prefix>/<name>, eval/ for held-out, val/ for validation) from per-condition rows."""
     out = {f"{prefix}/num_conditions": len(rows)}
-    names = {"reward_cam_score": "cam_score", "reward_fidelity": "fidelity", "reward_avg": "reward_avg"}
     for key in rows[0]:
         if key == "index":
             continue
         vals = np.array([r[key] for r in rows], dtype=np.float64)
-        name = f"{prefix}/{names.get(key) or key.split('/')[-1]}"
+        # reward_<name> -> <name> (reward_avg keeps its prefix); details keep their last path part
+        short = key.removeprefix("reward_") if key.startswith("reward_") and key != "reward_avg" else key
+        name = f"{prefix}/{short.split('/')[-1]}"
         out[name] = float(np.nanmean(vals)) if np.isfinite(vals).any() else float("nan")
     return out
 

@@ -1,0 +1,99 @@
+"""Typed containers passed between the phases of an epoch. Shapes: n samples on this process, N over all
+processes (gathered in rank order), T trained steps, sample_shape the domain's (e.g. (C, F, H, W) latents)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Rollout:
+    """One sampling batch, only what training needs.
+
+    final: (n, *sample_shape) the final samples.
+    states: (n, T + 1, *sample_shape) x before each trained step, plus the state after the last trained one.
+    log_probs: (n, T) float32 log-prob of each trained transition under the sampling policy.
+    """
+
+    final: torch.Tensor
+    states: torch.Tensor
+    log_probs: torch.Tensor
+
+
+@dataclass
+class Rollouts:
+    """This process's samples of one epoch, in sampling order.
+
+    index: (n,) dataset index of each sample's condition.
+    states, log_probs: as in Rollout, batches concatenated.
+    decoded: per batch, what the rewards saw (videos, motions); kept only when a hook asks for it.
+    """
+
+    index: torch.Tensor
+    states: torch.Tensor
+    log_probs: torch.Tensor
+    decoded: list = field(default_factory=list)
+
+
+@dataclass
+class Scores:
+    """This process's rewards. rewards: name -> (n,) float32 ("avg" drives training; NaN = failed);
+    valid: (n,) bool, False where a reward failed; seconds: time spent in reward calls."""
+
+    rewards: dict[str, torch.Tensor]
+    valid: torch.Tensor
+    seconds: float
+
+
+@dataclass
+class Groups:
+    """Every process's samples after the gather, and what the advantages were computed from.
+
+    index: (N,) dataset indices; rewards: name -> (N,); keep: (N,) bool, samples that are trained
+    (False: reward failed, or excluded with a zero-std group); advantages: (N, T) per trained step;
+    stats: advantage statistics (group_size, zero_std_ratio, ...); exclusion: counts of excluded samples."""
+
+    index: torch.Tensor
+    rewards: dict[str, torch.Tensor]
+    keep: torch.Tensor
+    advantages: torch.Tensor
+    stats: dict[str, float]
+    exclusion: dict[str, int]
+
+
+@dataclass
+class StepStats:
+    """One optimizer step: global step number, metrics averaged over processes, the guard's findings, and
+    whether the update was applied (a critical finding withholds it)."""
+
+    step: int
+    metrics: dict[str, float]
+    findings: list = field(default_factory=list)
+    applied: bool = True
+
+
+@dataclass
+class EpochResult:
+    """What the update phase hands to the guard: its steps and the first critical finding set (if any)."""
+
+    steps: list[StepStats]
+    critical: list = field(default_factory=list)
+
+    @property
+    def first_step_ratio_deviation(self) -> float | None:
+        return abs(self.steps[0].metrics["mean_ratio"] - 1.0) if self.steps else None
+
+
+@dataclass
+class Batch:
+    """What a domain's collate gives the engine for a list of dataset indices.
+
+    index: (b,) dataset indices; conditions: what the rewards receive per sample; inputs: the conditioning
+    the domain's denoiser closes over (opaque to the engine)."""
+
+    index: torch.Tensor
+    conditions: list
+    inputs: Any

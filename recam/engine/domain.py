@@ -1,0 +1,87 @@
+"""The seam between the engine and a domain (camera video re-rendering, human motion, toy problems).
+
+The engine samples, scores, normalises, updates, guards, checkpoints and evaluates; everything that knows what
+a sample *is* sits behind `Domain`. A domain is chosen by `config.domain` (registry DOMAINS) and built from the
+config. Datasets are sequences of conditions with stable string ids (`condition_id`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from recam.engine.containers import Batch
+
+DOMAINS: dict[str, Callable[..., Domain]] = {}
+
+
+def register_domain(name: str):
+    def decorator(factory):
+        if name in DOMAINS:
+            raise ValueError(f"domain {name!r} is already registered")
+        DOMAINS[name] = factory
+        return factory
+    return decorator
+
+
+def known_domains() -> list[str]:
+    import recam.domains  # noqa: F401  (importing the package registers the built-in domains)
+
+    return sorted(DOMAINS)
+
+
+def build_domain(config, device, log) -> Domain:
+    if config.domain not in known_domains():
+        raise ValueError(f"domain: unknown {config.domain!r}; known: {sorted(DOMAINS)}")
+    return DOMAINS[config.domain](config, device, log)
+
+
+@dataclass
+class Splits:
+    """train: the conditions sampled for GRPO; heldout: only measured; val: selects the reported checkpoint
+    (None: the run reports its last epoch)."""
+
+    train: Sequence
+    heldout: Sequence
+    val: Sequence | None
+
+
+class Domain(Protocol):
+    # (label, metric key) rows of the summary's before/after table, e.g. ("cam_score", "eval/cam_score")
+    summary_rows: tuple[tuple[str, str], ...]
+
+    def datasets(self) -> Splits: ...
+
+    def condition_id(self, dataset, i: int) -> str: ...
+
+    def collate(self, dataset, indices: list[int], cache: dict | None = None) -> Batch:
+        """The batch for these dataset indices; `cache` lives for one epoch and may hold work shared by a
+        condition's k copies (e.g. its encoded source video)."""
+
+    def build_policy(self) -> torch.nn.Module: ...
+
+    def sample_shape(self) -> tuple[int, ...]:
+        """Shape of one sample in the space the scheduler works in (noise and stored states)."""
+
+    def scheduler(self, device) -> Any:
+        """The training scheduler (recam.engine.scheduler), with its trained steps."""
+
+    def denoiser(self, model, batch: Batch, autocast, adapter_off: bool = False) -> Callable:
+        """denoise(x, t) -> model output, conditioned on the batch. adapter_off: the LoRA policy's base
+        network, i.e. the reference."""
+
+    def decode(self, samples: torch.Tensor) -> torch.Tensor:
+        """Final samples -> what the rewards see, on the CPU."""
+
+    def reward_fn(self, weights: dict[str, float], report: tuple[str, ...] = ()) -> Callable:
+        """fn(decoded, conditions) -> (scores name -> (b,), details); `report` rewards are computed but not
+        weighted."""
+
+    def hooks(self) -> list:
+        """Domain-specific phase hooks (recam.engine.hooks.Hook), e.g. a discriminator trained on samples."""
+
+    def write_examples(self, out_dir: Path, batch: Batch, decoded: torch.Tensor, n: int) -> None: ...

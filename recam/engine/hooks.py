@@ -1,0 +1,93 @@
+"""Phase hooks: what hangs off the GRPO phases without being the algorithm (a reward kept as a constraint,
+a critic trained on the samples, fault injection for tests). Every method is optional; the trainer calls them
+in list order at the named phase.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import torch
+
+from recam.constraint import dual_step
+from rewards import weighted_mean
+
+
+class Hook:
+    #: key under which state_dict() is stored in a checkpoint's state.json (None: stateless)
+    state_key: str | None = None
+
+    def adjust_rewards(self, rewards: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Gathered rewards (name -> (N,)) before advantages are computed."""
+        return rewards
+
+    def epoch_record(self, rollouts, groups, dataset) -> dict:
+        """Extra fields for this epoch's record (after advantages, before the update)."""
+        return {}
+
+    def before_step(self, global_step: int, model) -> None: ...
+
+    def after_step(self, global_step: int) -> None: ...
+
+    def epoch_done(self, groups) -> None:
+        """A healthy epoch was trained (it is about to be checkpointed)."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+class ConstraintHook(Hook):
+    """reward.constraint: that reward enters avg with a Lagrange multiplier as its weight, stepped per epoch
+    against a floor set by the base's first-epoch mean minus a slack (recam.constraint.dual_step)."""
+
+    state_key = "reward_constraint"
+
+    def __init__(self, name: str, weights: dict[str, float], slack: float, lr: float, max_weight: float):
+        self.name, self.weights, self.slack, self.lr, self.max_weight = name, weights, slack, lr, max_weight
+        self.weight, self.threshold = float(weights[name]), None
+
+    def adjust_rewards(self, rewards):
+        if self.threshold is None:  # the first epoch's samples are the base's: they set the floor
+            self.threshold = float(rewards[self.name].nanmean()) - self.slack
+        return {**rewards, "avg": weighted_mean(rewards, {**self.weights, self.name: self.weight})}
+
+    def epoch_record(self, rollouts, groups, dataset) -> dict:
+        return {"constraint_weight": self.weight, "constraint_threshold": self.threshold}
+
+    def epoch_done(self, groups) -> None:
+        self.weight = dual_step(self.weight, float(groups.rewards[self.name].nanmean()), self.threshold, self.lr,
+                                self.max_weight)
+
+    def state_dict(self) -> dict:
+        return {"weight": self.weight, "threshold": self.threshold}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.weight, self.threshold = state["weight"], state["threshold"]
+
+
+class FaultInjectionHook(Hook):
+    """debug.*: a destructive weight perturbation before one optimizer step (once, so a rollback replaying the
+    step sees a healthy model), and SIGKILL after one, for the guard's and resume's tests."""
+
+    def __init__(self, blowup_at_step: int, sigkill_at_step: int):
+        self.blowup_at_step, self.sigkill_at_step, self.injected = blowup_at_step, sigkill_at_step, False
+
+    def before_step(self, global_step, model) -> None:
+        if global_step == self.blowup_at_step and not self.injected:
+            inject_blowup(model)
+            self.injected = True
+
+    def after_step(self, global_step) -> None:
+        if global_step == self.sigkill_at_step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+@torch.no_grad()
+def inject_blowup(model) -> None:
+    """Like a diverged update: every weight moved by 5 standard normal units."""
+    g = torch.Generator().manual_seed(0)
+    for p in model.parameters():
+        p.add_(torch.randn(p.shape, generator=g).to(p) * 5.0)

@@ -1,0 +1,147 @@
+"""Objectives: how one micro-batch of stored samples becomes a loss. Registry OBJECTIVES, one interface.
+
+An objective gets the micro-batch (states, sampling log-probs, advantages, which samples are kept), closures
+for the policy and the reference, and a `backward(loss)` that accumulates gradients; it returns metrics per
+backward pass. GRPO rescores each trained transition under the policy and applies a registered policy loss
+with a registered KL estimator; a forward-process objective (DiffusionNFT, advantage-weighted matching)
+registers here too and ignores the log-probs, so the trainer's loop never changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from recam.engine.rollout import rescore
+from recam.losses import get_kl_estimator, get_policy_loss
+from recam.variants import EMAImportanceState, gradient_adaptive_weights, importance_weights, output_gradient_norm
+
+OBJECTIVES: dict[str, type] = {}
+
+
+def register_objective(name: str):
+    def decorator(cls):
+        if name in OBJECTIVES:
+            raise ValueError(f"objective {name!r} is already registered")
+        OBJECTIVES[name] = cls
+        return cls
+    return decorator
+
+
+@dataclass
+class MicroBatch:
+    """Stored samples of one micro-batch on this process (b of them) and the closures to score them.
+
+    states: (b, T + 1, *sample_shape); old_log_probs, advantages: (b, T); traj_ids: (b, 2) [dataset index,
+    copy]; policy / reference: denoise(x, t) closures (reference None without a KL term); inner_epoch: pass over
+    this epoch's samples (0 first)."""
+
+    states: torch.Tensor
+    old_log_probs: torch.Tensor
+    advantages: torch.Tensor
+    traj_ids: torch.Tensor
+    policy: Callable
+    reference: Callable | None
+    inner_epoch: int
+
+
+@register_objective("grpo")
+class GRPOObjective:
+    """Clipped-ratio policy loss with a KL pull toward the reference, per trained transition; one backward per
+    timestep so only one timestep's graph is alive at a time."""
+
+    needs_log_probs = True
+
+    def __init__(self, train_config, scheduler):
+        t = train_config
+        self.t, self.scheduler = t, scheduler
+        self.policy_loss = get_policy_loss(t.policy_loss)
+        self.kl_estimator = get_kl_estimator(t.kl_type)
+        self.variants = VariantInputs(t, scheduler) if t.policy_loss == "grpo_variants" else None
+
+    def accumulate(self, mb: MicroBatch, backward: Callable[[torch.Tensor, bool], None], divisor: float
+                   ) -> list[dict]:
+        """Backward of loss / divisor for each trained timestep; backward(loss, last) lets the trainer sync
+        gradients only after the last one. Returns the metrics of each timestep (detached)."""
+        t, sched, T = self.t, self.scheduler, mb.old_log_probs.shape[1]
+        device = mb.states.device
+        prepared = self.variants.prepare(mb.policy, mb.states, mb.old_log_probs, mb.traj_ids, mb.inner_epoch) \
+            if self.variants else None
+        out = []
+        for j in range(T):
+            cur = rescore(mb.policy, mb.states, sched, j)
+            kl = None
+            if mb.reference is not None:
+                with torch.no_grad():
+                    ref = rescore(mb.reference, mb.states, sched, j)
+                kl = self.kl_estimator(cur.mean, ref.mean, cur.std, mb.states[:, j + 1])
+            old = mb.old_log_probs[:, j].to(device)
+            loss, metrics = self.policy_loss(
+                cur.log_prob, old, mb.advantages[:, j].to(device), clip_range=t.clip_range,
+                adv_clip_max=t.adv_clip_max, log_ratio_clamp=t.log_ratio_clamp, kl=kl, beta=t.beta,
+                **(self.variants.loss_kwargs(prepared, j, T) if self.variants else {}))
+            if prepared:
+                metrics.update(prepared["metrics"])
+            if mb.reference is not None:
+                metrics["mean_log_prob_ref"] = ref.log_prob.mean()
+            metrics["importance_weight_var"] = (cur.log_prob.detach() - old).clamp(
+                -t.log_ratio_clamp, t.log_ratio_clamp).exp().var(unbiased=False)
+            backward(loss / divisor, j == T - 1)
+            out.append({k: v.detach() for k, v in metrics.items()})
+        return out
+
+    def end_epoch(self) -> None:
+        if self.variants:
+            self.variants.retire_epoch()  # this epoch's samples are retired with it
+
+
+class VariantInputs:
+    """Glue between GRPO and recam.variants: the no-grad all-timestep pass and per-timestep kwargs."""
+
+    FLAGS = ("use_amic", "use_gspo", "use_ptrw", "ptrw_sigma", "use_temporal_decay", "temporal_decay_gamma",
+             "temporal_decay_normalize", "use_asymmetric_clipping", "clip_ratio_pos", "clip_ratio_neg")
+
+    def __init__(self, train_config, scheduler):
+        self.t, self.scheduler = train_config, scheduler
+        self.static = {k: train_config[k] for k in self.FLAGS}
+        self.ema = EMAImportanceState(train_config.ema_beta) if train_config.use_ema_smoothing else None
+        self.needs_pass = (train_config.use_ema_smoothing or train_config.use_gradient_adaptive_weighting
+                           or train_config.use_amic or train_config.use_gspo)
+
+    @torch.no_grad()
+    def prepare(self, policy, states, old_log_probs, ids, inner_epoch) -> dict:
+        out = {"metrics": {}}
+        if not self.needs_pass:
+            return out
+        T = old_log_probs.shape[1]
+        steps = [rescore(policy, states, self.scheduler, j) for j in range(T)]
+        seq = torch.stack([o.log_prob for o in steps], 1)
+        out["seq_log_prob"], out["seq_old_log_prob"] = seq, old_log_probs.to(seq.device)
+        keys = [tuple(r) for r in ids.tolist()]
+        if self.ema is not None:
+            raw = importance_weights(seq, out["seq_old_log_prob"], self.t.log_ratio_clamp)
+            out["ema"] = self.ema.update(keys, raw, expect_state=inner_epoch > 0)
+            out["metrics"].update(self.ema.metrics(raw, out["ema"]))
+        if self.t.use_gradient_adaptive_weighting:
+            norms = torch.stack([output_gradient_norm(states[:, j + 1], o.mean, o.std,
+                                                      self.scheduler.output_coefficient(j))
+                                 for j, o in enumerate(steps)], 1)
+            out["grad"], metrics = gradient_adaptive_weights(norms, self.t.gradient_weighting_temperature)
+            out["metrics"].update(metrics)
+        return out
+
+    def loss_kwargs(self, prepared: dict, j: int, T: int) -> dict:
+        kw = {**self.static, "timestep_index": j, "num_timesteps": T}
+        if self.t.use_amic or self.t.use_gspo:
+            kw["seq_log_prob"], kw["seq_old_log_prob"] = prepared["seq_log_prob"], prepared["seq_old_log_prob"]
+        if "ema" in prepared:
+            kw["ema_weight"] = prepared["ema"][:, j]
+        if "grad" in prepared:
+            kw["grad_weight"] = prepared["grad"][:, j]
+        return kw
+
+    def retire_epoch(self) -> None:
+        if self.ema is not None:
+            self.ema.retire_all()

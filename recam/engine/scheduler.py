@@ -1,0 +1,129 @@
+"""Schedulers: the sampling transitions a domain's model is rolled out with, and which steps are trained.
+
+A scheduler owns its time grid. For step j it gives the time the denoiser is called with (`model_time`),
+the stochastic transition with its Gaussian log-prob, mean and std (`transition`), and the deterministic
+step used outside the trained steps and for evaluation (`deterministic`). Rollouts store only the first
+`num_train_steps` transitions (the noisiest ones). The engine knows nothing else about a scheduler, so flow
+matching (SDE / CPS / ODE) and DDPM/DDIM models (epsilon or x0 prediction) share one loop.
+
+Every transition's log-prob is float32 and averaged over a sample's elements (recam.sde).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from recam.sde import StepOutput, cps_step, ddim_step_with_logprob, flow_sde_step, flow_sigmas, ode_step
+
+FLOW_STEPS = {"sde": flow_sde_step, "cps": cps_step}
+
+
+class Scheduler(Protocol):
+    num_steps: int  # S denoising steps of a rollout
+    num_train_steps: int  # T: the first T steps are stochastic, stored and trained
+
+    def model_time(self, j: int, n: int) -> Tensor:
+        """(n,) time the denoiser is called with at step j."""
+
+    def transition(self, j: int, output: Tensor, x: Tensor, next_state: Tensor | None = None,
+                   noise: Tensor | None = None) -> StepOutput:
+        """Step j as a Gaussian: draws next_state = mean + std * noise, or scores a given next_state."""
+
+    def deterministic(self, j: int, output: Tensor, x: Tensor) -> Tensor:
+        """Step j without noise (the probability-flow ODE / DDIM with eta 0)."""
+
+    def with_steps(self, num_steps: int) -> Scheduler:
+        """The same scheduler on another number of steps (evaluation), nothing trained."""
+
+
+def _draw_or_score(step, next_state: Tensor | None, noise: Tensor | None, x: Tensor) -> StepOutput:
+    """Shared by the schedulers: draw from the step's Gaussian with the given noise, then score the draw.
+
+    The draw is rounded to x's dtype before it is scored, so re-scoring the stored state later gives the
+    same log-prob bit for bit (an on-policy ratio of exactly 1)."""
+    if next_state is None:
+        probe = step(x)
+        next_state = (probe.mean + probe.std * noise.float()).to(x.dtype)
+    return step(next_state)
+
+
+class FlowMatchScheduler:
+    """Flow matching, x_sigma = (1 - sigma) x0 + sigma noise, model output = velocity (recam.sde).
+
+    sde_type "sde" is Flow-GRPO's SDE, "cps" coefficients-preserving sampling; noise_level a scales the noise."""
+
+    def __init__(self, num_steps: int, shift: float, noise_level: float, sde_type: str = "sde",
+                 num_train_steps: int = 0, device: torch.device | str = "cpu"):
+        if sde_type not in FLOW_STEPS:
+            raise ValueError(f"sde_type must be one of {sorted(FLOW_STEPS)}, got {sde_type!r}")
+        self.sigmas = flow_sigmas(num_steps, shift).to(device)
+        self.num_steps, self.num_train_steps = num_steps, num_train_steps
+        self.shift, self.noise_level, self.sde_type, self.device = shift, noise_level, sde_type, device
+
+    def model_time(self, j: int, n: int) -> Tensor:
+        return self.sigmas[j].expand(n)
+
+    def transition(self, j, output, x, next_state=None, noise=None) -> StepOutput:
+        fn, s, s_next = FLOW_STEPS[self.sde_type], self.sigmas[j], self.sigmas[j + 1]
+        return _draw_or_score(lambda prev: fn(output, s, s_next, x, self.noise_level, prev_sample=prev),
+                              next_state, noise, x)
+
+    def deterministic(self, j, output, x) -> Tensor:
+        return ode_step(output, self.sigmas[j], self.sigmas[j + 1], x)
+
+    def output_coefficient(self, j: int) -> float:
+        """|d mean / d output| of step j's transition (the step is affine in the model output)."""
+        one, zero = torch.ones(1, 1), torch.zeros(1, 1)
+        fn, s, s_next = FLOW_STEPS[self.sde_type], self.sigmas[j].cpu(), self.sigmas[j + 1].cpu()
+        a = fn(one, s, s_next, zero, self.noise_level, prev_sample=zero).mean
+        b = fn(zero, s, s_next, zero, self.noise_level, prev_sample=zero).mean
+        return float((a - b).abs())
+
+    def with_steps(self, num_steps: int) -> FlowMatchScheduler:
+        return FlowMatchScheduler(num_steps, self.shift, self.noise_level, self.sde_type, 0, self.device)
+
+
+class DDIMScheduler:
+    """DDPM-trained models sampled with DDIM (DDPO's log-prob step): model output is the predicted noise
+    ("epsilon") or the clean sample ("sample"); eta in (0, 1] makes the trained steps stochastic.
+
+    alphas_cumprod: (T_train,) from the model's training schedule (e.g. diffusers' DDPMScheduler); the S
+    sampling timesteps are evenly spaced over it, descending."""
+
+    def __init__(self, alphas_cumprod: Tensor, num_steps: int, eta: float, prediction_type: str = "epsilon",
+                 num_train_steps: int = 0, device: torch.device | str = "cpu"):
+        self.alphas_cumprod = alphas_cumprod.to(device, torch.float64)
+        train_len = self.alphas_cumprod.shape[0]
+        if not 1 <= num_steps <= train_len:
+            raise ValueError(f"num_steps must be in [1, {train_len}], got {num_steps!r}")
+        # evenly spaced ("leading") timesteps, noisiest first; the last step goes to clean data (-1)
+        ts = (torch.arange(num_steps) * (train_len // num_steps)).flip(0)
+        self.timesteps = ts.to(device)
+        self.prev = torch.cat([ts[1:], torch.tensor([-1])]).to(device)
+        self.num_steps, self.num_train_steps = num_steps, num_train_steps
+        self.eta, self.prediction_type, self.device = eta, prediction_type, device
+
+    def model_time(self, j: int, n: int) -> Tensor:
+        return self.timesteps[j].expand(n)
+
+    def _step(self, j, output, x, eta, prev_sample):
+        return ddim_step_with_logprob(output, int(self.timesteps[j]), int(self.prev[j]), x, self.alphas_cumprod,
+                                      eta, self.prediction_type, prev_sample=prev_sample)
+
+    def transition(self, j, output, x, next_state=None, noise=None) -> StepOutput:
+        return _draw_or_score(lambda prev: self._step(j, output, x, self.eta, prev), next_state, noise, x)
+
+    def deterministic(self, j, output, x) -> Tensor:
+        return self._step(j, output, x, 0.0, None).prev_sample
+
+    def output_coefficient(self, j: int) -> float:
+        one, zero = torch.ones(1, 1), torch.zeros(1, 1)
+        a = self._step(j, one, zero, self.eta, zero).mean
+        b = self._step(j, zero, zero, self.eta, zero).mean
+        return float((a - b).abs())
+
+    def with_steps(self, num_steps: int) -> DDIMScheduler:
+        return DDIMScheduler(self.alphas_cumprod.float(), num_steps, self.eta, self.prediction_type, 0, self.device)

@@ -1,0 +1,463 @@
+"""The GRPO engine: one epoch is sample -> score -> gather -> advantages -> update -> guard -> checkpoint ->
+evaluate, each phase a method over the typed containers of recam.engine.containers.
+
+The trainer knows a domain only through recam.engine.domain.Domain, an algorithm only through the registries
+(objectives, policy losses, KL estimators), and side concerns only through hooks (recam.engine.hooks).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from pathlib import Path
+
+import torch
+from accelerate.utils import gather_object
+from tqdm.auto import tqdm
+
+from recam import runlog
+from recam.advantages import broadcast_over_timesteps, nonzero_group_mask
+from recam.checkpoint import (
+    SELECTED,
+    checkpoint_before,
+    latest_checkpoint,
+    load_trainer_state,
+    point,
+    point_latest,
+    read_model_into,
+    save_checkpoint,
+    set_rng_state,
+)
+from recam.distributed import local_slice
+from recam.engine.containers import EpochResult, Groups, Rollouts, Scores, StepStats
+from recam.engine.hooks import ConstraintHook, FaultInjectionHook
+from recam.engine.objective import OBJECTIVES, MicroBatch
+from recam.engine.rollout import deterministic_sample, per_sample_noise, rollout
+from recam.health import SAMPLE_RULES, diagnose_step
+from recam.lora import add_lora
+from recam.sampler import KRepeatBatchSampler
+from recam.selection import select_checkpoint
+from rewards.async_pipeline import (
+    AsyncRewardRunner,
+    RewardServerDown,
+    concat_results,
+    exclusion_mask,
+    masked_group_advantages,
+)
+
+
+class GRPOTrainer:
+    def __init__(self, config, domain, accelerator, log, derived: dict, report_rewards: tuple[str, ...] = ()):
+        self.config, self.domain, self.accelerator, self.log, self.derived = config, domain, accelerator, log, derived
+        self.rank, self.world_size = accelerator.process_index, accelerator.num_processes
+        self.run_dir = Path(config.run_dir)
+        self.ckpt_root = self.run_dir / "checkpoints"
+        t, s = config.train, config.sample
+
+        # ---- data, policy (+ LoRA or a frozen reference copy), optimizer, rewards ----
+        splits = domain.datasets()
+        self.train_set, self.heldout, self.val_set = splits.train, splits.heldout, splits.val
+        log.info(f"data: {config.data.source}, {len(self.train_set)} training / {len(self.heldout)} held-out"
+                 + (f" / {len(self.val_set)} validation conditions" if self.val_set is not None else " conditions"))
+        if config.eval.select_by and self.val_set is None:
+            log.info(f"eval.select_by={config.eval.select_by!r} is ignored: {config.data.source} data has no "
+                     "validation split, so the run reports its last epoch")
+        policy = domain.build_policy()
+        self.use_lora = config.model.lora_rank > 0
+        self.reference = None
+        if self.use_lora:  # the reference is the same network with the adapter disabled: no second copy
+            add_lora(policy, config.model.lora_rank, config.model.lora_alpha,
+                     [m.strip() for m in config.model.lora_targets.split(",") if m.strip()] or None)
+        elif t.beta > 0:
+            self.reference = copy.deepcopy(policy).requires_grad_(False).eval().to(accelerator.device)
+        if config.model.gradient_checkpointing:  # recompute block activations in the backward: memory for time
+            policy.enable_gradient_checkpointing()
+        optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=t.learning_rate,
+                                      betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.adam_weight_decay,
+                                      eps=t.adam_epsilon)
+        self.ema = None
+        if t.ema:
+            from diffusers.training_utils import EMAModel
+            self.ema = EMAModel(policy.parameters(), decay=t.ema_decay)
+        weights = dict(config.reward.weights)
+        self.eval_reward_fn = domain.reward_fn(weights, report=report_rewards)
+        self.runner = AsyncRewardRunner(domain.reward_fn(weights), config.reward.async_workers,
+                                        config.reward.failure_policy, config.reward.max_retries,
+                                        config.reward.retry_backoff_s)
+        self.hooks = list(domain.hooks())
+        r = config.reward
+        if r.constraint:
+            self.hooks.append(ConstraintHook(r.constraint, weights, r.constraint_slack, r.constraint_lr,
+                                             r.constraint_max_weight))
+        self.hooks.append(FaultInjectionHook(config.debug.inject_blowup_at_step, config.debug.sigkill_at_step))
+
+        self.policy, self.optimizer = accelerator.prepare(policy, optimizer)
+        self.model = accelerator.unwrap_model(self.policy)
+        self.autocast = accelerator.autocast if config.mixed_precision != "no" else contextlib.nullcontext
+        self.scheduler = domain.scheduler(accelerator.device)
+        self.eval_scheduler = self.scheduler.with_steps(s.eval_num_steps)
+        self.objective = OBJECTIVES[t.objective](t, self.scheduler)
+        self.sampler = KRepeatBatchSampler(len(self.train_set), s.batch_size, s.k, self.world_size, self.rank,
+                                           config.seed, s.num_batches_per_epoch)
+        self.sample_shape = domain.sample_shape()
+        self.epoch, self.global_step, self.rollbacks, self.stopped_by = 0, 0, 0, None
+        self.history: list[dict] = []  # recent step metrics with their epoch's reward signal, for the guard
+        self.selected = None
+
+    # ------------------------------------------------------------------------------------------------------
+    # the loop
+
+    def train(self) -> str | None:
+        """Run to config.num_epochs (or a stop); returns why the run stopped early, or None."""
+        cfg = self.config
+        self.resume_or_start()
+        eval_before = self.log.read_eval("start") or self.evaluate("start", "epoch_0000")
+        self.eval_missed_at_resume()
+        self.selected = self.selected_eval()  # its checkpoint is never pruned
+        while self.epoch < cfg.num_epochs:
+            epoch_t0 = time.time()
+            rollouts = self.sample(self.epoch)                       # 1. k copies per condition, with log-probs
+            try:
+                scores = self.score()                                # 2. rewards (scored while sampling went on)
+            except RewardServerDown as e:
+                self.stopped_by = f"reward server down at epoch {self.epoch}: {e}"
+                self.log.info(f"{self.stopped_by}; the last checkpoint {latest_checkpoint(self.ckpt_root)} is intact")
+                break
+            groups = self.advantages(rollouts, scores)               # 3. gather, group-relative advantages
+            record = self.epoch_record(rollouts, scores, groups)
+            signal = {"zero_std_ratio": record["zero_std_ratio"],    # the guard's reward rules compare epochs
+                      **{k: v for k, v in record.items() if k.startswith("reward_") and isinstance(v, float)}}
+            result = self.update(rollouts, groups, signal)          # 4. clipped-ratio policy updates with KL
+            record["optimizer_steps"] = [st.metrics for st in result.steps]
+            record["first_step_ratio_deviation"] = result.first_step_ratio_deviation
+            record["epoch_seconds"] = time.time() - epoch_t0
+            self.log.epoch_record(record)
+            self.log.info(runlog.epoch_line(record))
+            if result.critical:                                      # 5. guard: never checkpoint a broken epoch
+                if self.guard(result.critical) == "stop":
+                    break
+                continue
+            for h in self.hooks:
+                h.epoch_done(groups)
+            self.epoch += 1
+            self.checkpoint()                                        # 6. checkpoint, 7. evaluate
+            if self.epoch % cfg.eval.freq == 0 and self.epoch != cfg.num_epochs:
+                self.evaluate(f"epoch_{self.epoch:04d}", f"epoch_{self.epoch:04d}")
+                self.selected = self.selected_eval()
+        self.runner.close()
+        eval_after = self.evaluate("final", latest_checkpoint(self.ckpt_root).name)  # a stopped run holds `latest`
+        self.selected = self.selected_eval()
+        self.report(eval_before, eval_after)
+        return self.stopped_by
+
+    # ------------------------------------------------------------------------------------------------------
+    # phases
+
+    def sample(self, epoch: int) -> Rollouts:
+        """k copies of each condition of this process's batches; rewards are submitted as each batch finishes."""
+        s, model = self.config.sample, self.model
+        model.eval()
+        self.epoch_cache = {}  # work shared by sampling and training this epoch (e.g. encoded source videos)
+        index, states, log_probs, decoded = [], [], [], []
+        keep_decoded = any(getattr(h, "needs_samples", False) for h in self.hooks)
+        for b in tqdm(range(s.num_batches_per_epoch), desc=f"epoch {epoch} sampling", disable=not self.log.enabled,
+                      leave=False):
+            position = epoch * s.num_batches_per_epoch + b
+            indices = self.sampler.batch_at(position)
+            batch = self.domain.collate(self.train_set, indices, self.epoch_cache)
+            keys = [(self.config.seed, position, self.rank * s.batch_size + n) for n in range(len(indices))]
+            noise = per_sample_noise(keys, self.scheduler.num_steps + 1, self.sample_shape)
+            out = rollout(self.domain.denoiser(model, batch, self.autocast), noise.to(self.accelerator.device),
+                          self.scheduler)
+            samples = self.domain.decode(out.final)  # rewards see what the domain decodes (pixels, motions)
+            self.runner.submit(position, samples, batch.conditions)  # scored while the next batch samples
+            index.append(torch.tensor(indices))
+            states.append(out.states.cpu())
+            log_probs.append(out.log_probs.cpu())
+            if keep_decoded:
+                decoded.append(samples)
+        return Rollouts(torch.cat(index), torch.cat(states), torch.cat(log_probs), decoded)
+
+    def score(self) -> Scores:
+        results = self.runner.collect()
+        rewards, valid = concat_results(results)
+        return Scores({k: v.float() for k, v in rewards.items()}, valid,
+                      sum(sum(r.call_seconds) for r in results))
+
+    def advantages(self, rollouts: Rollouts, scores: Scores) -> Groups:
+        """Gather every process's samples (rank order), normalise rewards within each condition's group over the
+        samples that are kept (a failed reward is excluded, never counted as a 0)."""
+        acc, adv_cfg = self.accelerator, self.config.advantage
+        index = acc.gather(rollouts.index.to(acc.device)).cpu()
+        rewards = {k: acc.gather(v.to(acc.device)).cpu() for k, v in scores.rewards.items()}
+        valid = acc.gather(scores.valid.to(acc.device)).cpu().bool()
+        keep, exclusion = exclusion_mask(valid, index, self.runner.exclusion_policy)
+        for h in self.hooks:
+            rewards = h.adjust_rewards(rewards)
+        advantages, _, stats = masked_group_advantages(rewards["avg"], index, keep, adv_cfg.std_mode, adv_cfg.eps)
+        if adv_cfg.filter_zero_std:
+            keep &= nonzero_group_mask(advantages, index)
+        return Groups(index, rewards, keep, broadcast_over_timesteps(advantages, self.scheduler.num_train_steps),
+                      stats, exclusion)
+
+    def epoch_record(self, rollouts: Rollouts, scores: Scores, groups: Groups) -> dict:
+        ids = [self.domain.condition_id(self.train_set, int(i)) for i in groups.index]
+        record = runlog.epoch_record(self.epoch, self.global_step, self.derived, ids, groups.index, groups.rewards,
+                                     groups.advantages, groups.stats, scores.seconds)
+        record["trajectory_ids"] = [f"{c}#{k}" for c, k in trajectory_ids(groups.index).tolist()]
+        for h in self.hooks:
+            record.update(h.epoch_record(rollouts, groups, self.train_set))
+        record["excluded"] = (~groups.keep).tolist()
+        record.update(groups.exclusion)
+        return record
+
+    def update(self, rollouts: Rollouts, groups: Groups, signal: dict) -> EpochResult:
+        """Optimizer steps over this process's kept samples; the guard sees each step before it is applied."""
+        cfg, t = self.config, self.config.train
+        self.model.train()
+        adv = local_slice(groups.advantages, self.rank, self.world_size)
+        traj = local_slice(trajectory_ids(groups.index), self.rank, self.world_size)
+        keep = local_slice(groups.keep, self.rank, self.world_size)
+        gen = torch.Generator().manual_seed(cfg.seed * 7919 + self.epoch)
+        order = torch.randperm(len(rollouts.states), generator=gen)
+        order = order[keep[order]]
+        steps: list[StepStats] = []
+        for inner in range(t.num_inner_epochs):
+            micro = [order[i:i + t.batch_size] for i in range(0, len(order), t.batch_size)]
+            for first in range(0, len(micro), t.gradient_accumulation_steps):
+                chunk = micro[first:first + t.gradient_accumulation_steps]
+                for h in self.hooks:
+                    h.before_step(self.global_step, self.model)
+                acc_metrics = []
+                for c, sel in enumerate(chunk):
+                    mb = self.micro_batch(rollouts, sel, adv, traj, inner)
+                    acc_metrics += self.objective.accumulate(mb, self.backward_fn(c == len(chunk) - 1),
+                                                             mb.old_log_probs.shape[1] * len(chunk))
+                stats = self.optimizer_step(acc_metrics, signal)
+                steps.append(stats)
+                if stats.findings and not stats.applied:
+                    self.objective.end_epoch()
+                    return EpochResult(steps, [f for f in stats.findings if f.severity == "critical"])
+        self.objective.end_epoch()
+        return EpochResult(steps)
+
+    def backward_fn(self, last_micro_batch: bool):
+        """backward(loss, last_piece): gradients accumulate over timesteps and micro-batches; processes sync once
+        per optimizer step, on the last piece of its last micro-batch."""
+        def backward(loss, last_piece):
+            sync = last_micro_batch and last_piece
+            with contextlib.nullcontext() if sync else self.accelerator.no_sync(self.policy):
+                self.accelerator.backward(loss)
+        return backward
+
+    def micro_batch(self, rollouts: Rollouts, sel: torch.Tensor, adv, traj, inner: int) -> MicroBatch:
+        dev, t = self.accelerator.device, self.config.train
+        batch = self.domain.collate(self.train_set, [int(i) for i in rollouts.index[sel]], self.epoch_cache)
+        reference = None
+        if self.use_lora and t.beta > 0:
+            reference = self.domain.denoiser(self.model, batch, self.autocast, adapter_off=True)
+        elif self.reference is not None:
+            reference = self.domain.denoiser(self.reference, batch, self.autocast)
+        return MicroBatch(rollouts.states[sel].to(dev), rollouts.log_probs[sel], adv[sel], traj[sel],
+                          self.domain.denoiser(self.policy, batch, self.autocast), reference, inner)
+
+    def optimizer_step(self, acc_metrics: list[dict], signal: dict) -> StepStats:
+        """Clip, average metrics over processes, ask the guard, and apply the update only if it found nothing
+        critical (a broken step never reaches the weights)."""
+        t = self.config.train
+        grad_norm = self.accelerator.clip_grad_norm_(self.policy.parameters(), t.max_grad_norm)
+        m = {k: float(torch.stack([a[k] for a in acc_metrics]).mean()) for k in acc_metrics[0]}  # one sync
+        m["ratio_max"] = max(float(a["ratio_max"]) for a in acc_metrics)
+        m["ratio_min"] = min(float(a["ratio_min"]) for a in acc_metrics)
+        m["grad_norm"] = float(grad_norm)
+        m["learning_rate"] = self.optimizer.param_groups[0]["lr"]
+        m = runlog.mean_over_processes(m, self.accelerator)
+        findings = diagnose_step({**m, **signal}, self.history, run_dir=str(self.run_dir))
+        applied = not any(f.severity == "critical" for f in findings)
+        if applied:
+            self.optimizer.step()
+            if self.ema is not None:
+                self.ema.step(self.model.parameters())
+        self.optimizer.zero_grad(set_to_none=True)
+        self.global_step += 1
+        self.log.step_record(self.global_step, self.epoch, m)
+        self.history.append({**m, **signal})
+        if findings:
+            self.log.health_record(self.global_step, self.epoch, findings)
+        for h in self.hooks:
+            h.after_step(self.global_step)
+        return StepStats(self.global_step, m, findings, applied)
+
+    def guard(self, critical: list) -> str:
+        """Stop, or roll back to the last healthy checkpoint at a lower learning rate, as health.action says;
+        returns "stop" or "continue"."""
+        cfg, acc = self.config, self.accelerator
+        self.log.info("health guard: " + "; ".join(f"{f.rule} ({f.severity})" for f in critical))
+        healthy = latest_checkpoint(self.ckpt_root)
+        if any(f.rule in SAMPLE_RULES for f in critical):
+            # the collapsed samples were drawn by the weights in `latest`: restore the checkpoint before them
+            older = checkpoint_before(self.ckpt_root, self.epoch)
+            if older is None:
+                self.log.info(f"no checkpoint older than epoch {self.epoch} is kept (config.keep_checkpoints); "
+                              f"restoring {healthy}, whose weights drew the collapsed samples")
+            else:
+                healthy = older
+                if acc.is_main_process:
+                    point_latest(self.ckpt_root, older.name)  # a crash from here on resumes from the good one
+                acc.wait_for_everyone()
+        h = cfg.health
+        if h.action == "stop" or (h.action == "rollback" and self.rollbacks >= h.max_rollbacks):
+            self.stopped_by = f"health guard, {critical[0].rule} at step {self.global_step}"
+            self.load(healthy)
+            self.log.info(f"stopped; weights restored from the last healthy checkpoint {healthy}")
+            return "stop"
+        if h.action == "rollback":
+            self.rollbacks += 1
+            self.epoch, self.global_step = self.load(healthy, lr_factor=h.rollback_lr_factor ** self.rollbacks)
+            self.log.archive_after(self.epoch, reason=f"rollback {self.rollbacks}: {critical[0].rule}")
+            self.selected = self.selected_eval()  # the rolled-back evaluations are no longer candidates
+            self.history.clear()
+            self.log.info(f"rolled back to {healthy} (epoch {self.epoch}, step {self.global_step}), "
+                          f"learning rate now {self.optimizer.param_groups[0]['lr']:.3g}")
+            return "continue"
+        self.epoch += 1  # action "warn": keep going, but this state is never saved as a checkpoint
+        return "continue"
+
+    def checkpoint(self) -> None:
+        acc, cfg = self.accelerator, self.config
+        acc.wait_for_everyone()
+        if acc.is_main_process and (self.epoch % cfg.save_freq == 0 or self.epoch == cfg.num_epochs):
+            self.save(self.epoch, protect=(self.selected["checkpoint"],) if self.selected else ())
+        acc.wait_for_everyone()
+
+    @torch.no_grad()
+    def evaluate_split(self, dataset, tag: str, prefix: str, examples_dir: Path | None) -> dict:
+        """Deterministic sampling from fixed per-condition noise, rank-sharded; metrics as <prefix>/<name>."""
+        cfg, acc = self.config, self.accelerator
+        idx = list(range(acc.process_index, len(dataset), acc.num_processes))
+        rows = []
+        for start in range(0, len(idx), cfg.eval.batch_size):
+            chunk = idx[start:start + cfg.eval.batch_size]
+            batch = self.domain.collate(dataset, chunk)
+            noise = per_sample_noise([(cfg.eval.seed, i) for i in chunk], 1, self.sample_shape)[:, 0]
+            final = deterministic_sample(self.domain.denoiser(self.model, batch, self.autocast), noise.to(acc.device),
+                                         self.eval_scheduler)
+            decoded = self.domain.decode(final)
+            scores, details = self.eval_reward_fn(decoded, batch.conditions)
+            for n, i in enumerate(chunk):
+                row = {"index": i, **{f"reward_{k}": float(v[n]) for k, v in scores.items()}}
+                row.update({k: float(v[n]) for k, v in details.items() if torch.is_tensor(v) and v.ndim == 1})
+                rows.append(row)
+            if acc.is_main_process and start == 0 and cfg.eval.num_videos > 0 and examples_dir is not None:
+                self.domain.write_examples(examples_dir / tag, batch, decoded, cfg.eval.num_videos)
+        return runlog.summarise_eval(sorted(gather_object(rows), key=lambda r: r["index"]), prefix)
+
+    def evaluate(self, tag: str, checkpoint: str) -> dict:
+        """Held-out metrics (eval/...) and, when a checkpoint is to be selected, validation metrics (val/...) of
+        the weights in memory, which are those of checkpoint folder `checkpoint` (epoch_NNNN)."""
+        with ema_weights(self.ema, self.model):
+            self.model.eval()
+            out = self.evaluate_split(self.heldout, tag, "eval", self.run_dir / "videos")
+            if self.val_set is not None:
+                out.update(self.evaluate_split(self.val_set, tag, "val", None))
+        # epoch = the last trained epoch, so resuming or rolling back keeps exactly that checkpoint's evaluations
+        self.log.eval_record(tag, self.global_step, out, epoch=int(checkpoint.removeprefix("epoch_")) - 1,
+                             checkpoint=checkpoint)
+        return out
+
+    # ------------------------------------------------------------------------------------------------------
+    # state: resume, checkpoints, selection, report
+
+    def resume_or_start(self) -> None:
+        """Resume from `latest`, or save the base once as the first healthy checkpoint."""
+        ckpt = latest_checkpoint(self.ckpt_root) if self.config.resume else None
+        self.resumed_from = ckpt
+        if ckpt is not None:
+            self.epoch, self.global_step = self.load(ckpt)
+            self.log.truncate_after(self.epoch)
+            self.log.info(f"resumed from {ckpt} at epoch {self.epoch}, global step {self.global_step}")
+        elif self.accelerator.is_main_process:
+            self.save(0)
+        self.accelerator.wait_for_everyone()
+
+    def eval_missed_at_resume(self) -> None:
+        """The run died between a checkpoint and its evaluation: evaluate it now."""
+        ckpt, cfg, e = self.resumed_from, self.config, self.epoch
+        if ckpt is not None and 0 < e < cfg.num_epochs and e % cfg.eval.freq == 0 \
+                and self.log.read_eval(f"epoch_{e:04d}") is None:
+            self.evaluate(f"epoch_{e:04d}", ckpt.name)
+
+    def save(self, epoch: int, protect: tuple[str, ...] = ()) -> None:
+        """Checkpoint at an epoch boundary: only healthy states get here; `protect`: never pruned."""
+        state = {"epoch": epoch, "global_step": self.global_step,
+                 "sampler_position": epoch * self.config.sample.num_batches_per_epoch,
+                 "learning_rate": self.optimizer.param_groups[0]["lr"], "healthy": True}
+        for h in self.hooks:
+            if h.state_key:
+                state[h.state_key] = h.state_dict()
+        save_checkpoint(self.ckpt_root, f"epoch_{epoch:04d}", self.model, self.optimizer, self.ema, state,
+                        keep=self.config.keep_checkpoints, protect=protect)
+
+    def load(self, ckpt: Path, lr_factor: float = 1.0) -> tuple[int, int]:
+        """Restore weights, optimizer, EMA, RNG and hook state from a checkpoint; returns (epoch, global step)."""
+        state, trainer = load_trainer_state(ckpt)
+        for h in self.hooks:
+            if h.state_key and h.state_key in state:
+                h.load_state_dict(state[h.state_key])
+        read_model_into(self.model, ckpt / "model")
+        self.optimizer.load_state_dict(trainer["optimizer"])
+        for group in self.optimizer.param_groups:
+            group["lr"] = state["learning_rate"] * lr_factor
+        if self.ema is not None and trainer["ema"] is not None:
+            self.ema.load_state_dict(trainer["ema"])
+        set_rng_state(trainer["rng"])
+        return state["epoch"], state["global_step"]
+
+    def selected_eval(self) -> dict | None:
+        """The evaluation record the run reports (eval.select_by on val/...), or None when it reports its end."""
+        if self.val_set is None or not self.accelerator.is_main_process:  # only the main process reports
+            return None
+        e = self.config.eval
+        evals = self.log.read_evals()
+        return evals[select_checkpoint(evals, f"val/{e.select_by}", f"val/{e.select_guard}" if e.select_guard else "",
+                                       e.select_max_drop)]
+
+    def report(self, eval_before: dict, eval_after: dict) -> None:
+        if not self.accelerator.is_main_process:
+            return
+        if self.selected is not None:
+            point(self.ckpt_root, SELECTED, self.selected["checkpoint"])
+        reports = runlog.write_reports(self.run_dir)
+        e = self.config.eval
+        rule = None
+        if self.selected is not None:
+            guard = f", {e.select_guard} at most {e.select_max_drop:g} below the base's" if e.select_guard else ""
+            rule = f"best validation {e.select_by} over {len(self.val_set)} validation conditions{guard}"
+        self.log.summary(eval_before, eval_after, extra_paths=reports,
+                         note=self.stopped_by and f"stopped early: {self.stopped_by}", rollbacks=self.rollbacks,
+                         selected=self.selected, selection=rule, rows=self.domain.summary_rows)
+
+
+def trajectory_ids(g_index: torch.Tensor) -> torch.Tensor:
+    """(N, 2) int64 [dataset index, copy number]: a key per trajectory that survives shuffles and splits."""
+    seen: dict[int, int] = {}
+    copies = []
+    for i in g_index.tolist():
+        copies.append(seen.get(i, 0))
+        seen[i] = copies[-1] + 1
+    return torch.stack([g_index.long(), torch.tensor(copies, dtype=torch.long)], 1)
+
+
+@contextlib.contextmanager
+def ema_weights(ema, model):
+    """Evaluate with the EMA weights when EMA is on, restoring the live weights afterwards."""
+    if ema is None:
+        yield
+        return
+    ema.store(model.parameters())
+    ema.copy_to(model.parameters())
+    try:
+        yield
+    finally:
+        ema.restore(model.parameters())
