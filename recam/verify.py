@@ -159,11 +159,21 @@ class ParsedLog:
     records: list[dict]
     lines: list[int]
     unreadable: list[Unreadable]
+    # (line, record type, epoch) recovered from the text of unparsable lines, where it shows them
+    lost: list[tuple[int, str | None, int | None]] = field(default_factory=list)
+
+
+_LOST_TYPE = re.compile(r'"type"\s*:\s*"(\w+)"')
+_LOST_EPOCH = re.compile(r'"epoch"\s*:\s*(-?\d+)\b')
 
 
 def parse_jsonl(text: str) -> ParsedLog:
-    """Records of a metrics.jsonl with their line numbers; unparsable lines are kept aside, never fatal."""
-    records, lines, bad = [], [], []
+    """Records of a metrics.jsonl with their line numbers; unparsable lines are kept aside, never fatal.
+
+    What an unparsable line was (its "type" and "epoch", when the text still shows them) is kept in `lost`, so
+    that a torn epoch record fails its epoch instead of vanishing from the verification.
+    """
+    records, lines, bad, lost = [], [], [], []
     raw = text.splitlines()
     last = max((i for i, s in enumerate(raw, 1) if s.strip()), default=0)
     for no, line in enumerate(raw, 1):
@@ -176,13 +186,15 @@ def parse_jsonl(text: str) -> ParsedLog:
             reason = ("torn last line (the run was probably killed mid-write)" if no == last
                       else f"not valid JSON ({e.msg}, column {e.colno})")
             bad.append(Unreadable(no, reason, _excerpt(s)))
+            kind, epoch = _LOST_TYPE.search(s), _LOST_EPOCH.search(s)
+            lost.append((no, kind.group(1) if kind else None, int(epoch.group(1)) if epoch else None))
             continue
         if not isinstance(obj, dict):
             bad.append(Unreadable(no, f"a JSON {type(obj).__name__}, not a record", _excerpt(s)))
             continue
         records.append(obj)
         lines.append(no)
-    return ParsedLog(records, lines, bad)
+    return ParsedLog(records, lines, bad, lost)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -297,6 +309,16 @@ class EpochView:
 
 def _not_logged(name: str, missing: list[str]) -> Check:
     return Check(name, FAIL, {"missing": missing}, f"not logged or unreadable: {', '.join(missing)}")
+
+
+def check_sampling_facts(v: EpochView, s: Settings) -> Check:
+    """The gathered dataset indices are what every sampling check reads: without them the epoch is unverified."""
+    name = "sampling_facts"
+    if v.indices is not None:
+        return Check(name, PASS, {"samples": v.N}, f"dataset_indices read ({v.N} samples)")
+    why = "not logged" if "dataset_indices" not in v.rec else "not a list of integers"
+    return Check(name, FAIL, {"missing": ["dataset_indices"]},
+                 f"could not verify: dataset_indices {why}, so what was sampled this epoch is unknown")
 
 
 def check_config_arithmetic(v: EpochView, s: Settings) -> Check:
@@ -729,10 +751,11 @@ def check_reward_std_mean(v: EpochView, s: Settings) -> Check:
 
 
 EPOCH_CHECKS = (
-    check_config_arithmetic, check_sample_count, check_unique_conditions, check_count_per_condition,
-    check_condition_ids, check_batch_groups, check_reward_shapes, check_reward_gathered, check_reward_finite,
-    check_advantage_shape, check_advantage_per_condition, check_advantage_recompute, check_advantage_summary,
-    check_zero_std_groups, check_reward_means, check_group_size, check_trained_prompt_num, check_reward_std_mean,
+    check_sampling_facts, check_config_arithmetic, check_sample_count, check_unique_conditions,
+    check_count_per_condition, check_condition_ids, check_batch_groups, check_reward_shapes, check_reward_gathered,
+    check_reward_finite, check_advantage_shape, check_advantage_per_condition, check_advantage_recompute,
+    check_advantage_summary, check_zero_std_groups, check_reward_means, check_group_size, check_trained_prompt_num,
+    check_reward_std_mean,
 )
 
 
@@ -768,8 +791,9 @@ def check_missing_epochs(epoch_numbers: list, step_epochs: list | None = None) -
     if problems:
         return Check(name, FAIL, nums, "; ".join(problems))
     if trailing:
-        return Check(name, WARN, nums, f"epoch(s) {trailing} have optimizer steps but no epoch record "
-                                       "(the run stopped, or its record was torn)")
+        # those steps trained on samples nobody can check: not verified is not passed
+        return Check(name, FAIL, nums, f"could not verify epoch(s) {trailing}: optimizer steps were logged but no "
+                                       "readable epoch record (the run stopped mid-epoch, or its record was torn)")
     return Check(name, PASS, nums, f"epochs 0..{last} all present" if ints else "no epochs")
 
 
@@ -873,8 +897,16 @@ def verify_metrics(parsed: ParsedLog, config: dict | None = None, tol: float = 1
         checks.append(Check("epoch_records", PASS, n_epochs, f"{len(epochs)} epoch records"))
     else:
         checks.append(Check("epoch_records", FAIL, n_epochs, "no epoch record: nothing about GRPO can be verified"))
+    lost_steps = [e for _, kind, e in parsed.lost if kind == "step" and e is not None]
     checks += _guard("missing_epochs", check_missing_epochs, [r.get("epoch") for r in epochs],
-                     [r.get("epoch") for r in steps])
+                     [r.get("epoch") for r in steps] + lost_steps)
+    reasons = {u.line: u.reason for u in parsed.unreadable}
+    for line, kind, e in parsed.lost:
+        if kind == "epoch":
+            which = f"epoch {e}" if e is not None else "an epoch"
+            checks.append(Check("epoch_record", FAIL, {"line": line, "epoch": e},
+                                f"could not verify {which}: its record on line {line} could not be parsed "
+                                f"({reasons.get(line, 'unreadable')})", epoch=e))
     checks += _guard("step_records", check_step_records, epochs, steps)
     step_checks = _guard("epoch_step", check_epoch_steps, epochs, steps)
     for rec in epochs:
@@ -898,38 +930,638 @@ def verify_metrics(parsed: ParsedLog, config: dict | None = None, tol: float = 1
 
 # ----------------------------------------------------------------------------------------------------------
 # [GRPO Debug] text logs
+#
+# Reading goes through three small layers, each of which says why it gave up instead of guessing:
+#   lines -> records  a tagged line's text after the tag, plus the untagged lines that continue a value it left
+#                     open (unbalanced brackets, or a key with nothing after it yet);
+#   record -> items   a tokenizer and a recursive-descent reader turn `key: value, key=value ...` into
+#                     (normalised key, Python value) pairs, values being the reprs Python, numpy and torch print;
+#   items -> facts    a table maps the normalised keys onto the sampling facts the checks compare.
 
 TAG = "[GRPO Debug]"
-_FLOAT = r"[-+]?(?:\d+\.?\d*(?:e[-+]?\d+)?|\.\d+(?:e[-+]?\d+)?|nan|inf)"
-_EPOCH = re.compile(r"\s*epoch\s*[:=]?\s*(\d+)\s*[,:\-]?\s*", re.I)
-_INDICES = re.compile(r"gathered dataset indices\s*[:=]\s*(.*)$", re.I)
-_UNIQUE = re.compile(r"number of unique conditions\s*[:=]\s*(\d+)\s*$", re.I)
-_COUNTS = re.compile(r"count per condition\s*[:=]\s*(.*)$", re.I)
-_SHAPE = re.compile(r"advantages shape\s*[:=]\s*(?:torch\.Size\(\s*)?[\[(]\s*(\d+(?:\s*,\s*\d+)*)\s*,?\s*"
-                    r"[\])]\s*\)?\s*$", re.I)
-_COND = re.compile(rf"condition\s+(-?\d+)\s*:?\s+advantage mean\s*[:=]\s*({_FLOAT})\s*,?\s*"
-                   rf"std\s*[:=]\s*({_FLOAT})\s*$", re.I)
-_K = re.compile(r"(?:k|group[ _]size)\s*[:=]\s*(\d+)\s*$", re.I)
-_PAIR = re.compile(r"\s*(?:tensor\(\s*)?(-?\d+)\s*\)?\s*:\s*(?:tensor\(\s*)?(\d+)\s*\)?\s*")
+_TAG_RE = re.compile(r"\[\s*GRPO[ _-]?Debug\s*\]", re.I)
+
+# What the text-log reader accepts, with an example of each; the README table and a test are built on this.
+DEBUG_LOG_FORMS: tuple[tuple[str, str], ...] = (
+    ("tag anywhere in the line, after any prefix (timestamp, logger fields, rank)",
+     "2025-06-01 12:00:01,123 - INFO - [GRPO Debug] Unique conditions: 16"),
+    ("rank prefixes: `[rank0]:` (torchrun, also on continuation lines), `[Rank 3]`, `[default0]:`, `3: ` (srun -l)",
+     "[2025-06-01 12:00:01] [Rank 3] [GRPO Debug] Advantages shape: (64, 18)"),
+    ("epoch stated in the prefix or the body (`Epoch 3`, `epoch 3:`, `Epoch 3/10`), or only inferable from the order",
+     "[GRPO Debug] Epoch 3"),
+    ("numpy arrays without commas, wrapped over several lines (continuations carry no tag)",
+     "[GRPO Debug] Gathered dataset_indices: [19928 16416 24708\n 16416 24708 19928]"),
+    ("Python lists with commas; nested lists (flattened)", "[GRPO Debug] Gathered dataset indices: [3, 5, 3, 5]"),
+    ("torch reprs with device / dtype, over several lines",
+     "[GRPO Debug] Gathered dataset_indices: tensor([19928, 16416,\n        16416, 19928], device='npu:0')"),
+    ("numpy `array([...], dtype=int64)` and numpy 2 scalars `np.int64(5)`",
+     "[GRPO Debug] Count per condition: {np.int64(19928): 2, np.int64(16416): 2}"),
+    ("dicts with str or int keys, pprint'ed over several lines",
+     "[GRPO Debug] Count per condition: {'16416': 2,\n '19928': 2}"),
+    ("`Counter({...})`, `defaultdict(<class 'int'>, {...})`, `OrderedDict(...)`",
+     "[GRPO Debug] Count per condition: defaultdict(<class 'int'>, {3: 2, 5: 2})"),
+    ("value on the line after its key (`key:` then a pprint'ed dict)",
+     "[GRPO Debug] Count per condition:\n{3: 2, 5: 2}"),
+    ("shapes as tuples, lists or `torch.Size([...])`", "[GRPO Debug] Advantages shape: torch.Size([64, 18])"),
+    ("`Unique conditions` / `Number of unique conditions`; `k` / `group size`",
+     "[GRPO Debug] Number of unique conditions: 16, k=4"),
+    ("per-condition lines: `name = value` or `name: value` pairs after `Condition <id>`",
+     "[GRPO Debug] Condition 16416: samples=4, advantage mean=-0.0000, std=0.9996"),
+    ("per-condition lines without separators after the id",
+     "[GRPO Debug] condition 16416 advantage mean: 0.0001 std: 1.0000"),
+    ("per-condition stats as one dict", "[GRPO Debug] Advantage per condition: {3: {'count': 2, 'mean': 0.0, "
+                                        "'std': 1.0}}"),
+    ("keys in any case, with `_` or spaces, `nan` / `inf`, several `key: value` pairs per line",
+     "[GRPO Debug] epoch 3: GATHERED_DATASET_INDICES: [3 5 3 5]"),
+    ("several ranks printing the same epoch: duplicates that agree are accepted, ones that disagree fail", ""),
+    ("progress bars (`\\r`, `|###| 3/10 [00:01<00:02, 2.1it/s]`), warnings and other output in between", ""),
+)
+
+_ELIDED_REASON = ("printed with '...' (numpy and torch elide long arrays; print them in full, e.g. "
+                  "np.set_printoptions(threshold=sys.maxsize) / torch.set_printoptions(profile='full'))")
+
+
+class _Tok:
+    __slots__ = ("kind", "text", "val")
+
+    def __init__(self, kind: str, text: str, val: Any = None):
+        self.kind, self.text, self.val = kind, text, val
+
+    def __repr__(self) -> str:
+        return f"{self.kind}:{self.text}"
+
+
+_TOKEN = re.compile(r"""
+    (?P<ws>\s+)
+  | (?P<str>'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*")
+  | (?P<ellipsis>\.\.\.|…)
+  | (?P<num>[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?)|[-+]?(?i:nan|inf)(?![A-Za-z0-9_]))
+  | (?P<word>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)
+  | (?P<punct>[\[\](){}:,;=<>])
+  | (?P<other>.)
+""", re.X | re.S)
+
+
+def _tokenize(text: str) -> list[_Tok]:
+    out = []
+    for m in _TOKEN.finditer(text):
+        kind, s = m.lastgroup, m.group()
+        if kind == "ws":
+            continue
+        if kind == "num":
+            low = s.lower()
+            val = float(low) if any(c in low for c in ".en") else int(s)  # "e" and "n": exponents, nan, inf
+            out.append(_Tok("num", s, val))
+        elif kind == "str":
+            out.append(_Tok("str", s, s[1:-1]))
+        else:
+            out.append(_Tok(kind, s))
+    return out
+
+
+def _depth(tokens: list[_Tok]) -> int:
+    d = 0
+    for t in tokens:
+        if t.kind == "punct":
+            d += (t.text in "[({") - (t.text in "])}")
+    return d
+
+
+def _open(tokens: list[_Tok]) -> bool:
+    """Whether a value continues on the next line: brackets still open, or a key waiting for its value."""
+    return _depth(tokens) > 0 or (bool(tokens) and tokens[-1].kind == "punct" and tokens[-1].text in ":=")
+
+
+class _Elided:
+    """An array or dict printed with `...`: its length and contents are unknown."""
+
+
+class _Opaque:
+    """A value read but not interpretable (`<class 'int'>`, a set, an unknown constructor)."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+    def __repr__(self) -> str:
+        return f"<{self.what}>"
+
+
+class _Stop(Exception):
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+_CONTAINERS = {"tensor", "array", "asarray", "as_tensor", "from_numpy", "list", "tuple"}
+_MAPPINGS = {"counter", "ordereddict", "dict", "defaultdict"}
+_SCALARS = {"int", "float", "long", "double", "half", "bool_", "bfloat16", "int8", "int16", "int32", "int64",
+            "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64", "intc", "longlong"}
+_CONSTANTS = {"true": True, "false": False, "none": None}
+
+
+class _Reader:
+    """Recursive descent over tokens: numbers, strings, lists with or without commas, tuples, dicts, sets,
+    constructor calls (tensor, array, Counter, defaultdict, torch.Size, np.int64 ...), `<...>` type reprs."""
+
+    def __init__(self, tokens: list[_Tok]):
+        self.toks, self.i = tokens, 0
+
+    def peek(self, k: int = 0) -> _Tok | None:
+        j = self.i + k
+        return self.toks[j] if j < len(self.toks) else None
+
+    def at(self, text: str, k: int = 0) -> bool:
+        t = self.peek(k)
+        return t is not None and t.kind in ("punct", "other") and t.text == text
+
+    def take(self) -> _Tok:
+        t = self.peek()
+        if t is None:
+            raise _Stop("ends before the value does (truncated line?)")
+        self.i += 1
+        return t
+
+    def expect(self, text: str) -> None:
+        t = self.take()
+        if not (t.kind in ("punct", "other") and t.text == text):
+            raise _Stop(f"expected {text!r}, found {t.text!r}")
+
+    def starts_value(self) -> bool:
+        t = self.peek()
+        if t is None:
+            return False
+        return (t.kind in ("num", "str", "ellipsis") or (t.kind == "punct" and t.text in "[({<")
+                or (t.kind == "word" and self.at("(", 1)))
+
+    def value(self) -> Any:
+        t = self.take()
+        if t.kind in ("num", "str"):
+            return t.val
+        if t.kind == "ellipsis":
+            return _Elided()
+        if t.kind == "punct":
+            if t.text == "[":
+                return self.sequence("]")
+            if t.text == "(":
+                return self.parens()
+            if t.text == "{":
+                return self.braces()
+            if t.text == "<":
+                return self.angle()
+        if t.kind == "word":
+            if self.at("("):
+                self.take()
+                return self.call(t.text)
+            return _CONSTANTS.get(t.text.lower(), t.text)
+        raise _Stop(f"unexpected {t.text!r}")
+
+    def sequence(self, close: str) -> list | _Elided:
+        items, elided = [], False
+        while not self.at(close):
+            v = self.value()
+            elided |= isinstance(v, _Elided)
+            items.append(v)
+            if self.at(","):
+                self.take()
+        self.take()
+        return _Elided() if elided else items
+
+    def parens(self) -> Any:
+        if self.at(")"):
+            self.take()
+            return ()
+        first = self.value()
+        if self.at(")"):
+            self.take()
+            return first
+        items = [first]
+        while self.at(","):
+            self.take()
+            if self.at(")"):
+                break
+            items.append(self.value())
+        self.expect(")")
+        return _Elided() if any(isinstance(v, _Elided) for v in items) else tuple(items)
+
+    def braces(self) -> Any:
+        if self.at("}"):
+            self.take()
+            return {}
+        first = self.value()
+        if not self.at(":"):
+            rest = self.sequence("}")
+            return _Opaque("set") if not isinstance(rest, _Elided) else rest
+        out: dict = {}
+        key, elided = first, False
+        while True:
+            self.expect(":")
+            val = self.value()
+            if isinstance(key, _Elided) or isinstance(val, _Elided):
+                elided = True
+            else:
+                try:
+                    out[key] = val
+                except TypeError:
+                    raise _Stop(f"dict key {key!r} is not hashable") from None
+            if self.at(","):
+                self.take()
+            if self.at("}"):
+                self.take()
+                return _Elided() if elided else out
+            key = self.value()
+            if isinstance(key, _Elided) and (self.at(",") or self.at("}")):  # `{1: 4, ...}`
+                elided = True
+                if self.at(","):
+                    self.take()
+                if self.at("}"):
+                    self.take()
+                    return _Elided()
+                key = self.value()
+
+    def angle(self) -> _Opaque:
+        depth, parts = 1, []
+        while depth:
+            t = self.take()
+            depth += (t.text == "<") - (t.text == ">") if t.kind == "punct" else 0
+            parts.append(t.text)
+        return _Opaque("<" + " ".join(parts))
+
+    def call(self, name: str) -> Any:
+        args, kwargs = [], {}
+        while not self.at(")"):
+            if self.peek() is not None and self.peek().kind == "word" and self.at("=", 1):
+                key = self.take().text
+                self.take()
+                kwargs[key] = self.value()
+            else:
+                args.append(self.value())
+            if self.at(","):
+                self.take()
+        self.take()
+        if any(isinstance(a, _Elided) for a in args):
+            return _Elided()
+        base = name.rsplit(".", 1)[-1].lower()
+        if base in _CONTAINERS and len(args) == 1:
+            return args[0]
+        if base == "size":
+            return tuple(args[0]) if len(args) == 1 and isinstance(args[0], (list, tuple)) else tuple(args)
+        if base in _MAPPINGS:
+            dicts = [a for a in args if isinstance(a, dict)]
+            return dicts[-1] if dicts else (dict(kwargs) if not args else _Opaque(name))
+        if base in _SCALARS and len(args) == 1 and isinstance(args[0], (int, float)):
+            return args[0]
+        return _Opaque(name)
+
+
+_ITEM_SEPS = {",", ";", ":", "|", "-", "=", "*", "#", "–", "—", ">"}
+
+
+def _norm_key(words: list[str]) -> str:
+    return " ".join(" ".join(words).lower().replace("_", " ").replace(".", " ").split())
+
+
+def _read_items(tokens: list[_Tok]) -> tuple[list[tuple[str, str, Any]], tuple[str, str] | None]:
+    """(normalised key, key as printed, value) pairs of a record, and (key, reason) where reading stopped.
+
+    An item is `words [: or =] value`; the separator may be left out when the value starts with something a
+    name cannot (a number, a bracket, a quote, a constructor call), which is how `Condition 16416: ...` and
+    `condition 16416 advantage mean: ...` both read as a `condition` item followed by stat items.
+    """
+    r = _Reader(tokens)
+    items: list[tuple[str, str, Any]] = []
+    while True:
+        while r.peek() is not None and r.peek().kind in ("punct", "other") and r.peek().text in _ITEM_SEPS:
+            r.take()
+        if r.peek() is None:
+            return items, None
+        words = []
+        while r.peek() is not None and r.peek().kind == "word" and not r.at("(", 1):
+            words.append(r.take().text)
+        if not words:
+            return items, ("", f"expected a name, found {r.peek().text!r}")
+        key, printed = _norm_key(words), " ".join(words)
+        if r.at(":") or r.at("="):
+            r.take()
+            if r.peek() is None:
+                return items, (printed, f"'{printed}' has no value (truncated line?)")
+        elif not r.starts_value():
+            return items, (printed, f"'{printed}' is not followed by a value")
+        try:
+            value = r.value()
+        except _Stop as e:
+            return items, (printed, f"'{printed}': {e.reason}")
+        if key == "epoch" and r.at("/") and r.peek(1) is not None and r.peek(1).kind == "num":
+            r.take()
+            r.take()  # "Epoch 3/10": the total is not a fact
+        items.append((key, printed, value))
+
+
+# Normalised keys (after dropping leading filler words) -> the fact they state.
+_FILLERS = ("gathered ", "all ", "global ", "total ", "the ", "number of ", "num ", "no of ", "nb ", "final ")
+_FIELD_NAMES = {
+    "indices": ("dataset indices", "dataset index", "dataset idx", "indices", "prompt indices", "condition indices",
+                "dataset indexes", "indexes"),
+    "unique": ("unique conditions", "unique condition", "unique prompts", "unique dataset indices", "unique indices",
+               "conditions unique"),
+    "counts": ("count per condition", "counts per condition", "count per prompt", "counts per prompt",
+               "samples per condition", "samples per prompt", "copies per condition", "condition counts", "counts",
+               "count per dataset index", "counts per dataset index", "per condition count", "per condition counts"),
+    "shape": ("advantages shape", "advantage shape", "advantages size", "adv shape", "advantages tensor shape"),
+    "k": ("k", "group size", "generations", "samples per group"),
+    "per_condition": ("advantage per condition", "advantages per condition", "advantage stats per condition",
+                      "per condition advantage", "per condition advantages", "advantage stats"),
+    "epoch": ("epoch",),
+    "subject": ("condition", "cond", "condition id", "prompt", "prompt id", "group", "group id"),
+}
+_FIELDS = {name: fld for fld, names in _FIELD_NAMES.items() for name in names}
+_STATS = {**{n: "samples" for n in ("samples", "count", "n", "copies", "size", "sample count")},
+          **{n: "mean" for n in ("mean", "advantage mean", "advantages mean", "adv mean", "mean advantage")},
+          **{n: "std" for n in ("std", "advantage std", "advantages std", "adv std", "std advantage", "stdev")}}
+# Fields that carry what was sampled; one of indices / counts must be read for an epoch to be verified.
+SAMPLING_FIELDS = ("indices", "counts")
+
+
+def _strip_fillers(key: str) -> str:
+    changed = True
+    while changed:
+        changed = False
+        for f in _FILLERS:
+            if key.startswith(f) and len(key) > len(f):
+                key, changed = key[len(f):], True
+    return key
+
+
+def _as_int(v: Any) -> int:
+    if isinstance(v, _Elided):
+        raise ValueError(_ELIDED_REASON)
+    i = _int(v)
+    if i is None:
+        raise ValueError(f"{_excerpt(repr(v), 40)} is not an integer")
+    return i
+
+
+def _as_float(v: Any) -> float:
+    f = _float(v)
+    if f is None:
+        raise ValueError(f"{_excerpt(repr(v), 40)} is not a number")
+    return f
+
+
+def _cond_id(v: Any) -> int | str | None:
+    """A condition id as printed: a number, or a string (digits read as the number they spell)."""
+    if isinstance(v, str):
+        s = v.strip()
+        return int(s) if re.fullmatch(r"-?\d+", s) else (s or None)
+    return _int(v)
+
+
+def _flat(v: Any) -> list:
+    if isinstance(v, _Elided):
+        raise ValueError(_ELIDED_REASON)
+    if not isinstance(v, (list, tuple)):
+        raise ValueError(f"not a list but {_excerpt(repr(v), 40)}")
+    out = []
+    for x in v:
+        out += _flat(x) if isinstance(x, (list, tuple)) else [x]
+    return out
+
+
+def _as_indices(v: Any) -> list[int]:
+    out = []
+    for x in _flat(v):
+        i = _int(x)
+        if i is None:
+            raise ValueError(f"holds {_excerpt(repr(x), 30)}, not only integers")
+        out.append(i)
+    return out
+
+
+def _as_counts(v: Any) -> dict:
+    if isinstance(v, _Elided):
+        raise ValueError(_ELIDED_REASON)
+    if not isinstance(v, dict):
+        raise ValueError(f"not a dict but {_excerpt(repr(v), 40)}")
+    out: dict = {}
+    for key, c in v.items():
+        cid = _cond_id(key)
+        if cid is None:
+            raise ValueError(f"key {_excerpt(repr(key), 30)} is not a condition id")
+        out[cid] = _as_int(c)
+    return out
+
+
+def _as_shape(v: Any) -> tuple[int, ...]:
+    if isinstance(v, _Elided):
+        raise ValueError(_ELIDED_REASON)
+    if isinstance(v, int) and not isinstance(v, bool):
+        return (v,)
+    if not isinstance(v, (list, tuple)) or not v:
+        raise ValueError(f"not a shape but {_excerpt(repr(v), 40)}")
+    return tuple(_as_int(x) for x in v)
+
+
+def _as_stats(v: Any) -> dict[str, float]:
+    if not isinstance(v, dict):
+        raise ValueError(f"not a dict of stats but {_excerpt(repr(v), 40)}")
+    out = {}
+    for name, x in v.items():
+        stat = _STATS.get(_strip_fillers(_norm_key([str(name)])))
+        if stat is not None:
+            out[stat] = _as_int(x) if stat == "samples" else _as_float(x)
+    return out
+
+
+@dataclass
+class _Record:
+    """One tagged statement (its line and the continuation lines it spans) turned into facts."""
+
+    line: int
+    end: int
+    stream: int | None
+    text: str
+    epoch: int | None = None
+    facts: list[tuple[str, Any]] = field(default_factory=list)
+    bad: list[tuple[str | None, str]] = field(default_factory=list)  # (field or None, reason)
+    ignored: list[str] = field(default_factory=list)
+
+
+def _fact_of(fld: str | None, key: str, subject: Any) -> str | None:
+    """Which fact an unreadable value was meant to state (None: none the checks use)."""
+    if fld in ("indices", "unique", "counts", "shape", "k"):
+        return fld
+    if fld in ("subject", "per_condition") or (subject is not None and key in _STATS):
+        return "cond"
+    return None
+
+
+def _interpret(rec: _Record, items: list[tuple[str, str, Any]], stop: tuple[str, str] | None) -> None:
+    subject = None
+    for key, printed, value in items:
+        key = _strip_fillers(key)
+        fld = _FIELDS.get(key)
+        try:
+            if fld == "subject" and not isinstance(value, (list, tuple, dict)) and _cond_id(value) is not None:
+                subject = _cond_id(value)
+                rec.facts.append(("cond", (subject, {})))
+            elif subject is not None and key in _STATS:
+                stat = _STATS[key]
+                rec.facts.append(("cond", (subject, {stat: _as_int(value) if stat == "samples" else
+                                                     _as_float(value)})))
+            elif fld == "epoch":
+                rec.epoch = _as_int(value)
+            elif fld == "indices":
+                rec.facts.append(("indices", _as_indices(value)))
+            elif fld == "unique":
+                rec.facts.append(("unique", _as_int(value)))
+            elif fld == "counts" and (isinstance(value, (int, float)) and not isinstance(value, bool)):
+                rec.facts.append(("k", _as_int(value)))  # "samples per prompt: 4" is the group size
+            elif fld == "counts":
+                rec.facts.append(("counts", _as_counts(value)))
+            elif fld == "shape":
+                rec.facts.append(("shape", _as_shape(value)))
+            elif fld == "k":
+                rec.facts.append(("k", _as_int(value)))
+            elif fld == "per_condition":
+                if isinstance(value, _Elided) or not isinstance(value, dict):
+                    raise ValueError(_ELIDED_REASON if isinstance(value, _Elided) else "not a dict")
+                for cid, stats in value.items():
+                    if _cond_id(cid) is None:
+                        raise ValueError(f"key {_excerpt(repr(cid), 30)} is not a condition id")
+                    rec.facts.append(("cond", (_cond_id(cid), _as_stats(stats))))
+            else:
+                rec.ignored.append(key)
+        except ValueError as e:
+            rec.bad.append((_fact_of(fld, key, subject), f"'{printed}' {e}"))
+    if stop is not None:
+        printed, reason = stop
+        key = _strip_fillers(_norm_key(printed.split())) if printed else ""
+        rec.bad.append((_fact_of(_FIELDS.get(key), key, subject), reason))
+    if not items and stop is None:
+        rec.bad.append((None, "no `key: value` after the tag"))
+
+
+_RANK_PREFIX = re.compile(r"(?<![A-Za-z])(?:rank|default)\s*[:=#]?\s*(\d+)", re.I)
+_SRUN_PREFIX = re.compile(r"^\s*(\d+):\s*$")
+_EPOCH_PREFIX = re.compile(r"(?<![A-Za-z])epoch\s*[:=#]?\s*(\d+)", re.I)
+_CONT_RANK = re.compile(r"^\s*\[?\s*(?:rank|default)\s*(\d+)\s*\]?\s*:?", re.I)
+
+
+@dataclass
+class _Pending:
+    line: int
+    end: int
+    stream: int | None
+    srun: bool
+    prefix_epoch: int | None
+    parts: list[str]
+    tokens: list[_Tok]
+
+
+def _strip_continuation(seg: str, pending: dict) -> tuple[Any, str] | None:
+    """(stream, text) when an untagged line may continue an open value, None when it is some other output."""
+    m = _CONT_RANK.match(seg)
+    if m:  # torchrun prefixes every line of a process, continuations included
+        rank = int(m.group(1))
+        return (rank, seg[m.end():]) if rank in pending else None
+    for stream, p in pending.items():
+        if p.srun and seg.lstrip().startswith(f"{stream}:"):
+            return stream, seg.lstrip()[len(f"{stream}:"):]
+    # a logger prefixes only a message's first line: an unprefixed line continues the one open value, if one
+    plain = [s for s, p in pending.items() if not p.srun]
+    return (plain[0], seg) if len(plain) == 1 else None
+
+
+def _records(text: str) -> tuple[list[_Record], int]:
+    """Tagged statements with their continuation lines, in order; also the number of tagged lines."""
+    out: list[_Record] = []
+    pending: dict[Any, _Pending] = {}
+    raw = text.split("\n")
+    last = max((i for i, s in enumerate(raw, 1) if s.strip()), default=0)
+    n_tagged = 0
+
+    def finish(p: _Pending, truncated: str | None) -> None:
+        rec = _Record(p.line, p.end, p.stream, _excerpt(TAG + " " + p.parts[0].strip()), p.prefix_epoch)
+        items, stop = _read_items(p.tokens)
+        if truncated and stop is None:
+            stop = ("", f"value not closed ({truncated})")
+        elif truncated:
+            stop = (stop[0], f"{stop[1]}; {truncated}")
+        _interpret(rec, items, stop)
+        if rec.epoch is None:
+            rec.epoch = p.prefix_epoch
+        out.append(rec)
+
+    for no, line in enumerate(raw, 1):
+        for seg in line.split("\r"):  # progress bars redraw with \r: each redraw is its own piece
+            m = _TAG_RE.search(seg)
+            if m:
+                n_tagged += 1
+                prefix, body = seg[:m.start()], seg[m.end():]
+                rank = _RANK_PREFIX.search(prefix)
+                srun = _SRUN_PREFIX.match(prefix)
+                stream = int(rank.group(1)) if rank else (int(srun.group(1)) if srun else None)
+                ep = _EPOCH_PREFIX.search(prefix)
+                if stream in pending:
+                    finish(pending.pop(stream), f"the next [GRPO Debug] line, {no}, came first: truncated?")
+                p = _Pending(no, no, stream, bool(srun and not rank), int(ep.group(1)) if ep else None, [body],
+                             _tokenize(body))
+                if _open(p.tokens):
+                    pending[stream] = p
+                else:
+                    finish(p, None)
+                continue
+            if not pending or not seg.strip():
+                continue
+            routed = _strip_continuation(seg, pending)
+            if routed is None:
+                continue
+            stream, rest = routed
+            toks = _tokenize(rest)
+            if not toks or any(t.kind == "other" for t in toks):
+                continue  # a progress bar, a warning, a log line: not part of a printed value
+            p = pending[stream]
+            p.parts.append(rest)
+            p.tokens += toks
+            p.end = no
+            if not _open(p.tokens):
+                finish(pending.pop(stream), None)
+    for p in pending.values():
+        finish(p, "the log ends first" + ("" if p.end < last else ": last line of the log"))
+    out.sort(key=lambda r: r.line)
+    return out, n_tagged
 
 
 @dataclass
 class DebugEpoch:
-    """What one epoch's [GRPO Debug] lines said; a field never printed stays None."""
+    """What one epoch's [GRPO Debug] lines said; a fact never printed (or not readable) stays None."""
 
     order: int
     epoch: int | None = None
     indices: list[int] | None = None
     unique: int | None = None
-    counts: dict[int, int] | None = None
+    counts: dict | None = None
     shape: tuple[int, ...] | None = None
     k: int | None = None
-    cond_stats: dict[int, tuple[float, float]] = field(default_factory=dict)
+    cond_stats: dict = field(default_factory=dict)  # condition id -> {"samples", "mean", "std"} as printed
     lines: list[int] = field(default_factory=list)
+    sources: dict[str, list[int]] = field(default_factory=dict)  # fact -> lines that stated it
+    unread: list[tuple[str, int, str]] = field(default_factory=list)  # (fact, line, reason) not readable
+    conflicts: list[str] = field(default_factory=list)  # repeated statements (other ranks) that disagree
+    explicit: bool = False
 
     @property
     def label(self) -> int:
         return self.epoch if self.epoch is not None else self.order
+
+    def sampled_counts(self) -> dict | None:
+        """Copies per condition: from the gathered indices when read, else from the printed counts."""
+        if self.indices is not None:
+            return dict(Counter(self.indices))
+        return dict(self.counts) if self.counts is not None else None
+
+    def n_samples(self) -> int | None:
+        c = self.sampled_counts()
+        return sum(c.values()) if c is not None else None
 
 
 @dataclass
@@ -938,270 +1570,367 @@ class DebugLog:
     unreadable: list[Unreadable]
     debug_lines: int
     explicit_epochs: bool
+    ignored: dict[str, int] = field(default_factory=dict)  # keys read but not used -> how many lines
+    k_values: list[tuple[int, int]] = field(default_factory=list)  # (line, k) as printed
 
 
-def _bracketed(text: str, open_: str, close: str) -> str | None:
-    a, b = text.find(open_), text.rfind(close)
-    return text[a + 1:b] if a >= 0 and b > a else None
+def _count_diff(a: dict, b: dict) -> list[str]:
+    ids = sorted({*a, *b} - {i for i in a if i in b and a[i] == b[i]}, key=str)
+    return [f"{i} ({a.get(i, 0)} vs {b.get(i, 0)})" for i in ids]
 
 
-def _parse_indices(text: str) -> list[int]:
-    inner = _bracketed(text, "[", "]")
-    if inner is None:
-        raise ValueError("list not closed (truncated line?)")
-    if "..." in inner or "…" in inner:
-        raise ValueError("list elided with '...' (print the full tensor to verify it)")
-    tokens = [t.strip() for t in inner.split(",") if t.strip()]
-    if not all(re.fullmatch(r"-?\d+", t) for t in tokens):
-        raise ValueError("list holds something other than integers")
-    return [int(t) for t in tokens]
+def _disagreement(fld: str, old: Any, new: Any) -> str:
+    if fld == "indices":
+        diff = _count_diff(dict(Counter(old)), dict(Counter(new)))
+        return (f"conditions {_short(diff, 6)}" if diff else
+                f"same conditions and copies, different order or length ({len(old)} vs {len(new)})")
+    if fld == "counts":
+        return f"conditions {_short(_count_diff(old, new), 6)}"
+    return f"{old} vs {new}"
 
 
-def _parse_counts(text: str) -> dict[int, int]:
-    inner = _bracketed(text, "{", "}")
-    if inner is None:
-        raise ValueError("dict not closed (truncated line?)")
-    out = {}
-    for token in (t for t in inner.split(",") if t.strip()):
-        m = _PAIR.fullmatch(token)
-        if not m:
-            raise ValueError(f"unreadable entry {token.strip()!r}")
-        out[int(m.group(1))] = int(m.group(2))
-    return out
+def _put(ep: DebugEpoch, fld: str, value: Any, line: int) -> None:
+    if fld == "cond":
+        cid, stats = value
+        have = ep.cond_stats.setdefault(cid, {})
+        for stat, x in stats.items():
+            if stat in have and not (have[stat] == x or (math.isnan(have[stat]) and math.isnan(x))):
+                ep.conflicts.append(f"condition {cid} {stat}: {have[stat]} here, {x} on line {line}")
+            have.setdefault(stat, x)
+        _source(ep, f"cond {cid}", line)
+        return
+    old = getattr(ep, fld)
+    if old is None:
+        setattr(ep, fld, value)
+    elif old != value:
+        first = ep.sources[fld][0]
+        ep.conflicts.append(f"{fld} on line {line} disagrees with line {first}: {_disagreement(fld, old, value)}")
+    _source(ep, fld, line)
 
 
-def _parse_debug_body(body: str) -> tuple[str, Any]:
-    """(field, value) of one [GRPO Debug] line body, raising ValueError when it cannot be read."""
-    if m := _INDICES.search(body):
-        return "indices", _parse_indices(m.group(1))
-    if m := _UNIQUE.search(body):
-        return "unique", int(m.group(1))
-    if m := _COUNTS.search(body):
-        return "counts", _parse_counts(m.group(1))
-    if re.search(r"advantages shape", body, re.I):
-        m = _SHAPE.search(body)
-        if not m:
-            raise ValueError("shape not readable (truncated line?)")
-        return "shape", tuple(int(x) for x in m.group(1).split(","))
-    if re.search(r"advantage mean", body, re.I):
-        m = _COND.search(body)
-        if not m:
-            raise ValueError("condition advantage line not readable (truncated line?)")
-        return "cond", (int(m.group(1)), float(m.group(2)), float(m.group(3)))
-    if m := _K.match(body.strip()):
-        return "k", int(m.group(1))
-    raise ValueError("unrecognised [GRPO Debug] line")
+def _source(ep: DebugEpoch, fact: str, line: int) -> None:
+    lines = ep.sources.setdefault(fact, [])
+    if not lines or lines[-1] != line:  # one line may state several stats of one condition
+        lines.append(line)
 
 
-def _has(ep: DebugEpoch, fld: str, value: Any) -> bool:
-    return value[0] in ep.cond_stats if fld == "cond" else getattr(ep, fld) is not None
-
-
-def _only_k(ep: DebugEpoch) -> bool:
-    return (ep.epoch is None and not ep.cond_stats
-            and all(getattr(ep, f) is None for f in ("indices", "unique", "counts", "shape")))
+def _fields_of(rec: _Record) -> set[str]:
+    out = {f"cond {v[0]}" if f == "cond" else f for f, v in rec.facts if f != "k"}
+    return out | {f for f, _ in rec.bad if f not in (None, "k", "cond")}
 
 
 def parse_debug_log(text: str) -> DebugLog:
-    """[GRPO Debug] lines grouped into epochs.
+    """[GRPO Debug] statements grouped into epochs.
 
-    An explicit "epoch N" places a line; otherwise a line joins the current epoch unless that epoch already
-    has the field it carries, in which case a new epoch starts. This follows the printing order whatever it
-    is, as long as it is the same every epoch; a `k` printed once carries over to later epochs.
+    A statement with an epoch number (in its prefix or body) goes to that epoch, and so do the unnumbered ones
+    after it (of the same rank, or of any rank when its own never stated a number). Without numbers, each rank's
+    statements are grouped by order: a statement joins that rank's current epoch unless that rank already stated
+    the same fact in it, which starts the rank's next epoch; the ranks' n-th epochs are then one epoch, whose
+    repeated facts must agree. `k` is a run setting, not an epoch fact: the last one printed before an epoch's
+    end applies to it.
     """
-    epochs: list[DebugEpoch] = []
-    by_number: dict[int, DebugEpoch] = {}
-    bad: list[Unreadable] = []
-    current: DebugEpoch | None = None
-    n_debug = 0
+    records, n_tagged = _records(text)
+    epochs: dict[int, DebugEpoch] = {}
+    current: dict[Any, int] = {}
+    numbered: dict[Any, bool] = {}
+    started: dict[Any, int] = {}
+    stated: dict[tuple[Any, int], set] = {}
+    unreadable: list[Unreadable] = []
+    ignored: Counter = Counter()
+    k_values: list[tuple[int, int]] = []
     explicit = False
-    raw = text.splitlines()
-    last = max((i for i, s in enumerate(raw, 1) if s.strip()), default=0)
-    for no, line in enumerate(raw, 1):
-        pos = line.find(TAG)
-        if pos < 0:
-            continue
-        n_debug += 1
-        body = line[pos + len(TAG):]
-        number = None
-        if m := _EPOCH.match(body):
-            number, body = int(m.group(1)), body[m.end():]
-        try:
-            fld, value = _parse_debug_body(body)
-        except ValueError as e:
-            reason = f"{e}{'; last line of the log' if no == last else ''}"
-            bad.append(Unreadable(no, reason, _excerpt(line[pos:])))
-            continue
+    latest: int | None = None  # the last epoch number stated by any rank
 
-        if number is not None:
+    def epoch_for(label: int, is_explicit: bool) -> DebugEpoch:
+        if label not in epochs:
+            epochs[label] = DebugEpoch(order=len(epochs), epoch=label if is_explicit else None, explicit=is_explicit)
+        return epochs[label]
+
+    for rec in records:
+        if rec.bad:
+            unreadable.append(Unreadable(rec.line, "; ".join(reason for _, reason in rec.bad), rec.text))
+        ignored.update(rec.ignored)
+        k_values += [(rec.line, v) for f, v in rec.facts if f == "k"]
+        fields = _fields_of(rec)
+        s = rec.stream
+        if rec.epoch is not None:
             explicit = True
-            target = by_number.get(number)
-            if target is None and current is not None and _only_k(current):
-                # A group size printed once before the first numbered line belongs to that epoch.
-                target = by_number[number] = current
-                target.epoch = number
-            elif target is None:
-                target = by_number[number] = DebugEpoch(order=len(epochs), epoch=number)
-                epochs.append(target)
-            elif _has(target, fld, value):
-                old = target.cond_stats.get(value[0]) if fld == "cond" else getattr(target, fld)
-                new = value[1:] if fld == "cond" else value
-                if old != new:
-                    bad.append(Unreadable(no, f"epoch {number} already has a different '{fld}' line",
-                                          _excerpt(line[pos:])))
-                continue
+            label, current[s], numbered[s], latest = rec.epoch, rec.epoch, True, rec.epoch
+            is_explicit = True
+        elif not fields:
+            continue
+        elif numbered.get(s):
+            label, is_explicit = current[s], True
+        elif latest is not None:
+            # e.g. `[rank0] ... epoch 3 ...` then unprefixed lines, or an unprefixed `Epoch 3` then rank lines
+            label, is_explicit = latest, True
         else:
-            target = current
-            if target is None or _has(target, fld, value):
-                target = DebugEpoch(order=len(epochs))
-                epochs.append(target)
-        if fld == "cond":
-            target.cond_stats[value[0]] = (value[1], value[2])
-        else:
-            setattr(target, fld, value)
-        target.lines.append(no)
-        current = target
-    if epochs and _only_k(epochs[-1]) and len(epochs) > 1:
-        epochs.pop()  # a trailing group-size line carries no epoch of its own
-    return DebugLog(epochs, bad, n_debug, explicit)
+            if s not in current or stated.get((s, current[s]), set()) & fields:
+                current[s] = started.get(s, 0)
+                started[s] = current[s] + 1
+            label, is_explicit = current[s], False
+        ep = epoch_for(label, is_explicit)
+        stated.setdefault((s, label), set()).update(fields)
+        for fld, value in rec.facts:
+            if fld != "k":
+                _put(ep, fld, value, rec.line)
+        for fld, reason in rec.bad:
+            if fld not in (None, "k"):
+                ep.unread.append((fld, rec.line, reason))
+        ep.lines += list(range(rec.line, rec.end + 1))
+
+    ordered = sorted(epochs.values(), key=lambda e: e.order)
+    distinct_k = {k for _, k in k_values}
+    for ep in ordered:
+        last_line = max(ep.lines, default=0)
+        before = [k for line, k in k_values if line <= last_line]
+        # one value printed anywhere holds for the whole run; if it changed, the latest one before counts
+        ep.k = before[-1] if before else (next(iter(distinct_k)) if len(distinct_k) == 1 else None)
+    return DebugLog(ordered, unreadable, n_tagged, explicit, dict(ignored), k_values)
 
 
-def _debug_k(log: DebugLog) -> dict[int, int | None]:
-    """Effective k per epoch (order): printed in that epoch or carried over from an earlier one."""
-    out, k = {}, None
-    for ep in log.epochs:
-        k = ep.k if ep.k is not None else k
-        out[ep.order] = k
-    return out
+def check_debug_sampling_facts(ep: DebugEpoch) -> Check:
+    """Whether this epoch's sampled conditions were read at all; every other check leans on them."""
+    name = "sampling_facts"
+    read = [f for f in SAMPLING_FIELDS if getattr(ep, f) is not None]
+    unread = [f"line {line} ({fld}): {reason}" for fld, line, reason in ep.unread]
+    nums = {"read": read, "unreadable_lines": [line for _, line, _ in ep.unread]}
+    if not read:
+        why = f"; {_short(unread, 4)}" if unread else " (neither was printed for this epoch)"
+        return Check(name, FAIL, nums, "could not verify: neither the gathered dataset indices nor the counts per "
+                                       f"condition were read{why}")
+    what = " and ".join(f"gathered indices ({len(ep.indices)} samples)" if f == "indices" else
+                        f"counts per condition ({len(ep.counts)} conditions)" for f in read)
+    if unread:
+        return Check(name, WARN, nums, f"verified from the {what}, but some lines of this epoch could not be read: "
+                                       f"{_short(unread, 4)}")
+    return Check(name, PASS, nums, f"read the {what}")
+
+
+def _k_offenders(counts: dict, k: int | None) -> tuple[dict, str]:
+    if k is not None:
+        return {i: c for i, c in counts.items() if c != k}, f"k={k}"
+    tally = Counter(counts.values()).most_common()
+    if not tally:
+        return {}, "k (not printed)"
+    if len(tally) > 1 and tally[0][1] == tally[1][1]:
+        return dict(counts), "one common count (k not printed, and no count is the most common)"
+    mode = tally[0][0]
+    return {i: c for i, c in counts.items() if c != mode}, f"the common count {mode} (k not printed)"
+
+
+def _ids(d: dict) -> list[str]:
+    return [f"{i}: {c}" for i, c in sorted(d.items(), key=lambda kv: str(kv[0]))]
 
 
 def check_debug_counts(ep: DebugEpoch, k: int | None) -> Check:
     name = "count_per_condition"
-    from_indices = dict(Counter(ep.indices)) if ep.indices is not None else None
-    counts = from_indices if from_indices is not None else ep.counts
+    counts = ep.sampled_counts()
     if counts is None:
-        return Check(name, WARN, {}, "neither indices nor counts printed for this epoch")
+        return Check(name, FAIL, {}, "could not verify: neither the gathered indices nor the counts were read")
     problems = []
-    nums: dict[str, Any] = {"k": k, "conditions": len(counts)}
-    if from_indices is not None and ep.counts is not None and ep.counts != from_indices:
-        diff = sorted(set(ep.counts.items()) ^ set(from_indices.items()))
-        problems.append(f"printed counts disagree with the printed indices: {_short(diff, 6)}")
-    if k is not None:
-        offenders = {i: c for i, c in sorted(counts.items()) if c != k}
-        expected_note = f"k={k}"
-    else:
-        mode = Counter(counts.values()).most_common(1)[0][0] if counts else None
-        offenders = {i: c for i, c in sorted(counts.items()) if c != mode}
-        expected_note = f"the common count {mode} (k not printed)"
+    nums: dict[str, Any] = {"k": k, "conditions": len(counts), "samples": sum(counts.values())}
+    if ep.indices is not None and ep.counts is not None:
+        diff = _count_diff(ep.counts, counts)
+        nums["disagreeing_with_indices"] = len(diff)
+        if diff:
+            problems.append(f"printed counts disagree with the counts recomputed from the gathered indices for "
+                            f"conditions {_short(diff, 8)} (printed vs recomputed)")
+    offenders, expected = _k_offenders(counts, k)
     nums["offenders"] = {str(i): c for i, c in offenders.items()}
     if offenders:
-        problems.append(f"conditions without {expected_note} copies: "
-                        f"{_short([f'{i}: {c}' for i, c in offenders.items()])}")
+        problems.append(f"conditions without exactly {expected} copies: {_short(_ids(offenders), 8)}")
     if problems:
         return Check(name, FAIL, nums, "; ".join(problems))
-    return Check(name, PASS, nums, f"{len(counts)} conditions, each with {expected_note} copies")
+    src = "the gathered indices" + (" (and the printed counts agree)" if ep.counts is not None else "") \
+        if ep.indices is not None else "the printed counts"
+    return Check(name, PASS, nums, f"{len(counts)} conditions, each with {expected} copies, from {src}")
 
 
 def check_debug_unique(ep: DebugEpoch, k: int | None) -> Check:
     name = "unique_conditions"
-    computed = (len(set(ep.indices)) if ep.indices is not None else
-                len(ep.counts) if ep.counts is not None else None)
-    nums = {"printed": ep.unique, "from_indices_or_counts": computed}
+    counts = ep.sampled_counts()
+    nums: dict[str, Any] = {"printed": ep.unique, "from_indices": len(set(ep.indices)) if ep.indices else None,
+                            "counts_dict_size": len(ep.counts) if ep.counts is not None else None}
+    if counts is None:
+        return Check(name, WARN, nums, "not compared: no gathered indices or counts were read for this epoch")
     problems = []
-    if ep.unique is not None and computed is not None and ep.unique != computed:
-        problems.append(f"printed {ep.unique} unique conditions but the indices/counts hold {computed}")
-    n = len(ep.indices) if ep.indices is not None else (sum(ep.counts.values()) if ep.counts else None)
-    if k and n is not None:
+    off = _short(_ids(_k_offenders(counts, k)[0]), 8)
+    if ep.indices is not None and ep.counts is not None and set(ep.counts) != set(ep.indices):
+        only_c = sorted(set(ep.counts) - set(ep.indices), key=str)
+        only_i = sorted(set(ep.indices) - set(ep.counts), key=str)
+        problems.append(f"the counts dict names {len(ep.counts)} conditions, the indices {len(set(ep.indices))}: "
+                        f"only in the dict {_short(only_c)}; only in the indices {_short(only_i)}")
+    if ep.unique is not None and ep.unique != len(counts):
+        problems.append(f"printed {ep.unique} unique conditions but the "
+                        f"{'indices' if ep.indices is not None else 'counts dict'} hold {len(counts)}"
+                        + (f" (conditions off the common count: {off})" if off else ""))
+    n = sum(counts.values())
+    if k:
         nums["expected_N_over_k"] = n / k
-        got = ep.unique if ep.unique is not None else computed
-        if got is not None and got * k != n:
-            problems.append(f"{got} conditions x k={k} != {n} samples")
-    if ep.unique is None and computed is None:
-        return Check(name, WARN, nums, "not printed for this epoch")
+        if len(counts) * k != n:
+            problems.append(f"{len(counts)} conditions x k={k} != {n} samples (conditions off k: {off})")
     if problems:
         return Check(name, FAIL, nums, "; ".join(problems))
-    return Check(name, PASS, nums, f"{ep.unique if ep.unique is not None else computed} unique conditions")
+    said = f"printed {ep.unique} = " if ep.unique is not None else ""
+    return Check(name, PASS, nums, f"{said}{len(counts)} unique conditions")
 
 
 def check_debug_shape(ep: DebugEpoch) -> Check:
     name = "advantage_shape"
-    n = len(ep.indices) if ep.indices is not None else (sum(ep.counts.values()) if ep.counts else None)
+    n = ep.n_samples()
     nums = {"shape": list(ep.shape) if ep.shape else None, "samples": n}
     if ep.shape is None:
-        return Check(name, WARN, nums, "advantages shape not printed for this epoch")
+        return Check(name, WARN, nums, "advantages shape not read for this epoch")
     if n is None:
-        return Check(name, WARN, nums, "no indices or counts to compare the shape with")
+        return Check(name, WARN, nums, "not compared: no gathered indices or counts were read for this epoch")
     if ep.shape[0] != n:
         return Check(name, FAIL, nums, f"advantages have {ep.shape[0]} rows but {n} samples were gathered")
     return Check(name, PASS, nums, f"advantages shape {tuple(ep.shape)} has one row per gathered sample")
 
 
+def check_debug_condition_samples(ep: DebugEpoch, k: int | None) -> Check:
+    """Per-condition `samples=` against the copies gathered (or k when nothing was gathered)."""
+    name = "condition_samples"
+    printed = {c: s["samples"] for c, s in ep.cond_stats.items() if "samples" in s}
+    counts = ep.sampled_counts()
+    nums: dict[str, Any] = {"conditions": len(printed)}
+    if not printed:
+        return Check(name, WARN, nums, "no per-condition samples= printed for this epoch")
+    if counts is None:
+        if k is None:
+            return Check(name, WARN, nums, "not compared: no indices, counts or k read for this epoch")
+        bad = {c: s for c, s in printed.items() if s != k}
+        ref = f"k={k}"
+    else:
+        bad = {c: s for c, s in printed.items() if counts.get(c) != s}
+        ref = "the copies gathered"
+    nums["mismatches"] = len(bad)
+    if bad:
+        listed = [f"{c}: samples={s} but {counts.get(c, 0) if counts is not None else k} "
+                  f"{'gathered' if counts is not None else 'expected'}" for c, s in sorted(bad.items(), key=str)]
+        return Check(name, FAIL, nums, f"per-condition samples= disagree with {ref}: {_short(listed, 8)}")
+    return Check(name, PASS, nums, f"{len(printed)} per-condition samples= equal {ref}")
+
+
 def check_debug_advantages(ep: DebugEpoch, tol: float) -> Check:
     name = "advantage_per_condition"
-    if not ep.cond_stats:
-        return Check(name, WARN, {}, "no per-condition advantage lines for this epoch")
-    counts = dict(Counter(ep.indices)) if ep.indices is not None else (ep.counts or {})
+    stats = {c: s for c, s in ep.cond_stats.items() if "mean" in s or "std" in s}
+    if not stats:
+        return Check(name, WARN, {}, "no per-condition advantage mean/std for this epoch")
+    counts = ep.sampled_counts()
     rows = []
-    for g, (mean, std) in sorted(ep.cond_stats.items()):
-        row = {"condition": g, "id": "", "samples": counts.get(g), "mean": mean, "std": std, "reward_std": None}
-        if std == 0 and mean == 0:
+    for g, st in sorted(stats.items(), key=lambda kv: str(kv[0])):
+        mean, std = st.get("mean"), st.get("std")
+        n = st.get("samples", counts.get(g) if counts else None)
+        row = {"condition": g, "id": "", "samples": n, "mean": mean, "std": std, "reward_std": None}
+        bessel = math.sqrt(n / (n - 1)) if n and n > 1 else None
+        if mean is None or std is None:
+            row["status"], row["note"] = WARN, f"only the {'mean' if std is None else 'std'} was printed"
+        elif std == 0 and mean == 0:
             row["status"], row["note"] = PASS, "zero-std group: all 0"
         elif std == 0:
             row["status"], row["note"] = FAIL, "std 0 but mean is not 0"
         elif not abs(mean) <= tol:
             row["status"], row["note"] = FAIL, f"mean {mean:.4g} is not 0"
-        elif not abs(std - 1) <= tol:
-            row["status"], row["note"] = FAIL, f"std {std:.4g} is neither 1 nor exactly 0"
-        else:
+        elif abs(std - 1) <= tol:
             row["status"], row["note"] = PASS, ""
-        if counts and g not in counts:
-            row["status"], row["note"] = FAIL, "condition was not among the gathered indices"
+        elif bessel and (abs(std - bessel) <= tol or abs(std - 1 / bessel) <= tol):
+            # normalised with one std convention (population / unbiased) and printed with the other
+            row["status"], row["note"] = PASS, f"std {std:.4g} = 1 up to the n/(n-1) factor for n={n}"
+        else:
+            hint = " (a group whose reward std is close to eps gives less than 1; the log has no rewards to tell)" \
+                if 0 < std < 1 else ""
+            row["status"], row["note"] = FAIL, f"std {std:.4g} is neither 1 nor exactly 0{hint}"
+        if counts is not None and g not in counts:
+            row["status"], row["note"] = FAIL, "condition was not among the gathered conditions"
         rows.append(row)
-    missing = sorted(set(counts) - set(ep.cond_stats)) if counts else []
+    missing = sorted(set(counts) - set(stats), key=str) if counts else []
     tally = Counter(r["status"] for r in rows)
-    nums = {"conditions": len(rows), "pass": tally[PASS], "fail": tally[FAIL], "not_printed": missing}
-    status = worst(r["status"] for r in rows)
+    nums = {"conditions": len(rows), "pass": tally[PASS], "warn": tally[WARN], "fail": tally[FAIL],
+            "not_printed": missing}
     bad = [f"{r['condition']}: {r['note']}" for r in rows if r["status"] == FAIL]
     if bad:
-        return Check(name, status, nums, f"{len(bad)} of {len(rows)} conditions fail: {_short(bad, 6)}", table=rows)
-    if missing:
-        return Check(name, WARN, nums, f"no advantage line for conditions {_short(missing)}", table=rows)
+        return Check(name, FAIL, nums, f"{len(bad)} of {len(rows)} conditions fail: {_short(bad, 6)}", table=rows)
+    if missing or tally[WARN]:
+        parts = [f"no advantage line for conditions {_short(missing)}"] if missing else []
+        parts += [f"{r['condition']}: {r['note']}" for r in rows if r["status"] == WARN][:6]
+        return Check(name, WARN, nums, "; ".join(parts), table=rows)
     return Check(name, PASS, nums, f"{len(rows)} conditions with mean 0 and std 1 (or exactly 0)", table=rows)
 
 
+def check_debug_ranks(ep: DebugEpoch) -> Check:
+    name = "ranks_agree"
+    repeats = sum(len(v) - 1 for v in ep.sources.values())
+    nums = {"repeated_statements": repeats, "disagreements": len(ep.conflicts)}
+    if ep.conflicts:
+        return Check(name, FAIL, nums, f"the same fact printed twice disagrees: {_short(ep.conflicts, 4)}")
+    return Check(name, PASS, nums, f"{repeats} repeated statements (other ranks) agree")
+
+
 def verify_debug_log(log: DebugLog, tol: float = 1e-3, source: str = "train.log") -> Report:
-    """Checks over the [GRPO Debug] lines of a text log; a check whose lines are never printed is skipped."""
+    """Checks over the [GRPO Debug] lines of a text log.
+
+    Every epoch must have its sampled conditions (gathered indices or counts per condition) read, or it fails
+    "could not verify"; a log without any epoch fails. Checks of facts the log never prints (shape, per-condition
+    lines) are not run, and the report notes so.
+    """
     checks = [check_unreadable(log.unreadable)]
-    nums = {"debug_lines": log.debug_lines, "epochs": len(log.epochs)}
-    if log.epochs:
-        how = "numbered in the log" if log.explicit_epochs else "inferred from the order of the lines"
-        checks.append(Check("epoch_records", PASS, nums, f"{len(log.epochs)} epochs ({how})"))
+    verified = [ep for ep in log.epochs if any(getattr(ep, f) is not None for f in SAMPLING_FIELDS)]
+    nums = {"debug_lines": log.debug_lines, "epochs": len(log.epochs), "epochs_with_sampling_facts": len(verified)}
+    if not log.debug_lines:
+        checks.append(Check("epoch_records", FAIL, nums, f"no {TAG} line in the log: nothing could be verified"))
+    elif not log.epochs:
+        checks.append(Check("epoch_records", FAIL, nums, f"no readable {TAG} epoch in the log"))
     else:
-        checks.append(Check("epoch_records", FAIL, nums, "no readable [GRPO Debug] epoch in the log"))
+        how = "numbered in the log" if log.explicit_epochs else "inferred from the order of the lines"
+        status = PASS if verified else FAIL
+        checks.append(Check("epoch_records", status, nums, f"{len(log.epochs)} epochs ({how}), {len(verified)} with "
+                                                           "their sampling facts read"))
     if log.explicit_epochs:
         checks += _guard("missing_epochs", check_missing_epochs,
                          [ep.epoch for ep in log.epochs if ep.epoch is not None])
-    ks = _debug_k(log)
-    printed = {f: any(getattr(ep, f) for ep in log.epochs) for f in ("indices", "counts", "unique", "shape",
-                                                                       "cond_stats")}
+    printed = {
+        "shape": any(ep.shape is not None or any(f == "shape" for f, _, _ in ep.unread) for ep in log.epochs),
+        "stats": any("mean" in s or "std" in s for ep in log.epochs for s in ep.cond_stats.values()),
+        "samples": any("samples" in s for ep in log.epochs for s in ep.cond_stats.values()),
+    }
     for ep in log.epochs:
-        epoch_checks = []
-        if printed["indices"] or printed["counts"]:
-            epoch_checks += _guard("count_per_condition", check_debug_counts, ep, ks[ep.order])
-        if printed["unique"] or printed["indices"] or printed["counts"]:
-            epoch_checks += _guard("unique_conditions", check_debug_unique, ep, ks[ep.order])
+        epoch_checks = _guard("sampling_facts", check_debug_sampling_facts, ep)
+        epoch_checks += _guard("count_per_condition", check_debug_counts, ep, ep.k)
+        epoch_checks += _guard("unique_conditions", check_debug_unique, ep, ep.k)
         if printed["shape"]:
             epoch_checks += _guard("advantage_shape", check_debug_shape, ep)
-        if printed["cond_stats"]:
+        if printed["samples"]:
+            epoch_checks += _guard("condition_samples", check_debug_condition_samples, ep, ep.k)
+        if printed["stats"]:
             epoch_checks += _guard("advantage_per_condition", check_debug_advantages, ep, tol)
+        if ep.conflicts or any(len(v) > 1 for v in ep.sources.values()):
+            epoch_checks += _guard("ranks_agree", check_debug_ranks, ep)
         for c in epoch_checks:
             c.epoch = ep.label
         checks += epoch_checks
     notes = []
     if not log.explicit_epochs and log.epochs:
         notes.append("epochs are numbered by the order of their lines (the log prints no epoch numbers)")
+    ks = sorted({k for _, k in log.k_values})
+    if not ks and log.epochs:
+        notes.append("k is not printed: each epoch's counts are compared with their most common value")
+    elif len(ks) > 1:
+        notes.append(f"k printed with different values {ks}: each epoch uses the last one printed before its end")
+    for what, key in (("advantages shape", "shape"), ("per-condition advantage mean/std", "stats"),
+                      ("per-condition samples=", "samples")):
+        if log.epochs and not printed[key]:
+            notes.append(f"the log never prints the {what}: that check was not run")
+    if log.ignored:
+        notes.append("keys read but not used by any check: "
+                     + ", ".join(f"{k} ({n})" for k, n in sorted(log.ignored.items())[:20]))
     return Report(source, "[GRPO Debug] text log", checks, log.unreadable, [ep.label for ep in log.epochs],
                   {"tol": tol}, notes)
+
+
+def has_debug_tag(text: str) -> bool:
+    return _TAG_RE.search(text) is not None
 
 
 def looks_like_jsonl(text: str) -> bool:
@@ -1243,13 +1972,18 @@ def _check_table(checks: list[Check]) -> list[str]:
     return lines
 
 
+def _num(x: Any) -> str:
+    return "-" if x is None else f"{x:.4g}"
+
+
 def _condition_table(rows: list[dict]) -> list[str]:
     lines = ["| condition | id | samples | mean | std | reward std | status | note |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        rs = "" if r.get("reward_std") is None else f"{r['reward_std']:.4g}"
-        lines.append(f"| {r['condition']} | {_cell(r.get('id', ''))} | {r.get('samples', '')} | {r['mean']:.4g} | "
-                     f"{r['std']:.4g} | {rs} | {r['status'].upper()} | {_cell(r.get('note', ''))} |")
+        samples = "-" if r.get("samples") is None else r["samples"]
+        lines.append(f"| {r['condition']} | {_cell(r.get('id', ''))} | {samples} | {_num(r['mean'])} | "
+                     f"{_num(r['std'])} | {_num(r.get('reward_std'))} | {r['status'].upper()} | "
+                     f"{_cell(r.get('note', ''))} |")
     return lines
 
 

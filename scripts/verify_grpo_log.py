@@ -3,8 +3,15 @@
     python scripts/verify_grpo_log.py runs/tiny_cpu                 # metrics.jsonl (+ config.json) of a run
     python scripts/verify_grpo_log.py old_run/train.log --tol 1e-3  # a text log with [GRPO Debug] lines
 
-Exit status: 0 when no check fails (warnings allowed), 1 otherwise. Never ends in a traceback: anything
-unexpected becomes a failing "parse" check in the report.
+Exit status:
+    0  every epoch's sampling facts (gathered dataset indices, or counts per condition) were read and every
+       check passed; warnings allowed (a line that could not be read is listed in the report and is a warning)
+    1  some check failed, or could not be evaluated where that matters: an epoch whose sampling facts were not
+       read fails "could not verify", and so does a log with no readable epoch (e.g. a file of unrelated text)
+    2  the path does not exist or holds no log (argparse usage errors also exit 2)
+Never ends in a traceback: anything unexpected becomes a failing "parse" check in the report (exit 1).
+
+Text logs are read by `recam.verify.parse_debug_log`; `recam.verify.DEBUG_LOG_FORMS` lists the forms it reads.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ def find_source(path: Path) -> tuple[Path, Path | None]:
         else:
             candidates = [path / n for n in LOG_NAMES if (path / n).exists()]
             candidates += sorted(p for p in path.glob("*.log") if p not in candidates)
-            with_tag = [p for p in candidates if verify.TAG in p.read_text(errors="replace")]
+            with_tag = [p for p in candidates if verify.has_debug_tag(p.read_text(errors="replace"))]
             if not with_tag:
                 raise FileNotFoundError(f"{path} holds neither metrics.jsonl nor a log with {verify.TAG} lines")
             log = with_tag[0]
@@ -46,7 +53,8 @@ def build_report(path: Path, tol: float) -> tuple[verify.Report, list[dict]]:
     """The report and, for metrics.jsonl, its records (for the plots)."""
     log, config_path = find_source(path)
     text = log.read_text(errors="replace")
-    if not verify.looks_like_jsonl(text) and verify.TAG in text:
+    if not verify.looks_like_jsonl(text) and (log.suffix != ".jsonl" or verify.has_debug_tag(text)):
+        # anything that is not JSON lines is read as a text log: with no [GRPO Debug] epoch in it, it fails
         return verify.verify_debug_log(verify.parse_debug_log(text), tol, source=str(log)), []
     config, config_check = None, None
     if config_path is not None:
@@ -90,9 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(args.path)
     out = Path(args.out) if args.out else default_out(path)
     records: list[dict] = []
+    code = None
     try:
         report, records = build_report(path, args.tol)
     except Exception as e:
+        if isinstance(e, FileNotFoundError):
+            code = 2
         detail = f"{type(e).__name__}: {e}"
         tb = traceback.extract_tb(e.__traceback__)
         if tb:
@@ -121,8 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     if len(failing) > 20:
         print(f"  … and {len(failing) - 20} more failing results in the report")
     if report.unreadable:
-        print(f"  could not read line(s): {', '.join(str(u.line) for u in report.unreadable[:20])}")
+        print(f"  could not read line(s): {', '.join(str(u.line) for u in report.unreadable[:20])}"
+              + (f" and {len(report.unreadable) - 20} more" if len(report.unreadable) > 20 else ""))
+        for u in report.unreadable[:5]:
+            print(f"    line {u.line}: {u.reason}")
     print(where)
+    if code is not None:
+        return code
     return 1 if report.status == verify.FAIL else 0
 
 

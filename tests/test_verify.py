@@ -198,7 +198,9 @@ def test_missing_epoch_fails():
     assert report.epochs == [0, 2, 3]
 
 
-def test_truncated_last_line_is_a_warning_and_the_rest_is_verified(tmp_path, capsys):
+def test_torn_epoch_record_fails_its_epoch_and_the_rest_is_verified(tmp_path, capsys):
+    # A torn epoch record is an epoch whose samples nobody can check: it fails "could not verify" (it used to
+    # be a warning with exit 0), while the epochs before it are still verified and pass.
     records = make_records()
     extra = make_epoch(EPOCHS, EPOCHS * STEPS_PER_EPOCH)
     steps = [{"type": "step", "step": EPOCHS * STEPS_PER_EPOCH + 1, "epoch": EPOCHS,
@@ -207,15 +209,41 @@ def test_truncated_last_line_is_a_warning_and_the_rest_is_verified(tmp_path, cap
     run = write_run(tmp_path, records + steps, tail=torn)
     n_lines = len(records) + len(steps) + 1
     out = tmp_path / "r.md"
-    assert verify_script.main([str(run), "--out", str(out), "--no-plots"]) == 0
+    assert verify_script.main([str(run), "--out", str(out), "--no-plots"]) == 1
     report, _ = verify_script.build_report(run, 1e-3)
     c = status(report, "unreadable_lines")
     assert c.status == verify.WARN and c.numbers["lines"] == [n_lines]
     assert report.unreadable[0].reason.startswith("torn last line")
-    assert status(report, "missing_epochs").status == verify.WARN
-    assert report.failing() == []
+    lost = status(report, "epoch_record", EPOCHS)
+    assert lost.status == verify.FAIL and lost.detail.startswith(f"could not verify epoch {EPOCHS}")
+    missing = status(report, "missing_epochs")
+    assert missing.status == verify.FAIL and missing.numbers["steps_without_epoch_record"] == [EPOCHS]
+    assert {(c.name, c.epoch) for c in report.failing()} == {("epoch_record", EPOCHS), ("missing_epochs", None)}
     assert f"line {n_lines}: torn last line" in out.read_text()
     assert f"could not read line(s): {n_lines}" in capsys.readouterr().out
+
+
+def test_torn_eval_record_is_only_a_warning(tmp_path):
+    records = make_records()
+    torn = json.dumps({"type": "eval", "tag": "end", "step": EPOCHS * STEPS_PER_EPOCH, "eval/cam_score": 0.5})[:40]
+    run = write_run(tmp_path, records, tail=torn)
+    assert verify_script.main([str(run), "--out", str(tmp_path / "r.md"), "--no-plots"]) == 0
+    report, _ = verify_script.build_report(run, 1e-3)
+    assert report.status == verify.WARN and status(report, "unreadable_lines").status == verify.WARN
+
+
+def test_epoch_record_without_dataset_indices_fails_could_not_verify(tmp_path):
+    records = make_records()
+    del epoch_rec(records, 1)["dataset_indices"]
+    epoch_rec(records, 2)["dataset_indices"] = "[3 5 ... 7]"
+    run = write_run(tmp_path, records)
+    assert verify_script.main([str(run), "--out", str(tmp_path / "r.md"), "--no-plots"]) == 1
+    report, _ = verify_script.build_report(run, 1e-3)
+    for e, why in ((1, "not logged"), (2, "not a list of integers")):
+        c = status(report, "sampling_facts", e)
+        assert c.status == verify.FAIL and c.detail.startswith("could not verify") and why in c.detail
+        assert status(report, "count_per_condition", e).status == verify.FAIL
+    assert status(report, "sampling_facts", 0).status == verify.PASS
 
 
 def test_corrupt_middle_line_is_listed_and_later_epochs_still_verified():
@@ -265,8 +293,11 @@ def test_epoch_step_must_be_global_step():
 
 def test_missing_input_is_a_parse_failure_not_a_traceback(tmp_path, capsys):
     out = tmp_path / "r.md"
-    assert verify_script.main([str(tmp_path / "nope"), "--out", str(out)]) == 1
+    assert verify_script.main([str(tmp_path / "nope"), "--out", str(out)]) == 2  # exit 2: no such file
     assert "parse" in out.read_text() and "FAIL" in out.read_text()
+    empty = tmp_path / "empty_run"
+    empty.mkdir()
+    assert verify_script.main([str(empty), "--out", str(out)]) == 2
 
 
 @pytest.mark.parametrize("std_mode", ["group", "global", "none"])
@@ -339,7 +370,8 @@ def test_good_debug_log_passes(tmp_path):
     assert report.epochs == [0, 1, 2]
     assert [c for c in report.checks if c.status != verify.PASS] == []
     names = {c.name for c in report.checks if c.epoch == 1}
-    assert names == {"count_per_condition", "unique_conditions", "advantage_shape", "advantage_per_condition"}
+    assert names == {"sampling_facts", "count_per_condition", "unique_conditions", "advantage_shape",
+                     "advantage_per_condition"}
     assert "**Result: PASS**" in out.read_text()
 
 
@@ -364,6 +396,7 @@ def test_debug_log_bad_advantage_std_and_shape_fail():
 
 
 def test_truncated_debug_log_reports_what_it_could_not_read():
+    # Epoch 2's only line is cut: that epoch now fails "could not verify" (it used to be skipped, exit 0).
     text = debug_log(epochs=2)
     lines = text.splitlines()
     lines.append("[GRPO Debug] epoch 2 gathered dataset indices: [12, 12, 7")
@@ -373,7 +406,11 @@ def test_truncated_debug_log_reports_what_it_could_not_read():
     assert c.status == verify.WARN and c.numbers["lines"] == [6, len(lines)]
     assert "truncated" in report.unreadable[-1].reason and "last line" in report.unreadable[-1].reason
     assert status(report, "count_per_condition", 1).status == verify.PASS
-    assert report.failing() == []
+    # epoch 0 lost a second (cut) counts line but its indices and first counts line were read: a warning
+    assert status(report, "sampling_facts", 0).status == verify.WARN
+    failing = {(c.name, c.epoch) for c in report.failing()}
+    assert failing == {("sampling_facts", 2), ("count_per_condition", 2)}
+    assert status(report, "sampling_facts", 2).detail.startswith("could not verify")
 
 
 def test_debug_missing_epoch_and_forms():
