@@ -958,7 +958,7 @@ DEBUG_LOG_FORMS: tuple[tuple[str, str], ...] = (
      "[GRPO Debug] Count per condition: {np.int64(19928): 2, np.int64(16416): 2}"),
     ("dicts with str or int keys, pprint'ed over several lines",
      "[GRPO Debug] Count per condition: {'16416': 2,\n '19928': 2}"),
-    ("`Counter({...})`, `defaultdict(<class 'int'>, {...})`, `OrderedDict(...)`",
+    ("`Counter({...})`, `defaultdict(<class 'int'>, {...})`, `OrderedDict([(k, v), ...])` or `OrderedDict({...})`",
      "[GRPO Debug] Count per condition: defaultdict(<class 'int'>, {3: 2, 5: 2})"),
     ("value on the line after its key (`key:` then a pprint'ed dict)",
      "[GRPO Debug] Count per condition:\n{3: 2, 5: 2}"),
@@ -1029,7 +1029,8 @@ def _depth(tokens: list[_Tok]) -> int:
 
 def _open(tokens: list[_Tok]) -> bool:
     """Whether a value continues on the next line: brackets still open, or a key waiting for its value."""
-    return _depth(tokens) > 0 or (bool(tokens) and tokens[-1].kind == "punct" and tokens[-1].text in ":=")
+    return _depth(tokens) > 0 or (len(tokens) > 1 and tokens[-1].kind == "punct" and tokens[-1].text in ":="
+                                  and tokens[-2].kind == "word")  # `=== Epoch 4 ===` is decoration, not a key
 
 
 class _Elided:
@@ -1207,7 +1208,15 @@ class _Reader:
             return tuple(args[0]) if len(args) == 1 and isinstance(args[0], (list, tuple)) else tuple(args)
         if base in _MAPPINGS:
             dicts = [a for a in args if isinstance(a, dict)]
-            return dicts[-1] if dicts else (dict(kwargs) if not args else _Opaque(name))
+            pairs = [a for a in args if isinstance(a, list) and all(isinstance(p, tuple) and len(p) == 2 for p in a)]
+            if dicts:
+                return dicts[-1]
+            if pairs:  # OrderedDict([(3, 2), (5, 2)]) before Python 3.12
+                try:
+                    return dict(pairs[-1])
+                except TypeError:
+                    raise _Stop(f"unhashable key in {name}(...)") from None
+            return dict(kwargs) if not args else _Opaque(name)
         if base in _SCALARS and len(args) == 1 and isinstance(args[0], (int, float)):
             return args[0]
         return _Opaque(name)
@@ -1927,6 +1936,15 @@ def verify_debug_log(log: DebugLog, tol: float = 1e-3, source: str = "train.log"
                      + ", ".join(f"{k} ({n})" for k, n in sorted(log.ignored.items())[:20]))
     return Report(source, "[GRPO Debug] text log", checks, log.unreadable, [ep.label for ep in log.epochs],
                   {"tol": tol}, notes)
+
+
+def debug_log_forms_markdown() -> str:
+    """DEBUG_LOG_FORMS as the Markdown table the README carries (a test keeps the two the same)."""
+    rows = ["| form read | example |", "|---|---|"]
+    for what, example in DEBUG_LOG_FORMS:
+        shown = "<br>".join(f"`{line}`" for line in example.split("\n")) if example else "-"
+        rows.append(f"| {what.replace('|', chr(92) + '|')} | {shown.replace('|', chr(92) + '|')} |")
+    return "\n".join(rows)
 
 
 def has_debug_tag(text: str) -> bool:

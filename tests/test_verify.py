@@ -1,5 +1,6 @@
 import importlib.util
 import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -452,3 +453,352 @@ def test_debug_log_cut_anywhere_never_raises():
         report = verify.verify_debug_log(verify.parse_debug_log(text[:cut]))
         assert not any(c.detail.startswith("could not evaluate") for c in report.checks)
         verify.render_markdown(report)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# [GRPO Debug] logs as earlier codebases really print them, built from a correct synthetic GRPO epoch
+
+M_COND, K_COPIES, T_STEPS, ADV_EPS = 16, 4, 18, 1e-4
+TQDM = "\r 30%|###       | 3/10 [00:01<00:02,  2.1it/s]\r 40%|####      | 4/10 [00:01<00:02,  2.1it/s]"
+
+
+def grpo_epoch(seed, move=None):
+    """Gathered indices, counts and per-condition advantage stats of one epoch, advantages computed here as
+    (r - mean) / (std + eps) per condition. `move=(a, b)` turns one copy of condition a into condition b."""
+    rng = np.random.default_rng(seed)
+    conds = rng.choice(np.arange(10000, 30000), M_COND, replace=False)
+    idx = np.repeat(conds, K_COPIES)
+    if move is not None:
+        idx[np.flatnonzero(idx == conds[move[0]])[0]] = conds[move[1]]
+    idx = idx[rng.permutation(idx.size)]
+    rewards = np.empty(idx.size)
+    for c in np.unique(idx):
+        sel = idx == c
+        # rewards spread enough that eps leaves the advantage std within 1e-3 of 1
+        rewards[sel] = rng.uniform(0, 1) + rng.uniform(0.5, 1.0) * rng.permutation(np.linspace(0, 1, sel.sum()))
+    rewards[idx == conds[0]] = 0.25  # one group with equal rewards: advantages exactly 0
+    adv = np.zeros(idx.size)
+    stats = {}
+    for c in np.unique(idx):
+        sel = idx == c
+        r = rewards[sel]
+        adv[sel] = 0.0 if r.max() == r.min() else (r - r.mean()) / (r.std() + ADV_EPS)
+        stats[int(c)] = (int(sel.sum()), float(adv[sel].mean()), float(adv[sel].std()))
+    counts = {int(c): int(n) for c, n in zip(*np.unique(idx, return_counts=True), strict=True)}
+    return {"idx": idx, "conds": [int(c) for c in conds], "counts": counts, "stats": stats,
+            "shape": (idx.size, T_STEPS)}
+
+
+def _torch_repr(idx, device="npu:0"):
+    return repr(torch.tensor(idx.tolist()))[:-1] + f", device='{device}')"
+
+
+def render_epoch(ep, e, style, rank=None):
+    """One epoch's [GRPO Debug] output in a given codebase's style, as a list of physical lines."""
+    import pprint
+
+    out = []
+    if style == "numpy":  # logging prefix on the first line only, numpy arrays wrapped, str keys, Epoch line
+        pre = f"2025-06-01 12:00:0{e},123 - INFO - [GRPO Debug] "
+        out.append(pre + f"Epoch {e}")
+        out += (pre + f"Gathered dataset_indices: {ep['idx']}").split("\n")
+        out.append(TQDM)
+        out.append(pre + f"Unique conditions: {len(ep['counts'])}")
+        out.append(pre + f"Count per condition: { {str(c): n for c, n in ep['counts'].items()} }")
+        out.append(pre + f"Advantages shape: {ep['shape']}")
+        for c, (n, m, s) in ep["stats"].items():
+            out.append(pre + f"Condition {c}: samples={n}, advantage mean={m:.4f}, std={s:.4f}")
+    elif style == "torch":  # torchrun [rankN]: on every line, tensors with device, Counter, torch.Size, no epochs
+        pre = f"[rank{rank or 0}]: "
+        text = f"[GRPO Debug] Gathered dataset_indices: {_torch_repr(ep['idx'])}"
+        out += [pre + line for line in text.split("\n")]
+        out.append(pre + "UserWarning: some deprecation | /path/to/file.py:12")
+        out.append(pre + f"[GRPO Debug] Number of unique conditions: {len(ep['counts'])}")
+        out.append(pre + f"[GRPO Debug] Count per condition: {Counter(ep['idx'].tolist())!r}")
+        out.append(pre + f"[GRPO Debug] Advantages shape: {torch.zeros(ep['shape']).shape}")
+        out.append(TQDM)
+        if not rank:
+            for c, (_, m, s) in ep["stats"].items():
+                out.append(pre + f"[GRPO Debug] condition {c} advantage mean: {m:.4f} std: {s:.4f}")
+    elif style == "pprint":  # [time] [Rank 3] prefix, `epoch N:` in the body, pprint'ed dict with str keys
+        pre = f"[2025-06-01 12:00:0{e}] [Rank 3] [GRPO Debug] epoch {e}: "
+        out += (pre + f"Gathered dataset indices: {ep['idx']}").split("\n")
+        out.append(pre + f"Number of unique conditions: {len(ep['counts'])}")
+        counts = pprint.pformat({str(c): n for c, n in ep["counts"].items()}, width=40)
+        out += (pre + f"Count per condition: {counts}").split("\n")
+        out.append(pre + f"Advantages shape: torch.Size([{ep['shape'][0]}, {ep['shape'][1]}])")
+        for c, (n, m, s) in ep["stats"].items():
+            out.append(pre + f"Condition {c}: samples={n}, advantage mean={m:.4f}, std={s:.4f}")
+    elif style == "int_keys":  # plain print, lists with commas, int-keyed defaultdict and numpy 2 scalars
+        out.append(f"[GRPO Debug] k={K_COPIES}")
+        out.append(f"[GRPO Debug] gathered dataset indices: {ep['idx'].tolist()}")
+        np_keys = ", ".join(f"np.int64({c}): np.int64({n})" for c, n in ep["counts"].items())
+        out.append(f"[GRPO Debug] count per condition: defaultdict(<class 'int'>, {dict(ep['counts'])})"
+                   if e % 2 == 0 else f"[GRPO Debug] counts per condition: {{{np_keys}}}")
+        out.append(f"[GRPO Debug] advantages shape: [{ep['shape'][0]}, {ep['shape'][1]}]")
+        for c, (_, m, s) in ep["stats"].items():
+            out.append(f"[GRPO Debug] condition {c} advantage mean: {m:.4f} std: {s:.4f}")
+    else:
+        raise ValueError(style)
+    return out
+
+
+def debug_text(style, epochs=3, moves=None, ranks=1):
+    """A whole log: unrelated output around the epochs; with ranks > 1 every rank prints every epoch and the
+    ranks' lines interleave one by one, as torchrun merges its processes' output."""
+    lines = ["loading model ...", "Loading checkpoint shards: 100%|##########| 2/2 [00:01<00:00,  1.5it/s]"]
+    for e in range(epochs):
+        ep = grpo_epoch(e, (moves or {}).get(e))
+        per_rank = [render_epoch(ep, e, style, rank=r) for r in range(ranks)]
+        for row in range(max(len(p) for p in per_rank)):
+            lines += [p[row] for p in per_rank if row < len(p)]
+        lines.append(f"step {e}: loss=0.0123 kl=1.2e-05")
+    return "\n".join(lines) + "\n"
+
+
+CLEAN_STYLES = ["numpy", "torch", "pprint", "int_keys"]
+
+
+def run_cli(tmp_path, text, name="train.log"):
+    log = tmp_path / name
+    log.write_text(text)
+    code = verify_script.main([str(log), "--out", str(tmp_path / "report.md")])
+    report, _ = verify_script.build_report(log, 1e-3)
+    return code, report
+
+
+@pytest.mark.parametrize("style", CLEAN_STYLES)
+def test_clean_debug_log_in_each_form_passes(tmp_path, style):
+    code, report = run_cli(tmp_path, debug_text(style))
+    assert report.unreadable == []
+    assert [(c.name, c.epoch, c.detail) for c in report.checks if c.status != verify.PASS] == []
+    assert code == 0 and report.epochs == [0, 1, 2]
+    for e in range(3):
+        ep = grpo_epoch(e)
+        counts = status(report, "count_per_condition", e)
+        assert counts.numbers["conditions"] == M_COND and counts.numbers["samples"] == M_COND * K_COPIES
+        table = status(report, "advantage_per_condition", e).table
+        assert {r["condition"] for r in table} == set(ep["counts"])
+        assert sum(r["note"] == "zero-std group: all 0" for r in table) == 1
+    assert "**Result: PASS**" in (tmp_path / "report.md").read_text()
+
+
+def test_parsed_facts_equal_what_was_printed():
+    log = verify.parse_debug_log(debug_text("pprint", epochs=2))
+    assert [ep.epoch for ep in log.epochs] == [0, 1]
+    for e, parsed in enumerate(log.epochs):
+        ep = grpo_epoch(e)
+        assert parsed.indices == ep["idx"].tolist() and parsed.counts == ep["counts"]
+        assert parsed.unique == M_COND and parsed.shape == ep["shape"]
+        assert {c: (s["samples"], s["mean"], s["std"]) for c, s in parsed.cond_stats.items()} == {
+            c: (n, round(m, 4), round(s, 4)) for c, (n, m, s) in ep["stats"].items()}
+
+
+def test_two_ranks_printing_the_same_epoch_are_one_epoch(tmp_path):
+    code, report = run_cli(tmp_path, debug_text("torch", ranks=2))
+    assert code == 0 and report.unreadable == [] and report.epochs == [0, 1, 2]
+    agree = status(report, "ranks_agree", 1)
+    assert agree.status == verify.PASS and agree.numbers["repeated_statements"] == 4
+
+
+def test_two_ranks_that_disagree_fail_naming_the_conditions(tmp_path):
+    text = debug_text("torch", epochs=1, ranks=2)
+    ep, bad = grpo_epoch(0), grpo_epoch(0, move=(1, 2))
+    a, b = ep["conds"][1], ep["conds"][2]
+    rank1 = render_epoch(bad, 0, "torch", rank=1)
+    clean1 = render_epoch(ep, 0, "torch", rank=1)
+    for good_line, bad_line in zip(clean1, rank1, strict=True):
+        text = text.replace(good_line, bad_line)
+    code, report = run_cli(tmp_path, text)
+    assert code == 1
+    c = status(report, "ranks_agree", 0)
+    assert c.status == verify.FAIL and f"{a} (4 vs 3)" in c.detail and f"{b} (4 vs 5)" in c.detail
+
+
+@pytest.mark.parametrize("style", CLEAN_STYLES)
+def test_condition_with_three_copies_and_one_with_five_fails_naming_both(tmp_path, style):
+    ep = grpo_epoch(1, move=(3, 5))
+    a, b = ep["conds"][3], ep["conds"][5]
+    assert ep["counts"][a] == 3 and ep["counts"][b] == 5
+    code, report = run_cli(tmp_path, debug_text(style, moves={1: (3, 5)}))
+    assert code == 1 and report.unreadable == []
+    c = status(report, "count_per_condition", 1)
+    assert c.status == verify.FAIL and f"{a}: 3" in c.detail and f"{b}: 5" in c.detail
+    assert c.numbers["offenders"] == {str(a): 3, str(b): 5}
+    assert {(c.name, c.epoch) for c in report.failing()} == {("count_per_condition", 1)}
+
+
+def test_printed_counts_disagreeing_with_indices_fail_naming_the_conditions(tmp_path):
+    good, bad = grpo_epoch(0), grpo_epoch(0, move=(2, 7))
+    a, b = good["conds"][2], good["conds"][7]
+    lines = render_epoch(good, 0, "numpy")
+    bad_lines = render_epoch(bad, 0, "numpy")
+    n_idx = sum(1 for line in bad_lines if not line.startswith(("2025", "\r"))) + 1  # the wrapped array's lines
+    lines[1:1 + n_idx] = bad_lines[1:1 + n_idx]  # the gathered indices say one thing, the counts dict another
+    code, report = run_cli(tmp_path, "\n".join(lines) + "\n")
+    assert code == 1 and report.unreadable == []
+    c = status(report, "count_per_condition", 0)
+    assert c.status == verify.FAIL and "disagree" in c.detail
+    assert f"{a} (4 vs 3)" in c.detail and f"{b} (4 vs 5)" in c.detail
+
+
+def test_condition_samples_disagreeing_with_counts_fail_naming_the_condition(tmp_path):
+    ep = grpo_epoch(0)
+    victim = ep["conds"][4]
+    n, m, s = ep["stats"][victim]
+    text = debug_text("numpy", epochs=1).replace(f"Condition {victim}: samples={n},", f"Condition {victim}: "
+                                                                                       f"samples={n + 1},")
+    code, report = run_cli(tmp_path, text)
+    assert code == 1
+    c = status(report, "condition_samples", 0)
+    assert c.status == verify.FAIL and f"{victim}: samples={n + 1} but {n} gathered" in c.detail
+    assert status(report, "count_per_condition", 0).status == verify.PASS
+
+
+def test_bad_advantage_stats_fail_naming_the_condition(tmp_path):
+    ep = grpo_epoch(0)
+    victim = ep["conds"][6]
+    n, m, s = ep["stats"][victim]
+    text = debug_text("torch", epochs=1).replace(f"condition {victim} advantage mean: {m:.4f} std: {s:.4f}",
+                                                 f"condition {victim} advantage mean: 0.2500 std: {s:.4f}")
+    code, report = run_cli(tmp_path, text)
+    c = status(report, "advantage_per_condition", 0)
+    assert code == 1 and c.status == verify.FAIL and f"{victim}: mean 0.25 is not 0" in c.detail
+
+
+def test_unrelated_text_exits_non_zero(tmp_path, capsys):
+    text = "epoch 1 loss 0.3\n" + TQDM + "\nWARNING: nothing to see | here\n{'a': 1}\n"
+    code, report = run_cli(tmp_path, text)
+    assert code == 1 and report.epochs == []
+    assert status(report, "epoch_records").status == verify.FAIL
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "train.log").write_text(text)
+    assert verify_script.main([str(run), "--out", str(tmp_path / "r2.md")]) == 2  # no log with the tag at all
+
+
+def test_tagged_lines_without_sampling_facts_exit_non_zero(tmp_path):
+    text = "[GRPO Debug] Epoch 0\n[GRPO Debug] Advantages shape: (64, 18)\n[GRPO Debug] reward mean: 0.5\n"
+    code, report = run_cli(tmp_path, text)
+    assert code == 1 and report.unreadable == []
+    c = status(report, "sampling_facts", 0)
+    assert c.status == verify.FAIL and c.detail.startswith("could not verify")
+    assert status(report, "epoch_records").status == verify.FAIL
+    assert any("reward mean" in n for n in report.notes)  # read, but used by no check: said so
+
+
+def _elided(text):
+    """The numpy-style log with its index arrays printed as numpy prints big ones."""
+    out = []
+    for e in range(3):
+        ep = grpo_epoch(e)
+        full = str(ep["idx"])
+        short = np.array2string(ep["idx"], threshold=10)
+        text = text.replace(full, short)
+        out.append(short)
+    assert all("..." in s for s in out)
+    return text
+
+
+def test_elided_array_with_readable_counts_is_verified_from_the_counts(tmp_path):
+    code, report = run_cli(tmp_path, _elided(debug_text("numpy")))
+    assert len(report.unreadable) == 3 and all("'...'" in u.reason for u in report.unreadable)
+    c = status(report, "sampling_facts", 1)
+    assert c.status == verify.WARN and "counts per condition" in c.detail
+    assert status(report, "count_per_condition", 1).status == verify.PASS
+    assert report.failing() == [] and code == 0
+
+
+def test_elided_array_without_counts_fails_could_not_verify(tmp_path):
+    text = "\n".join(line for line in _elided(debug_text("numpy")).splitlines() if "Count per condition" not in line)
+    code, report = run_cli(tmp_path, text + "\n")
+    assert code == 1
+    for e in range(3):
+        c = status(report, "sampling_facts", e)
+        assert c.status == verify.FAIL and c.detail.startswith("could not verify") and "'...'" in c.detail
+    assert any("Count per condition" not in u.text and "..." in u.reason for u in report.unreadable)
+
+
+def test_every_documented_form_example_is_read():
+    for what, example in verify.DEBUG_LOG_FORMS:
+        if not example:
+            continue
+        log = verify.parse_debug_log(example)
+        assert log.unreadable == [] and len(log.epochs) == 1, what
+        ep = log.epochs[0]
+        facts = [ep.indices, ep.counts, ep.unique, ep.shape, ep.cond_stats or None, ep.epoch, log.k_values or None]
+        assert any(f is not None for f in facts), what
+
+
+@pytest.mark.parametrize("text, want", [
+    ("0: [GRPO Debug] Gathered dataset_indices: [3 5\n0:  3 5]", {"indices": [3, 5, 3, 5]}),  # srun -l
+    ("[default0]:[GRPO Debug] Gathered dataset_indices: [3 5\n[default0]: 3 5]", {"indices": [3, 5, 3, 5]}),
+    ("[GRPO Debug] Gathered dataset_indices: array([[3, 5], [3, 5]], dtype=int64)", {"indices": [3, 5, 3, 5]}),
+    ("[GRPO Debug] Count per condition: OrderedDict([(3, 2), (5, 2)])", {"counts": {3: 2, 5: 2}}),
+    ("[GRPO Debug] Count per condition: OrderedDict({'3': 2, '5': 2})", {"counts": {3: 2, 5: 2}}),
+    ("[GRPO Debug] Count per condition: Counter({tensor(3, device='cuda:0'): 2})", {"counts": {3: 2}}),
+    ("[GRPO Debug] Epoch 3/10\n[GRPO Debug] Unique conditions: 2", {"epoch": 3, "unique": 2}),
+    ("Epoch 2 | [GRPO Debug] Gathered dataset indices: [3 5 3 5]", {"epoch": 2, "indices": [3, 5, 3, 5]}),
+    ("[GRPO Debug] === Epoch 4 ===\n[GRPO Debug] group size: 2", {"epoch": 4}),
+    ("[GRPO Debug] Advantages shape: [64, 18]", {"shape": (64, 18)}),
+    ("[GRPO Debug] Count per condition:\n{'3': 2,\n '5': 2}", {"counts": {3: 2, 5: 2}}),
+])
+def test_less_common_forms_are_read(text, want):
+    log = verify.parse_debug_log(text)
+    assert log.unreadable == [] and len(log.epochs) == 1
+    ep = log.epochs[0]
+    assert {key: getattr(ep, key) for key in want} == want
+
+
+def test_nan_stats_are_read_and_fail():
+    report = verify.verify_debug_log(verify.parse_debug_log(
+        "[GRPO Debug] Gathered dataset_indices: [3 5 3 5]\n[GRPO Debug] condition 3 advantage mean: nan std: nan\n"
+        "[GRPO Debug] condition 5 advantage mean: 0.0000 std: 1.0000"))
+    assert report.unreadable == []
+    c = status(report, "advantage_per_condition", 0)
+    assert c.status == verify.FAIL and "3: mean nan is not 0" in c.detail
+
+
+def test_interleaved_continuations_that_cannot_be_told_apart_are_unreadable():
+    # Two ranks whose logger prefixes only the first line: whose continuation is whose cannot be known.
+    text = ("[Rank 0] [GRPO Debug] Gathered dataset_indices: [3 5\n[Rank 1] [GRPO Debug] Gathered dataset_indices: "
+            "[3 5\n 3 5]\n 3 5]\n")
+    log = verify.parse_debug_log(text)
+    assert [u.line for u in log.unreadable] == [1, 2]
+    report = verify.verify_debug_log(log)
+    assert status(report, "sampling_facts", 0).status == verify.FAIL
+
+
+def test_readme_table_lists_every_form():
+    readme = (ROOT / "README.md").read_text()
+    assert verify.debug_log_forms_markdown() in readme
+
+
+def test_issue_example_log_is_read(tmp_path):
+    # The shape of the log in the issue: numpy indices over several lines, str-keyed counts, Condition lines.
+    text = """[rank0]: 2025-06-01 12:00:01,123 - INFO - [GRPO Debug] Gathered dataset_indices: [19928 16416 24708
+[rank0]:  19928 16416 24708 19928 16416 24708 19928 16416 24708]
+[rank0]: 2025-06-01 12:00:01,124 - INFO - [GRPO Debug] Unique conditions: 3
+[rank0]: 2025-06-01 12:00:01,125 - INFO - [GRPO Debug] Count per condition: {'19928': 4, '16416': 4, '24708': 4}
+[rank0]: 2025-06-01 12:00:01,126 - INFO - [GRPO Debug] Advantages shape: (12, 18)
+[rank0]: 2025-06-01 12:00:01,127 - INFO - [GRPO Debug] Condition 16416: samples=4, advantage mean=-0.0000, std=0.9996
+[rank0]: 2025-06-01 12:00:01,127 - INFO - [GRPO Debug] Condition 19928: samples=4, advantage mean=0.0000, std=0.9997
+[rank0]: 2025-06-01 12:00:01,127 - INFO - [GRPO Debug] Condition 24708: samples=4, advantage mean=0.0000, std=0.9998
+"""
+    code, report = run_cli(tmp_path, text)
+    assert code == 0 and report.unreadable == [] and report.status == verify.PASS
+    bad = text.replace("24708]", "16416]").replace("'24708': 4}", "'24708': 3}").replace("'16416': 4,", "'16416': 5,")
+    code, report = run_cli(tmp_path, bad)
+    c = status(report, "count_per_condition", 0)
+    assert code == 1 and "16416: 5" in c.detail and "24708: 3" in c.detail
+
+
+def test_multiline_debug_log_cut_anywhere_never_raises():
+    text = debug_text("pprint", epochs=1) + debug_text("torch", epochs=1, ranks=2)
+    for cut in range(0, len(text), 97):
+        report = verify.verify_debug_log(verify.parse_debug_log(text[:cut]))
+        assert not any(c.detail.startswith("could not evaluate") for c in report.checks)
+        if report.epochs:
+            verify.render_markdown(report)
+        else:
+            assert report.status == verify.FAIL
