@@ -2,7 +2,14 @@
 
 Two sources are understood:
   * `metrics.jsonl` written by `recam.runlog` (step / epoch / eval records);
-  * plain-text training logs carrying `[GRPO Debug]` lines, as earlier GRPO codebases print them.
+  * plain-text training logs carrying `[GRPO Debug]` lines, as earlier GRPO codebases print them: numpy and
+    torch reprs with or without commas, values spanning several lines, dicts / Counter / defaultdict with str or
+    int keys, rank and timestamp prefixes, several ranks printing the same epoch, per-condition lines in their
+    common phrasings. `DEBUG_LOG_FORMS` lists every form read, with an example (the README table is built from it).
+
+A check that could not be evaluated is never a pass. Every line that could not be read is listed with the reason;
+an epoch whose sampling facts (gathered dataset indices, or counts per condition) were not read fails "could not
+verify", and so does a log without any readable epoch.
 
 Parsing turns text into plain Python data; every check is a function over that data (no I/O) returning a
 `Check` with a status (pass / warn / fail), the numbers it compared and a short explanation. `render_markdown`
@@ -1259,6 +1266,8 @@ def _read_items(tokens: list[_Tok]) -> tuple[list[tuple[str, str, Any]], tuple[s
             value = r.value()
         except _Stop as e:
             return items, (printed, f"'{printed}': {e.reason}")
+        except RecursionError:
+            return items, (printed, f"'{printed}': nested too deeply to read")
         if key == "epoch" and r.at("/") and r.peek(1) is not None and r.peek(1).kind == "num":
             r.take()
             r.take()  # "Epoch 3/10": the total is not a fact
@@ -1286,6 +1295,7 @@ _FIELDS = {name: fld for fld, names in _FIELD_NAMES.items() for name in names}
 _STATS = {**{n: "samples" for n in ("samples", "count", "n", "copies", "size", "sample count")},
           **{n: "mean" for n in ("mean", "advantage mean", "advantages mean", "adv mean", "mean advantage")},
           **{n: "std" for n in ("std", "advantage std", "advantages std", "adv std", "std advantage", "stdev")}}
+_SAMPLING_WORDS = re.compile(r"indic|index|count|unique|condition|sample|\[\s*\d", re.I)
 # Fields that carry what was sampled; one of indices / counts must be read for an epoch to be verified.
 SAMPLING_FIELDS = ("indices", "counts")
 
@@ -1667,6 +1677,11 @@ def parse_debug_log(text: str) -> DebugLog:
             label, current[s], numbered[s], latest = rec.epoch, rec.epoch, True, rec.epoch
             is_explicit = True
         elif not fields:
+            # unreadable before its key was known, but it speaks of what was sampled: it may not leave its
+            # epoch a clean pass, so it joins the epoch this rank (or the log) is in
+            label = current.get(s, latest)
+            if rec.bad and label in epochs and _SAMPLING_WORDS.search(rec.text):
+                epochs[label].unread += [("unrecognised", rec.line, reason) for _, reason in rec.bad]
             continue
         elif numbered.get(s):
             label, is_explicit = current[s], True
@@ -1686,6 +1701,8 @@ def parse_debug_log(text: str) -> DebugLog:
         for fld, reason in rec.bad:
             if fld not in (None, "k"):
                 ep.unread.append((fld, rec.line, reason))
+            elif fld is None and _SAMPLING_WORDS.search(rec.text):
+                ep.unread.append(("unrecognised", rec.line, reason))
         ep.lines += list(range(rec.line, rec.end + 1))
 
     ordered = sorted(epochs.values(), key=lambda e: e.order)

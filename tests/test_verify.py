@@ -769,6 +769,14 @@ def test_interleaved_continuations_that_cannot_be_told_apart_are_unreadable():
     assert status(report, "sampling_facts", 0).status == verify.FAIL
 
 
+def test_unparsable_line_about_sampling_keeps_its_epoch_from_passing():
+    text = debug_text("numpy", epochs=1).replace("[GRPO Debug] Unique conditions:", "[GRPO Debug] (Unique conditions)")
+    report = verify.verify_debug_log(verify.parse_debug_log(text))
+    assert len(report.unreadable) == 1
+    assert status(report, "sampling_facts", 0).status == verify.WARN
+    assert status(report, "count_per_condition", 0).status == verify.PASS
+
+
 def test_readme_table_lists_every_form():
     readme = (ROOT / "README.md").read_text()
     assert verify.debug_log_forms_markdown() in readme
