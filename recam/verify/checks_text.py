@@ -1,0 +1,253 @@
+"""Checks over the epochs read from a `[GRPO Debug]` text log, and `verify_debug_log`, which runs them into a
+`Report`. An epoch whose sampling facts were not read fails "could not verify"; a check a log gives no facts
+for is not run, and the report notes so."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+from recam.verify.checks_shared import _guard, check_missing_epochs, check_unreadable
+from recam.verify.core import FAIL, PASS, WARN, Check, Report, _short
+from recam.verify.parse_text import SAMPLING_FIELDS, TAG, DebugEpoch, DebugLog, _count_diff
+
+
+def check_debug_sampling_facts(ep: DebugEpoch) -> Check:
+    """Whether this epoch's sampled conditions were read at all; every other check leans on them."""
+    name = "sampling_facts"
+    read = [f for f in SAMPLING_FIELDS if getattr(ep, f) is not None]
+    unread = [f"line {line} ({fld}): {reason}" for fld, line, reason in ep.unread]
+    nums = {"read": read, "unreadable_lines": [line for _, line, _ in ep.unread]}
+    if not read:
+        why = f"; {_short(unread, 4)}" if unread else " (neither was printed for this epoch)"
+        return Check(name, FAIL, nums, "could not verify: neither the gathered dataset indices nor the counts per "
+                                       f"condition were read{why}")
+    what = " and ".join(f"gathered indices ({len(ep.indices)} samples)" if f == "indices" else
+                        f"counts per condition ({len(ep.counts)} conditions)" for f in read)
+    if unread:
+        return Check(name, WARN, nums, f"verified from the {what}, but some lines of this epoch could not be read: "
+                                       f"{_short(unread, 4)}")
+    return Check(name, PASS, nums, f"read the {what}")
+
+
+def _k_offenders(counts: dict, k: int | None) -> tuple[dict, str]:
+    if k is not None:
+        return {i: c for i, c in counts.items() if c != k}, f"k={k}"
+    tally = Counter(counts.values()).most_common()
+    if not tally:
+        return {}, "k (not printed)"
+    if len(tally) > 1 and tally[0][1] == tally[1][1]:
+        return dict(counts), "one common count (k not printed, and no count is the most common)"
+    mode = tally[0][0]
+    return {i: c for i, c in counts.items() if c != mode}, f"the common count {mode} (k not printed)"
+
+
+def _ids(d: dict) -> list[str]:
+    return [f"{i}: {c}" for i, c in sorted(d.items(), key=lambda kv: str(kv[0]))]
+
+
+def check_debug_counts(ep: DebugEpoch, k: int | None) -> Check:
+    name = "count_per_condition"
+    counts = ep.sampled_counts()
+    if counts is None:
+        return Check(name, FAIL, {}, "could not verify: neither the gathered indices nor the counts were read")
+    problems = []
+    nums: dict[str, Any] = {"k": k, "conditions": len(counts), "samples": sum(counts.values())}
+    if ep.indices is not None and ep.counts is not None:
+        diff = _count_diff(ep.counts, counts)
+        nums["disagreeing_with_indices"] = len(diff)
+        if diff:
+            problems.append(f"printed counts disagree with the counts recomputed from the gathered indices for "
+                            f"conditions {_short(diff, 8)} (printed vs recomputed)")
+    offenders, expected = _k_offenders(counts, k)
+    nums["offenders"] = {str(i): c for i, c in offenders.items()}
+    if offenders:
+        problems.append(f"conditions without exactly {expected} copies: {_short(_ids(offenders), 8)}")
+    if problems:
+        return Check(name, FAIL, nums, "; ".join(problems))
+    src = "the gathered indices" + (" (and the printed counts agree)" if ep.counts is not None else "") \
+        if ep.indices is not None else "the printed counts"
+    return Check(name, PASS, nums, f"{len(counts)} conditions, each with {expected} copies, from {src}")
+
+
+def check_debug_unique(ep: DebugEpoch, k: int | None) -> Check:
+    name = "unique_conditions"
+    counts = ep.sampled_counts()
+    nums: dict[str, Any] = {"printed": ep.unique, "from_indices": len(set(ep.indices)) if ep.indices else None,
+                            "counts_dict_size": len(ep.counts) if ep.counts is not None else None}
+    if counts is None:
+        return Check(name, WARN, nums, "not compared: no gathered indices or counts were read for this epoch")
+    problems = []
+    off = _short(_ids(_k_offenders(counts, k)[0]), 8)
+    if ep.indices is not None and ep.counts is not None and set(ep.counts) != set(ep.indices):
+        only_c = sorted(set(ep.counts) - set(ep.indices), key=str)
+        only_i = sorted(set(ep.indices) - set(ep.counts), key=str)
+        problems.append(f"the counts dict names {len(ep.counts)} conditions, the indices {len(set(ep.indices))}: "
+                        f"only in the dict {_short(only_c)}; only in the indices {_short(only_i)}")
+    if ep.unique is not None and ep.unique != len(counts):
+        problems.append(f"printed {ep.unique} unique conditions but the "
+                        f"{'indices' if ep.indices is not None else 'counts dict'} hold {len(counts)}"
+                        + (f" (conditions off the common count: {off})" if off else ""))
+    n = sum(counts.values())
+    if k:
+        nums["expected_N_over_k"] = n / k
+        if len(counts) * k != n:
+            problems.append(f"{len(counts)} conditions x k={k} != {n} samples (conditions off k: {off})")
+    if problems:
+        return Check(name, FAIL, nums, "; ".join(problems))
+    said = f"printed {ep.unique} = " if ep.unique is not None else ""
+    return Check(name, PASS, nums, f"{said}{len(counts)} unique conditions")
+
+
+def check_debug_shape(ep: DebugEpoch) -> Check:
+    name = "advantage_shape"
+    n = ep.n_samples()
+    nums = {"shape": list(ep.shape) if ep.shape else None, "samples": n}
+    if ep.shape is None:
+        return Check(name, WARN, nums, "advantages shape not read for this epoch")
+    if n is None:
+        return Check(name, WARN, nums, "not compared: no gathered indices or counts were read for this epoch")
+    if ep.shape[0] != n:
+        return Check(name, FAIL, nums, f"advantages have {ep.shape[0]} rows but {n} samples were gathered")
+    return Check(name, PASS, nums, f"advantages shape {tuple(ep.shape)} has one row per gathered sample")
+
+
+def check_debug_condition_samples(ep: DebugEpoch, k: int | None) -> Check:
+    """Per-condition `samples=` against the copies gathered (or k when nothing was gathered)."""
+    name = "condition_samples"
+    printed = {c: s["samples"] for c, s in ep.cond_stats.items() if "samples" in s}
+    counts = ep.sampled_counts()
+    nums: dict[str, Any] = {"conditions": len(printed)}
+    if not printed:
+        return Check(name, WARN, nums, "no per-condition samples= printed for this epoch")
+    if counts is None:
+        if k is None:
+            return Check(name, WARN, nums, "not compared: no indices, counts or k read for this epoch")
+        bad = {c: s for c, s in printed.items() if s != k}
+        ref = f"k={k}"
+    else:
+        bad = {c: s for c, s in printed.items() if counts.get(c) != s}
+        ref = "the copies gathered"
+    nums["mismatches"] = len(bad)
+    if bad:
+        listed = [f"{c}: samples={s} but {counts.get(c, 0) if counts is not None else k} "
+                  f"{'gathered' if counts is not None else 'expected'}" for c, s in sorted(bad.items(), key=str)]
+        return Check(name, FAIL, nums, f"per-condition samples= disagree with {ref}: {_short(listed, 8)}")
+    return Check(name, PASS, nums, f"{len(printed)} per-condition samples= equal {ref}")
+
+
+def check_debug_advantages(ep: DebugEpoch, tol: float) -> Check:
+    name = "advantage_per_condition"
+    stats = {c: s for c, s in ep.cond_stats.items() if "mean" in s or "std" in s}
+    if not stats:
+        return Check(name, WARN, {}, "no per-condition advantage mean/std for this epoch")
+    counts = ep.sampled_counts()
+    rows = []
+    for g, st in sorted(stats.items(), key=lambda kv: str(kv[0])):
+        mean, std = st.get("mean"), st.get("std")
+        n = st.get("samples", counts.get(g) if counts else None)
+        row = {"condition": g, "id": "", "samples": n, "mean": mean, "std": std, "reward_std": None}
+        bessel = math.sqrt(n / (n - 1)) if n and n > 1 else None
+        if mean is None or std is None:
+            row["status"], row["note"] = WARN, f"only the {'mean' if std is None else 'std'} was printed"
+        elif std == 0 and mean == 0:
+            row["status"], row["note"] = PASS, "zero-std group: all 0"
+        elif std == 0:
+            row["status"], row["note"] = FAIL, "std 0 but mean is not 0"
+        elif not abs(mean) <= tol:
+            row["status"], row["note"] = FAIL, f"mean {mean:.4g} is not 0"
+        elif abs(std - 1) <= tol:
+            row["status"], row["note"] = PASS, ""
+        elif bessel and (abs(std - bessel) <= tol or abs(std - 1 / bessel) <= tol):
+            # normalised with one std convention (population / unbiased) and printed with the other
+            row["status"], row["note"] = PASS, f"std {std:.4g} = 1 up to the n/(n-1) factor for n={n}"
+        else:
+            hint = " (a group whose reward std is close to eps gives less than 1; the log has no rewards to tell)" \
+                if 0 < std < 1 else ""
+            row["status"], row["note"] = FAIL, f"std {std:.4g} is neither 1 nor exactly 0{hint}"
+        if counts is not None and g not in counts:
+            row["status"], row["note"] = FAIL, "condition was not among the gathered conditions"
+        rows.append(row)
+    missing = sorted(set(counts) - set(stats), key=str) if counts else []
+    tally = Counter(r["status"] for r in rows)
+    nums = {"conditions": len(rows), "pass": tally[PASS], "warn": tally[WARN], "fail": tally[FAIL],
+            "not_printed": missing}
+    bad = [f"{r['condition']}: {r['note']}" for r in rows if r["status"] == FAIL]
+    if bad:
+        return Check(name, FAIL, nums, f"{len(bad)} of {len(rows)} conditions fail: {_short(bad, 6)}", table=rows)
+    if missing or tally[WARN]:
+        parts = [f"no advantage line for conditions {_short(missing)}"] if missing else []
+        parts += [f"{r['condition']}: {r['note']}" for r in rows if r["status"] == WARN][:6]
+        return Check(name, WARN, nums, "; ".join(parts), table=rows)
+    return Check(name, PASS, nums, f"{len(rows)} conditions with mean 0 and std 1 (or exactly 0)", table=rows)
+
+
+def check_debug_ranks(ep: DebugEpoch) -> Check:
+    name = "ranks_agree"
+    repeats = sum(len(v) - 1 for v in ep.sources.values())
+    nums = {"repeated_statements": repeats, "disagreements": len(ep.conflicts)}
+    if ep.conflicts:
+        return Check(name, FAIL, nums, f"the same fact printed twice disagrees: {_short(ep.conflicts, 4)}")
+    return Check(name, PASS, nums, f"{repeats} repeated statements (other ranks) agree")
+
+
+def verify_debug_log(log: DebugLog, tol: float = 1e-3, source: str = "train.log") -> Report:
+    """Checks over the [GRPO Debug] lines of a text log.
+
+    Every epoch must have its sampled conditions (gathered indices or counts per condition) read, or it fails
+    "could not verify"; a log without any epoch fails. Checks of facts the log never prints (shape, per-condition
+    lines) are not run, and the report notes so.
+    """
+    checks = [check_unreadable(log.unreadable)]
+    verified = [ep for ep in log.epochs if any(getattr(ep, f) is not None for f in SAMPLING_FIELDS)]
+    nums = {"debug_lines": log.debug_lines, "epochs": len(log.epochs), "epochs_with_sampling_facts": len(verified)}
+    if not log.debug_lines:
+        checks.append(Check("epoch_records", FAIL, nums, f"no {TAG} line in the log: nothing could be verified"))
+    elif not log.epochs:
+        checks.append(Check("epoch_records", FAIL, nums, f"no readable {TAG} epoch in the log"))
+    else:
+        how = "numbered in the log" if log.explicit_epochs else "inferred from the order of the lines"
+        status = PASS if verified else FAIL
+        checks.append(Check("epoch_records", status, nums, f"{len(log.epochs)} epochs ({how}), {len(verified)} with "
+                                                           "their sampling facts read"))
+    if log.explicit_epochs:
+        checks += _guard("missing_epochs", check_missing_epochs,
+                         [ep.epoch for ep in log.epochs if ep.epoch is not None])
+    printed = {
+        "shape": any(ep.shape is not None or any(f == "shape" for f, _, _ in ep.unread) for ep in log.epochs),
+        "stats": any("mean" in s or "std" in s for ep in log.epochs for s in ep.cond_stats.values()),
+        "samples": any("samples" in s for ep in log.epochs for s in ep.cond_stats.values()),
+    }
+    for ep in log.epochs:
+        epoch_checks = _guard("sampling_facts", check_debug_sampling_facts, ep)
+        epoch_checks += _guard("count_per_condition", check_debug_counts, ep, ep.k)
+        epoch_checks += _guard("unique_conditions", check_debug_unique, ep, ep.k)
+        if printed["shape"]:
+            epoch_checks += _guard("advantage_shape", check_debug_shape, ep)
+        if printed["samples"]:
+            epoch_checks += _guard("condition_samples", check_debug_condition_samples, ep, ep.k)
+        if printed["stats"]:
+            epoch_checks += _guard("advantage_per_condition", check_debug_advantages, ep, tol)
+        if ep.conflicts or any(len(v) > 1 for v in ep.sources.values()):
+            epoch_checks += _guard("ranks_agree", check_debug_ranks, ep)
+        for c in epoch_checks:
+            c.epoch = ep.label
+        checks += epoch_checks
+    notes = []
+    if not log.explicit_epochs and log.epochs:
+        notes.append("epochs are numbered by the order of their lines (the log prints no epoch numbers)")
+    ks = sorted({k for _, k in log.k_values})
+    if not ks and log.epochs:
+        notes.append("k is not printed: each epoch's counts are compared with their most common value")
+    elif len(ks) > 1:
+        notes.append(f"k printed with different values {ks}: each epoch uses the last one printed before its end")
+    for what, key in (("advantages shape", "shape"), ("per-condition advantage mean/std", "stats"),
+                      ("per-condition samples=", "samples")):
+        if log.epochs and not printed[key]:
+            notes.append(f"the log never prints the {what}: that check was not run")
+    if log.ignored:
+        notes.append("keys read but not used by any check: "
+                     + ", ".join(f"{k} ({n})" for k, n in sorted(log.ignored.items())[:20]))
+    return Report(source, "[GRPO Debug] text log", checks, log.unreadable, [ep.label for ep in log.epochs],
+                  {"tol": tol}, notes)
