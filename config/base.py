@@ -82,7 +82,12 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.timestep_fraction = 0.5  # fraction of denoising steps trained: the noisiest, where layout and camera form
     c.train.objective = "grpo"  # how stored samples become a loss (recam.engine.objective.OBJECTIVES)
     c.train.policy_loss = "grpo_clip"  # registered policy loss (recam.losses.POLICY_LOSSES)
-    c.train.clip_range = 1e-3  # PPO clip epsilon; diffusion ratios sit close to 1
+    # PPO clip epsilon on r = exp(logp - logp_old), logp the exact Gaussian log-density averaged over elements, as in
+    # Flow-GRPO's SDE step, so SDE clip ranges carry over. Flow-GRPO's CPS logp is -mean((x' - mean)^2), lacking the
+    # 1/(2 std_j^2), std_j = sigma_(j+1) sin(a pi / 2), so its log-ratios are 2 std_j^2 times ours (recam.sde.cps_step):
+    # its eps_F at step j means our bounds (1 - eps_F)^k and (1 + eps_F)^k, k = 1 / (2 std_j^2), ~ 1 -+ k eps_F;
+    # at a = 0.7, k runs from 0.78 (sigma_(j+1) = 0.9) to 63 (0.1), so no single clip_range reproduces it.
+    c.train.clip_range = 1e-3  # diffusion ratios sit close to 1
     c.train.adv_clip_max = 5.0  # advantages are clamped to +-this
     c.train.log_ratio_clamp = 10.0  # log-ratio clamped to +-this before exp
     c.train.beta = 0.02  # KL coefficient toward the frozen reference (0 disables the reference)
@@ -95,8 +100,12 @@ def get_config() -> ml_collections.ConfigDict:
     # ---- policy-optimization variants (recam/variants.py; need train.policy_loss = "grpo_variants") ----
     c.train.use_ema_smoothing = False  # 2.1 EMA of per-trajectory importance weights across inner updates
     c.train.ema_beta = 0.9  # 2.1 weight of the fresh importance weight (1 = no smoothing)
-    c.train.use_gradient_adaptive_weighting = False  # 2.2 per-timestep weights from a gradient-norm proxy
-    c.train.gradient_weighting_temperature = 1.0  # 2.2 softmax temperature over log gradient norms
+    c.train.use_gradient_adaptive_weighting = False  # 2.2 per-timestep weights from each step's ||grad_theta log p||
+    # 2.2 w_t = m_t^(1/tau) / mean_s m_s^(1/tau) per trajectory (mean 1); inf = neutral, every weight exactly 1
+    c.train.gradient_weighting_temperature = 1.0
+    # 2.2 how m is computed: 0 = exact, one backward per sample (about one batch forward + backward per step);
+    # P > 0 = P Gaussian parameter probes (unbiased m^2, relative spread sqrt(2 / P); slower on ReCam-Tiny)
+    c.train.gradient_weighting_num_probes = 0
     c.train.use_amic = False  # 2.3 arithmetic-mean sequence importance weight, clipped at sequence level
     c.train.use_gspo = False  # 2.3 alternative: GSPO's geometric-mean sequence weight (exclusive with AMIC)
     c.train.use_ptrw = False  # 2.4 Gaussian trust-region gate in place of hard clipping
@@ -174,6 +183,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.debug = ml_collections.ConfigDict()
     c.debug.inject_blowup_at_step = -1  # before this global step, add large noise to the policy weights
     c.debug.sigkill_at_step = -1  # SIGKILL this process right after this global step
+    c.debug.fail_reward_slots = ""  # e.g. "5,6": those slots (rank * batch_size + i) of every batch fail scoring
 
     # ---- logging ----
     c.logging = ml_collections.ConfigDict()

@@ -9,6 +9,13 @@ from __future__ import annotations
 
 import torch
 
+# What the centred reward is divided by: the group's std, the std of all N rewards, or nothing (only centred).
+STD_MODES = {
+    "group": lambda r, group_std, eps: group_std + eps,
+    "global": lambda r, group_std, eps: r.std(unbiased=False) + eps,
+    "none": lambda r, group_std, eps: torch.ones_like(r),
+}
+
 
 def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, std_mode: str = "group",
                      eps: float = 1e-4) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -37,15 +44,9 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, std_mode: s
     gmax = torch.full((num_groups,), -torch.inf, dtype=r.dtype).scatter_reduce(0, inverse, r, "amax")
     gmin = torch.full((num_groups,), torch.inf, dtype=r.dtype).scatter_reduce(0, inverse, r, "amin")
     constant = gmax == gmin  # exact test: float rounding in the mean must not leak a tiny advantage
-    centred = r - means[inverse]
-    if std_mode == "group":
-        adv = centred / (stds[inverse] + eps)
-    elif std_mode == "global":
-        adv = centred / (r.std(unbiased=False) + eps)
-    elif std_mode == "none":
-        adv = centred
-    else:
-        raise ValueError(f"std_mode must be 'group', 'global' or 'none', got {std_mode!r}")
+    if std_mode not in STD_MODES:
+        raise ValueError(f"std_mode must be one of {list(STD_MODES)}, got {std_mode!r}")
+    adv = (r - means[inverse]) / STD_MODES[std_mode](r, stds[inverse], eps)
     adv = torch.where(constant[inverse], torch.zeros_like(adv), adv)
     stats = {
         "group_size": counts.double().mean().float(),

@@ -22,6 +22,8 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from recam.schema import REWARD_BOOKKEEPING
+
 SEVERITIES = ("info", "warn", "critical")
 _RANK = {s: i for i, s in enumerate(SEVERITIES)}
 
@@ -293,7 +295,6 @@ def rule_reward(m: dict, history, th: Thresholds, run_dir: str) -> list[Finding]
 # checkpoint (the update that broke them was the previous epoch's), so a rollback must go one checkpoint further.
 SAMPLE_RULES = frozenset({"reward_collapse", "reward_term_collapse"})
 
-_NOT_REWARD_TERMS = ("reward_avg", "reward_seconds", "reward_shapes", "reward_std_mean")
 
 
 def rule_reward_term(m: dict, history, th: Thresholds, run_dir: str) -> list[Finding]:
@@ -301,7 +302,7 @@ def rule_reward_term(m: dict, history, th: Thresholds, run_dir: str) -> list[Fin
     the policy is buying the other terms with it. Terms that were ever negative are skipped: a zero-centred
     score (a learned critic's) has no meaningful relative drop."""
     for k in m:
-        if not k.startswith("reward_") or k in _NOT_REWARD_TERMS or not _ok(cur := _num(m, k)):
+        if not k.startswith("reward_") or k == "reward_avg" or k in REWARD_BOOKKEEPING or not _ok(cur := _num(m, k)):
             continue
         earlier = [x for h in history if _ok(x := _num(h, k))]
         if not earlier or min(earlier + [cur]) < 0:

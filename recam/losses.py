@@ -9,6 +9,7 @@ KL estimators take the transition's (N, ...) means, its std and the stored (N, .
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -19,6 +20,9 @@ __all__ = [
     "K3_LOG_RATIO_CLAMP",
     "KL_ESTIMATORS",
     "POLICY_LOSSES",
+    "LossSettings",
+    "StepLossInputs",
+    "weighted_terms",
     "gaussian_log_ratio",
     "get_kl_estimator",
     "get_policy_loss",
@@ -31,7 +35,45 @@ __all__ = [
     "register_policy_loss",
 ]
 
-PolicyLoss = Callable[..., tuple[Tensor, dict[str, Tensor]]]
+
+
+@dataclass
+class StepLossInputs:
+    """One trained timestep j of a micro-batch of b samples: what every registered policy loss receives.
+
+    log_prob: (b,) under the current policy (carries the gradient); old_log_prob: (b,) under the sampling policy;
+    advantages: (b,); sample_weight: (b,) each sample's weight in the optimizer step's loss (0 for an excluded
+    sample; the trainer scales them so a step's loss is the mean over its kept samples on every process);
+    kl: (b,) per-element KL to the reference or None; seq_log_prob / seq_old_log_prob: (b, T) every timestep's
+    log-probs (sequence-level variants), detached; ema_weight / grad_weight: (b,) variant weights or None.
+    """
+
+    log_prob: Tensor
+    old_log_prob: Tensor
+    advantages: Tensor
+    sample_weight: Tensor
+    kl: Tensor | None
+    timestep_index: int
+    num_timesteps: int
+    seq_log_prob: Tensor | None = None
+    seq_old_log_prob: Tensor | None = None
+    ema_weight: Tensor | None = None
+    grad_weight: Tensor | None = None
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """Hyperparameters of the policy losses (config train.*); `variants` holds the grpo_variants flags."""
+
+    clip_range: float
+    adv_clip_max: float
+    log_ratio_clamp: float
+    beta: float
+    variants: dict = field(default_factory=dict)
+
+
+# Every registered policy loss: fn(StepLossInputs, LossSettings) -> (loss scalar, metrics of detached 0-dim tensors)
+PolicyLoss = Callable[[StepLossInputs, LossSettings], tuple[Tensor, dict[str, Tensor]]]
 # fn(cur_mean, ref_mean, std, sample) -> (N,); see the "KL estimators" section.
 KLEstimator = Callable[[Tensor, Tensor, "float | Tensor", Tensor], Tensor]
 
@@ -188,7 +230,23 @@ def kl_k3(cur_mean: Tensor, ref_mean: Tensor, std: float | Tensor, sample: Tenso
     return _element_mean(torch.exp(log_r.clamp(-K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP)) - 1.0 - log_r)
 
 
+def weighted_terms(per_sample: Tensor, sample_weight: Tensor | None) -> tuple[Tensor, Tensor]:
+    """(loss term, its metric): sum_i w_i x_i for the gradient and sum_i w_i x_i / sum_i w_i for the log (0 when
+    every weight is 0); without weights both are the plain mean."""
+    if sample_weight is None:
+        mean = per_sample.mean()
+        return mean, mean.detach()
+    w = sample_weight.to(per_sample.dtype)
+    total = (w * per_sample).sum()
+    return total, (total / w.sum()).detach() if bool(w.sum() > 0) else torch.zeros_like(total).detach()
+
+
 @register_policy_loss("grpo_clip")
+def grpo_clip(x: StepLossInputs, s: LossSettings) -> tuple[Tensor, dict[str, Tensor]]:
+    return grpo_policy_loss(x.log_prob, x.old_log_prob, x.advantages, s.clip_range, s.adv_clip_max,
+                            s.log_ratio_clamp, x.kl, s.beta, sample_weight=x.sample_weight)
+
+
 def grpo_policy_loss(
     log_prob: Tensor,
     old_log_prob: Tensor,
@@ -198,8 +256,11 @@ def grpo_policy_loss(
     log_ratio_clamp: float = 10.0,
     kl: Tensor | None = None,
     beta: float = 0.0,
+    sample_weight: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """PPO-style clipped GRPO loss: mean(max(-A r, -A clip(r, 1 - eps, 1 + eps))) + beta * mean(kl).
+    """PPO-style clipped GRPO loss: mean(max(-A r, -A clip(r, 1 - eps, 1 + eps))) + beta * mean(kl); with
+    `sample_weight` (N,) the means become weighted sums (see weighted_terms) and the logged loss terms are the
+    weighted means over samples of positive weight.
 
     log_prob (N,) current policy (carries the gradient), old_log_prob (N,) rollout policy, advantages (N,).
     The log-ratio is clamped to +-log_ratio_clamp before exp so a single off-policy outlier cannot produce
@@ -224,16 +285,17 @@ def grpo_policy_loss(
     adv = advantages.clamp(-adv_clip_max, adv_clip_max)
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1.0 - clip_range, 1.0 + clip_range)
-    policy_loss = torch.maximum(unclipped, clipped).mean()
-    kl_penalty = kl.mean() if kl is not None else torch.zeros_like(policy_loss)
+    policy_loss, policy_metric = weighted_terms(torch.maximum(unclipped, clipped), sample_weight)
+    kl_penalty, kl_metric = weighted_terms(kl, sample_weight) if kl is not None else (
+        torch.zeros_like(policy_loss), torch.zeros_like(policy_metric))
     loss = policy_loss + beta * kl_penalty if beta > 0 else policy_loss
     with torch.no_grad():
         high = (ratio > 1.0 + clip_range).float().mean()
         low = (ratio < 1.0 - clip_range).float().mean()
         metrics = {
-            "loss": loss.detach(),
-            "policy_loss": policy_loss.detach(),
-            "kl_penalty": kl_penalty.detach(),
+            "loss": policy_metric + beta * kl_metric if beta > 0 else policy_metric,
+            "policy_loss": policy_metric,
+            "kl_penalty": kl_metric,
             "mean_ratio": ratio.mean(),
             "ratio_min": ratio.min(),
             "ratio_max": ratio.max(),

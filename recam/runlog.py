@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from recam.advantages import per_group_stats
+from recam.schema import reward_terms
 
 
 class RunLog:
@@ -214,8 +215,7 @@ def epoch_record(epoch, step, derived, condition_ids, g_index, g_rewards, g_adv_
 def epoch_line(rec: dict) -> str:
     steps = rec.get("optimizer_steps") or [{}]
     # every reward that was computed this run, in the order the weights name them
-    per_reward = "".join(f"{k} {v:.4f} " for k, v in rec.items() if k.startswith("reward_")
-                         and k not in ("reward_avg", "reward_seconds", "reward_shapes") and isinstance(v, float))
+    per_reward = "".join(f"{k} {v:.4f} " for k, v in reward_terms(rec).items())
     return (f"epoch {rec['epoch']} step {rec['step']}: reward_avg {rec['reward_avg']:.4f} {per_reward}"
             f"zero_std_ratio {rec['zero_std_ratio']:.2f} first-step |ratio-1| {rec['first_step_ratio_deviation']:.2e} "
             f"loss {steps[-1].get('loss', float('nan')):.4g} kl {steps[-1].get('kl_penalty', float('nan')):.3g} "

@@ -8,9 +8,12 @@ from recam.losses import (
     K3_LOG_RATIO_CLAMP,
     KL_ESTIMATORS,
     POLICY_LOSSES,
+    LossSettings,
+    StepLossInputs,
     gaussian_log_ratio,
     get_kl_estimator,
     get_policy_loss,
+    grpo_clip,
     grpo_policy_loss,
     register_kl_estimator,
     register_policy_loss,
@@ -329,7 +332,7 @@ def test_k3_clamps_before_exp():
 
 
 def test_registries():
-    assert POLICY_LOSSES["grpo_clip"] is grpo_policy_loss and get_policy_loss("grpo_clip") is grpo_policy_loss
+    assert POLICY_LOSSES["grpo_clip"] is grpo_clip and get_policy_loss("grpo_clip") is grpo_clip
     assert set(KL_ESTIMATORS) >= {"gaussian_mean", "k1", "k2", "k3"}
     with pytest.raises(KeyError, match="grpo_clip"):
         get_policy_loss("nope")
@@ -370,3 +373,34 @@ def test_kl_estimators_reject_bad_input(name):
         fn(a, a, torch.ones(3, 1), a)
     with pytest.raises(ValueError, match="std must be > 0"):
         fn(a, a, torch.tensor([[0.1], [0.0]]), a)
+
+
+def test_sample_weights_make_the_loss_a_weighted_sum_by_hand():
+    """Two of four samples kept with weight 1/2 each: the loss is their mean, computed by hand; the excluded ones
+    get no gradient; the logged terms are the kept samples' means."""
+    logp = torch.tensor([0.1, -0.2, 0.3, 0.05], requires_grad=True)
+    old = torch.tensor([0.1, -0.2001, 0.2995, 0.05])
+    adv = torch.tensor([1.0, -0.5, 2.0, -1.0])
+    kl = torch.tensor([0.01, 0.02, 0.03, 0.04])
+    w = torch.tensor([0.5, 0.0, 0.5, 0.0])
+    settings = LossSettings(clip_range=1e-3, adv_clip_max=5.0, log_ratio_clamp=10.0, beta=0.1)
+    loss, m = get_policy_loss("grpo_clip")(StepLossInputs(logp, old, adv, w, kl, 0, 1), settings)
+    per = []
+    for i in (0, 2):  # the kept samples, by hand
+        r = math.exp(logp[i].item() - old[i].item())
+        per.append(max(-adv[i].item() * r, -adv[i].item() * min(max(r, 1 - 1e-3), 1 + 1e-3)))
+    want_policy = 0.5 * per[0] + 0.5 * per[1]
+    want_kl = 0.5 * 0.01 + 0.5 * 0.03
+    assert loss.item() == pytest.approx(want_policy + 0.1 * want_kl, rel=1e-6)
+    assert m["policy_loss"].item() == pytest.approx(want_policy, rel=1e-6)
+    assert m["kl_penalty"].item() == pytest.approx(want_kl, rel=1e-6)
+    loss.backward()
+    assert logp.grad[1] == 0 and logp.grad[3] == 0 and logp.grad[0] != 0
+
+
+def test_equal_weights_reproduce_the_unweighted_mean():
+    torch.manual_seed(0)
+    logp, old, adv, kl = torch.randn(8) * 1e-3, torch.randn(8) * 1e-3, torch.randn(8), torch.rand(8)
+    weighted, _ = grpo_policy_loss(logp, old, adv, 1e-3, 5.0, 10.0, kl, 0.02, sample_weight=torch.full((8,), 1 / 8))
+    plain, _ = grpo_policy_loss(logp, old, adv, 1e-3, 5.0, 10.0, kl, 0.02)
+    torch.testing.assert_close(weighted, plain)

@@ -200,3 +200,44 @@ def test_constrained_reward_weight_follows_the_dual_step_and_is_checkpointed(tmp
     second_fid = float(np.nanmean(e1["rewards/fidelity"]))
     assert state["reward_constraint"]["weight"] == pytest.approx(
         dual_step(e1["constraint_weight"], second_fid, first_fid - 0.01, 20, 6.0))
+
+
+def _update(run_dir):
+    """Weights after epoch 1 minus the base's, flattened (the checkpoint of each)."""
+    from safetensors.torch import load_file
+
+    def flat(name):
+        files = sorted((Path(run_dir) / "checkpoints" / name / "model").glob("*.safetensors"))
+        tensors = {}
+        for f in files:
+            tensors.update(load_file(f))
+        return np.concatenate([tensors[k].float().numpy().ravel() for k in sorted(tensors)])
+    return flat("epoch_0001") - flat("epoch_0000")
+
+
+def test_reward_failing_on_one_process_is_masked_and_the_update_equals_one_process(tmp_path):
+    """Slots 5 and 6 of every batch fail scoring: with 2 processes x 4 samples both are rank 1's. Rank 1 keeps 2
+    samples, rank 0 keeps 4. Dropping them per process would give rank 1 one micro-batch of 2 weighted like rank
+    0's two (and, with one micro-batch per step, one optimizer step against rank 0's two: a hang)."""
+    common = ("--config.num_epochs=1", "--config.eval.freq=100", "--config.debug.fail_reward_slots=5,6",
+              "--config.train.batch_size=2", "--config.eval.select_by=", "--config.eval.select_guard=",
+              "--config.data.num_heldout_conditions=2", "--config.eval.num_videos=0")
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                str(ROOT / "config" / "accelerate" / "cpu_2proc.yaml")]
+    run(tmp_path / "one", *common, "--config.train.gradient_accumulation_steps=4")
+    run(tmp_path / "two", *common, "--config.sample.batch_size=4", "--config.train.gradient_accumulation_steps=2",
+        launcher=launcher)
+    e1, e2 = records(tmp_path / "one", "epoch")[0], records(tmp_path / "two", "epoch")[0]
+    assert e1["excluded_samples"] == e2["excluded_samples"] == 2
+    assert len(e1["optimizer_steps"]) == len(e2["optimizer_steps"]) == 1
+    u1, u2 = _update(tmp_path / "one"), _update(tmp_path / "two")
+    assert np.linalg.norm(u1) > 0
+    # same samples up to batch-4 vs batch-8 kernel rounding, so the same update up to that rounding
+    rel = np.linalg.norm(u2 - u1) / np.linalg.norm(u1)
+    print(f"relative difference of the updates: {rel:.2e}")
+    assert rel < 1e-3
+    # one micro-batch per step: rank 0 has two steps' worth of kept samples, rank 1 one; every rank takes two
+    run(tmp_path / "steps", *common, "--config.sample.batch_size=4", "--config.train.gradient_accumulation_steps=1",
+        launcher=launcher)
+    steps = records(tmp_path / "steps", "epoch")[0]["optimizer_steps"]
+    assert len(steps) == 2 and all(np.isfinite(s["loss"]) for s in steps)

@@ -18,6 +18,10 @@ class Hook:
     #: key under which state_dict() is stored in a checkpoint's state.json (None: stateless)
     state_key: str | None = None
 
+    def adjust_scores(self, scores, rank: int, batch_size: int):
+        """This process's Scores (recam.engine.containers), batches of batch_size concatenated."""
+        return scores
+
     def adjust_rewards(self, rewards: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Gathered rewards (name -> (N,)) before advantages are computed."""
         return rewards
@@ -70,10 +74,23 @@ class ConstraintHook(Hook):
 
 class FaultInjectionHook(Hook):
     """debug.*: a destructive weight perturbation before one optimizer step (once, so a rollback replaying the
-    step sees a healthy model), and SIGKILL after one, for the guard's and resume's tests."""
+    step sees a healthy model), SIGKILL after one, and failed rewards at chosen slots of every sampling batch
+    (slot = process rank * batch size + position, so a slot names the same sample whatever the process count),
+    for the guard's, resume's and exclusion's tests."""
 
-    def __init__(self, blowup_at_step: int, sigkill_at_step: int):
+    def __init__(self, blowup_at_step: int, sigkill_at_step: int, fail_reward_slots: tuple[int, ...] = ()):
         self.blowup_at_step, self.sigkill_at_step, self.injected = blowup_at_step, sigkill_at_step, False
+        self.fail_reward_slots = fail_reward_slots
+
+    def adjust_scores(self, scores, rank, batch_size):
+        mine = [slot - rank * batch_size for slot in self.fail_reward_slots if slot // batch_size == rank]
+        if not mine:
+            return scores
+        failed = torch.zeros_like(scores.valid, dtype=torch.bool).view(-1, batch_size)
+        failed[:, mine] = True
+        failed = failed.view(-1)
+        rewards = {k: torch.where(failed, torch.full_like(v, float("nan")), v) for k, v in scores.rewards.items()}
+        return type(scores)(rewards, scores.valid & ~failed, scores.seconds)
 
     def before_step(self, global_step, model) -> None:
         if global_step == self.blowup_at_step and not self.injected:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from recam.engine.rollout import rescore
-from recam.losses import get_kl_estimator, get_policy_loss
+from recam.losses import LossSettings, StepLossInputs, get_kl_estimator, get_policy_loss
 from recam.variants import EMAImportanceState, gradient_adaptive_weights, importance_weights, output_gradient_norm
 
 OBJECTIVES: dict[str, type] = {}
@@ -34,13 +34,15 @@ def register_objective(name: str):
 class MicroBatch:
     """Stored samples of one micro-batch on this process (b of them) and the closures to score them.
 
-    states: (b, T + 1, *sample_shape); old_log_probs, advantages: (b, T); traj_ids: (b, 2) [dataset index,
-    copy]; policy / reference: denoise(x, t) closures (reference None without a KL term); inner_epoch: pass over
-    this epoch's samples (0 first)."""
+    states: (b, T + 1, *sample_shape); old_log_probs, advantages: (b, T); sample_weight: (b,) each sample's
+    weight in the optimizer step's loss (0: excluded); traj_ids: (b, 2) [dataset index, copy]; policy /
+    reference: denoise(x, t) closures (reference None without a KL term); inner_epoch: pass over this epoch's
+    samples (0 first)."""
 
     states: torch.Tensor
     old_log_probs: torch.Tensor
     advantages: torch.Tensor
+    sample_weight: torch.Tensor
     traj_ids: torch.Tensor
     policy: Callable
     reference: Callable | None
@@ -58,17 +60,18 @@ class GRPOObjective:
         t = train_config
         self.t, self.scheduler = t, scheduler
         self.policy_loss = get_policy_loss(t.policy_loss)
+        self.settings = LossSettings(t.clip_range, t.adv_clip_max, t.log_ratio_clamp, t.beta,
+                                     {k: t[k] for k in VariantInputs.FLAGS})
         self.kl_estimator = get_kl_estimator(t.kl_type)
-        self.variants = VariantInputs(t, scheduler) if t.policy_loss == "grpo_variants" else None
+        self.variants = VariantInputs(t, scheduler)  # inert unless a variant is switched on
 
-    def accumulate(self, mb: MicroBatch, backward: Callable[[torch.Tensor, bool], None], divisor: float
-                   ) -> list[dict]:
-        """Backward of loss / divisor for each trained timestep; backward(loss, last) lets the trainer sync
-        gradients only after the last one. Returns the metrics of each timestep (detached)."""
+    def accumulate(self, mb: MicroBatch, backward: Callable[[torch.Tensor, bool], None]) -> list[dict]:
+        """Backward of each trained timestep's loss / T (the step's loss averages its timesteps);
+        backward(loss, last) lets the trainer sync gradients only after the last one. Returns the metrics of
+        each timestep (detached)."""
         t, sched, T = self.t, self.scheduler, mb.old_log_probs.shape[1]
         device = mb.states.device
-        prepared = self.variants.prepare(mb.policy, mb.states, mb.old_log_probs, mb.traj_ids, mb.inner_epoch) \
-            if self.variants else None
+        prepared = self.variants.prepare(mb.policy, mb.states, mb.old_log_probs, mb.traj_ids, mb.inner_epoch)
         out = []
         for j in range(T):
             cur = rescore(mb.policy, mb.states, sched, j)
@@ -77,24 +80,21 @@ class GRPOObjective:
                 with torch.no_grad():
                     ref = rescore(mb.reference, mb.states, sched, j)
                 kl = self.kl_estimator(cur.mean, ref.mean, cur.std, mb.states[:, j + 1])
-            old = mb.old_log_probs[:, j].to(device)
-            loss, metrics = self.policy_loss(
-                cur.log_prob, old, mb.advantages[:, j].to(device), clip_range=t.clip_range,
-                adv_clip_max=t.adv_clip_max, log_ratio_clamp=t.log_ratio_clamp, kl=kl, beta=t.beta,
-                **(self.variants.loss_kwargs(prepared, j, T) if self.variants else {}))
-            if prepared:
-                metrics.update(prepared["metrics"])
+            old = mb.old_log_probs[:, j].contiguous().to(device)
+            inputs = StepLossInputs(cur.log_prob, old, mb.advantages[:, j].to(device), mb.sample_weight.to(device),
+                                    kl, j, T, **self.variants.step_tensors(prepared, j))
+            loss, metrics = self.policy_loss(inputs, self.settings)
+            metrics.update(prepared["metrics"])
             if mb.reference is not None:
                 metrics["mean_log_prob_ref"] = ref.log_prob.mean()
             metrics["importance_weight_var"] = (cur.log_prob.detach() - old).clamp(
                 -t.log_ratio_clamp, t.log_ratio_clamp).exp().var(unbiased=False)
-            backward(loss / divisor, j == T - 1)
+            backward(loss / T, j == T - 1)
             out.append({k: v.detach() for k, v in metrics.items()})
         return out
 
     def end_epoch(self) -> None:
-        if self.variants:
-            self.variants.retire_epoch()  # this epoch's samples are retired with it
+        self.variants.retire_epoch()  # this epoch's samples are retired with it
 
 
 class VariantInputs:
@@ -105,7 +105,6 @@ class VariantInputs:
 
     def __init__(self, train_config, scheduler):
         self.t, self.scheduler = train_config, scheduler
-        self.static = {k: train_config[k] for k in self.FLAGS}
         self.ema = EMAImportanceState(train_config.ema_beta) if train_config.use_ema_smoothing else None
         self.needs_pass = (train_config.use_ema_smoothing or train_config.use_gradient_adaptive_weighting
                            or train_config.use_amic or train_config.use_gspo)
@@ -132,8 +131,9 @@ class VariantInputs:
             out["metrics"].update(metrics)
         return out
 
-    def loss_kwargs(self, prepared: dict, j: int, T: int) -> dict:
-        kw = {**self.static, "timestep_index": j, "num_timesteps": T}
+    def step_tensors(self, prepared: dict, j: int) -> dict:
+        """The variant tensors of timestep j (StepLossInputs fields)."""
+        kw = {}
         if self.t.use_amic or self.t.use_gspo:
             kw["seq_log_prob"], kw["seq_old_log_prob"] = prepared["seq_log_prob"], prepared["seq_old_log_prob"]
         if "ema" in prepared:

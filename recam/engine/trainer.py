@@ -37,6 +37,7 @@ from recam.engine.rollout import deterministic_sample, per_sample_noise, rollout
 from recam.health import SAMPLE_RULES, diagnose_step
 from recam.lora import add_lora
 from recam.sampler import KRepeatBatchSampler
+from recam.schema import reward_terms
 from recam.selection import select_checkpoint
 from rewards.async_pipeline import (
     AsyncRewardRunner,
@@ -90,7 +91,9 @@ class GRPOTrainer:
         if r.constraint:
             self.hooks.append(ConstraintHook(r.constraint, weights, r.constraint_slack, r.constraint_lr,
                                              r.constraint_max_weight))
-        self.hooks.append(FaultInjectionHook(config.debug.inject_blowup_at_step, config.debug.sigkill_at_step))
+        d = config.debug
+        self.hooks.append(FaultInjectionHook(d.inject_blowup_at_step, d.sigkill_at_step,
+                                             tuple(int(x) for x in d.fail_reward_slots.split(",") if x.strip())))
 
         self.policy, self.optimizer = accelerator.prepare(policy, optimizer)
         self.model = accelerator.unwrap_model(self.policy)
@@ -127,7 +130,7 @@ class GRPOTrainer:
             groups = self.advantages(rollouts, scores)               # 3. gather, group-relative advantages
             record = self.epoch_record(rollouts, scores, groups)
             signal = {"zero_std_ratio": record["zero_std_ratio"],    # the guard's reward rules compare epochs
-                      **{k: v for k, v in record.items() if k.startswith("reward_") and isinstance(v, float)}}
+                      **reward_terms(record, include_avg=True)}
             result = self.update(rollouts, groups, signal)          # 4. clipped-ratio policy updates with KL
             record["optimizer_steps"] = [st.metrics for st in result.steps]
             record["first_step_ratio_deviation"] = result.first_step_ratio_deviation
@@ -182,8 +185,10 @@ class GRPOTrainer:
     def score(self) -> Scores:
         results = self.runner.collect()
         rewards, valid = concat_results(results)
-        return Scores({k: v.float() for k, v in rewards.items()}, valid,
-                      sum(sum(r.call_seconds) for r in results))
+        scores = Scores({k: v.float() for k, v in rewards.items()}, valid, sum(sum(r.call_seconds) for r in results))
+        for h in self.hooks:
+            scores = h.adjust_scores(scores, self.rank, self.config.sample.batch_size)
+        return scores
 
     def advantages(self, rollouts: Rollouts, scores: Scores) -> Groups:
         """Gather every process's samples (rank order), normalise rewards within each condition's group over the
@@ -213,30 +218,38 @@ class GRPOTrainer:
         return record
 
     def update(self, rollouts: Rollouts, groups: Groups, signal: dict) -> EpochResult:
-        """Optimizer steps over this process's kept samples; the guard sees each step before it is applied."""
-        cfg, t = self.config, self.config.train
+        """Optimizer steps over this process's samples; the guard sees each step before it is applied.
+
+        Excluded samples are masked, not dropped: every process walks the same number of micro-batches and
+        steps (dropping them per process would let processes disagree on the number of steps and hang on the
+        next collective), and each kept sample weighs the same in its step, which is the mean over the step's
+        kept samples on every process."""
+        cfg, t, P = self.config, self.config.train, self.world_size
         self.model.train()
-        adv = local_slice(groups.advantages, self.rank, self.world_size)
-        traj = local_slice(trajectory_ids(groups.index), self.rank, self.world_size)
-        keep = local_slice(groups.keep, self.rank, self.world_size)
+        adv = local_slice(groups.advantages, self.rank, P)
+        traj = local_slice(trajectory_ids(groups.index), self.rank, P)
+        keep_all = groups.keep.view(P, -1)  # (processes, n): what every process keeps, known to each of them
         gen = torch.Generator().manual_seed(cfg.seed * 7919 + self.epoch)
-        order = torch.randperm(len(rollouts.states), generator=gen)
-        order = order[keep[order]]
+        order = torch.randperm(len(rollouts.states), generator=gen)  # the same permutation on every process
         steps: list[StepStats] = []
         for inner in range(t.num_inner_epochs):
             micro = [order[i:i + t.batch_size] for i in range(0, len(order), t.batch_size)]
             for first in range(0, len(micro), t.gradient_accumulation_steps):
                 chunk = micro[first:first + t.gradient_accumulation_steps]
+                kept = int(keep_all[:, torch.cat(chunk)].sum())  # over all processes: the same number everywhere
+                if kept == 0:
+                    continue  # nothing to learn from on any process
+                # the processes' gradients are averaged, so P / kept makes the step a mean over kept samples
+                weight = keep_all[self.rank].float() * (P / kept)
                 for h in self.hooks:
                     h.before_step(self.global_step, self.model)
                 acc_metrics = []
                 for c, sel in enumerate(chunk):
-                    mb = self.micro_batch(rollouts, sel, adv, traj, inner)
-                    acc_metrics += self.objective.accumulate(mb, self.backward_fn(c == len(chunk) - 1),
-                                                             mb.old_log_probs.shape[1] * len(chunk))
+                    mb = self.micro_batch(rollouts, sel, adv, traj, weight, inner)
+                    acc_metrics += self.objective.accumulate(mb, self.backward_fn(c == len(chunk) - 1))
                 stats = self.optimizer_step(acc_metrics, signal)
                 steps.append(stats)
-                if stats.findings and not stats.applied:
+                if not stats.applied:
                     self.objective.end_epoch()
                     return EpochResult(steps, [f for f in stats.findings if f.severity == "critical"])
         self.objective.end_epoch()
@@ -251,7 +264,7 @@ class GRPOTrainer:
                 self.accelerator.backward(loss)
         return backward
 
-    def micro_batch(self, rollouts: Rollouts, sel: torch.Tensor, adv, traj, inner: int) -> MicroBatch:
+    def micro_batch(self, rollouts: Rollouts, sel: torch.Tensor, adv, traj, weight, inner: int) -> MicroBatch:
         dev, t = self.accelerator.device, self.config.train
         batch = self.domain.collate(self.train_set, [int(i) for i in rollouts.index[sel]], self.epoch_cache)
         reference = None
@@ -259,7 +272,7 @@ class GRPOTrainer:
             reference = self.domain.denoiser(self.model, batch, self.autocast, adapter_off=True)
         elif self.reference is not None:
             reference = self.domain.denoiser(self.reference, batch, self.autocast)
-        return MicroBatch(rollouts.states[sel].to(dev), rollouts.log_probs[sel], adv[sel], traj[sel],
+        return MicroBatch(rollouts.states[sel].to(dev), rollouts.log_probs[sel], adv[sel], weight[sel], traj[sel],
                           self.domain.denoiser(self.policy, batch, self.autocast), reference, inner)
 
     def optimizer_step(self, acc_metrics: list[dict], signal: dict) -> StepStats:
