@@ -1,27 +1,41 @@
-"""Reward registry. A reward is `fn(videos (B, 3, F, H, W) in [-1, 1], conditions: list) -> (scores (B,), details)`.
+"""Reward registry. Each name maps to a factory `factory(config) -> Reward`, and a Reward is an object called as
+`reward(videos (B, 3, F, H, W) in [-1, 1], conditions: list) -> (scores (B,), details)`, optionally with `close()`.
 
-scores are float32 in [0, 1]; NaN marks a sample whose score could not be computed (never a silent 0);
-details maps names to (B,) tensors or lists. `MultiReward` combines weighted rewards into `avg`, which drives
-training, while every key is logged as reward_<key>.
+config is the run's ConfigDict (config/base.py: a reward reads its own section, e.g. reward.unified), or None for
+rewards that need no configuration. Whatever a reward needs (a judge's server and HTTP client, a critic's
+weights) lives on the object a factory returns, never in module state, so two runs in one process, or a test
+next to a run, cannot see each other's judge or critic.
+
+scores are float32 in [0, 1] (the critic's raw score excepted); NaN marks a sample whose score could not be
+computed (never a silent 0); details maps names to (B,) tensors or lists. `MultiReward` combines weighted
+rewards into `avg`, which drives training, while every key is logged as reward_<key>.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
 
 import torch
 
-RewardFn = Callable[..., tuple[torch.Tensor, dict]]
-REWARDS: dict[str, RewardFn] = {}
+
+class Reward(Protocol):
+    """What a factory returns; a reward holding a resource (an HTTP client) also has close()."""
+
+    def __call__(self, videos: torch.Tensor, conditions: list) -> tuple[torch.Tensor, dict]: ...
 
 
-def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
-    """Decorator adding a reward function to the registry under `name` (duplicates are an error)."""
-    def decorator(fn: RewardFn) -> RewardFn:
+RewardFactory = Callable[[Any], Reward]
+REWARDS: dict[str, RewardFactory] = {}
+
+
+def register_reward(name: str) -> Callable[[RewardFactory], RewardFactory]:
+    """Decorator adding a reward factory `factory(config) -> Reward` under `name` (duplicates are an error)."""
+    def decorator(factory: RewardFactory) -> RewardFactory:
         if name in REWARDS:
             raise ValueError(f"reward {name!r} is already registered")
-        REWARDS[name] = fn
-        return fn
+        REWARDS[name] = factory
+        return factory
     return decorator
 
 
@@ -29,10 +43,38 @@ def known_rewards() -> list[str]:
     return sorted(REWARDS)
 
 
-def get_reward(name: str) -> RewardFn:
+def get_reward(name: str) -> RewardFactory:
+    """The factory registered under `name`."""
     if name not in REWARDS:
         raise ValueError(f"unknown reward {name!r}; known rewards: {known_rewards()}")
     return REWARDS[name]
+
+
+def build_reward(name: str, config=None) -> Reward:
+    """A new Reward object for `name`, configured from the run's config (None: the reward's defaults, for the
+    rewards that have them)."""
+    return get_reward(name)(config)
+
+
+def close_reward(reward: Reward) -> None:
+    close = getattr(reward, "close", None)
+    if callable(close):
+        close()
+
+
+def build_rewards(names: Iterable[str], config=None) -> dict[str, Reward]:
+    """One Reward object per distinct name, in first-seen order. If a factory fails (a judge that is down), the
+    ones already built are closed before the error propagates, so no HTTP client is left open."""
+    built: dict[str, Reward] = {}
+    try:
+        for name in names:
+            if name not in built:
+                built[name] = build_reward(name, config)
+    except BaseException:
+        for reward in built.values():
+            close_reward(reward)
+        raise
+    return built
 
 
 class MultiReward:
@@ -42,11 +84,16 @@ class MultiReward:
     `report` names rewards that are computed and returned alongside but never enter `avg` (evaluation uses it
     so that, say, a camera-only run still shows its fidelity).
 
+    `rewards` maps names to Reward objects built elsewhere and shared (a domain hands the same judge and critic
+    to its training and evaluation MultiRewards); close() leaves them open. Every other name used is built here
+    from `config` by its factory, owned, and closed by close().
+
     A NaN in any weighted reward makes that sample's avg NaN, so a failure can be excluded downstream
     instead of entering the group statistics as a number.
     """
 
-    def __init__(self, weights: dict[str, float], report: tuple[str, ...] = ()):
+    def __init__(self, weights: dict[str, float], report: tuple[str, ...] = (),
+                 rewards: Mapping[str, Reward] | None = None, config=None):
         unknown = sorted((set(weights) | set(report)) - set(REWARDS))
         if unknown:
             raise ValueError(f"unknown reward names {unknown}; known rewards: {known_rewards()}")
@@ -54,17 +101,27 @@ class MultiReward:
             raise ValueError(f"reward weights must be non-negative with a positive sum, got {weights}")
         self.weights = {name: w for name, w in weights.items() if w > 0}  # weight 0: not computed at all
         self.report = tuple(name for name in report if name not in self.weights)
+        shared = dict(rewards or {})
+        names = (*self.weights, *self.report)
+        owned = build_rewards([n for n in names if n not in shared], config)
+        self._owned = list(owned.values())
+        self.rewards: dict[str, Reward] = {n: shared[n] if n in shared else owned[n] for n in names}
 
     def __call__(self, videos: torch.Tensor, conditions: list) -> tuple[dict[str, torch.Tensor], dict]:
         scores, details = {}, {}
-        for name in (*self.weights, *self.report):
-            s, d = REWARDS[name](videos, conditions)
+        for name, reward in self.rewards.items():
+            s, d = reward(videos, conditions)
             if s.shape != (videos.shape[0],):
                 raise ValueError(f"reward {name!r} returned shape {tuple(s.shape)}, expected ({videos.shape[0]},)")
             scores[name] = s.float()
             details.update({f"{name}/{k}": v for k, v in d.items()})
         scores["avg"] = weighted_mean(scores, self.weights)
         return scores, details
+
+    def close(self) -> None:
+        owned, self._owned = self._owned, []
+        for reward in owned:
+            close_reward(reward)
 
 
 def weighted_mean(scores: dict[str, torch.Tensor], weights: dict[str, float]) -> torch.Tensor:

@@ -27,7 +27,7 @@ import cv2
 import numpy as np
 import torch
 
-from rewards import register_reward
+from rewards import Reward, register_reward
 
 ROT_SCALE_DEG = 10.0  # a 10 degree rotation error costs a factor e
 TRANS_SCALE = 0.1  # 10% of the scene depth costs a factor e
@@ -135,7 +135,6 @@ def score_video(video: np.ndarray, cond) -> dict:
             "failed_frames": int(sum(p is None for p in est)), "fail_reasons": dict(reasons)}
 
 
-@register_reward("cam_score")
 def cam_score(videos: torch.Tensor, conditions: list) -> tuple[torch.Tensor, dict]:
     """Camera accuracy in [0, 1] of videos (B, 3, F, H, W) in [-1, 1] against their conditions' target cameras."""
     frames = ((videos.detach().float().cpu().permute(0, 2, 3, 4, 1) + 1.0) / 2.0).numpy()  # (B, F, H, W, 3)
@@ -147,3 +146,9 @@ def cam_score(videos: torch.Tensor, conditions: list) -> tuple[torch.Tensor, dic
                for k in ("rot_err", "trans_err", "cammc", "frames_ok", "failed_frames")}
     details["fail_reason"] = dict(reasons)
     return torch.tensor([r["score"] for r in rows], dtype=torch.float32), details
+
+
+@register_reward("cam_score")
+def build_cam_score(config=None) -> Reward:
+    """cam_score has nothing to configure or hold: the reward object is the pure function itself."""
+    return cam_score

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import torch
 import torch.nn as nn
@@ -270,31 +270,44 @@ def discriminator_health(metrics: dict, step: int | None = None, warmup_steps: i
 # ----------------------------------------------------------------------------------------------------
 # the registered reward
 
-_ACTIVE: Discriminator | None = None
+
+class DiscriminatorReward:
+    """The `discriminator` reward object: the critic's score of each sample, from the Discriminator it holds.
+
+    The same instance must be the one trained (the camera domain's DiscriminatorHook gets `.discriminator`) and
+    the one scoring, in training and in evaluation; its lock keeps a score from seeing half-updated weights."""
+
+    def __init__(self, discriminator: Discriminator):
+        self.discriminator = discriminator
+
+    def __call__(self, videos: torch.Tensor, conditions: list) -> tuple[torch.Tensor, dict]:
+        """(B, 3, F, H, W) in [-1, 1] -> (critic scores (B,) float32, details with the temperature and the critic's
+        step)."""
+        if videos.shape[0] != len(conditions):
+            raise ValueError(f"{videos.shape[0]} videos but {len(conditions)} conditions")
+        d = self.discriminator
+        return d.score(videos), {"temperature": torch.tensor(d.temperature),
+                                 "critic_step": torch.tensor(float(d.step))}
 
 
-def set_active_discriminator(discriminator: Discriminator | None) -> None:
-    """Make `discriminator` the critic behind the `discriminator` reward (None unsets it)."""
-    global _ACTIVE
-    _ACTIVE = discriminator
+def discriminator_config(config) -> DiscriminatorConfig:
+    """DiscriminatorConfig from a run config: the reward.discriminator fields DiscriminatorConfig has (the others,
+    such as steps_per_epoch, belong to whoever trains it) and the run's seed for the critic's initialisation."""
+    section = config.reward.discriminator
+    names = {f.name for f in fields(DiscriminatorConfig)}
+    values = {k: section[k] for k in section.keys() if k in names}
+    if "betas" in values:
+        values["betas"] = tuple(values["betas"])
+    values.setdefault("seed", config.seed)
+    return DiscriminatorConfig(**values)
 
 
-def get_active_discriminator() -> Discriminator | None:
-    return _ACTIVE
-
-
-def discriminator_reward(videos: torch.Tensor, conditions: list) -> tuple[torch.Tensor, dict]:
-    """Reward: (B, 3, F, H, W) in [-1, 1] -> (critic scores (B,) float32, details with the temperature)."""
-    d = _ACTIVE
-    if d is None:
-        raise RuntimeError("the discriminator reward has no critic: the trainer must call "
-                           "rewards.discriminator.set_active_discriminator(Discriminator(...)) before sampling")
-    if videos.shape[0] != len(conditions):
-        raise ValueError(f"{videos.shape[0]} videos but {len(conditions)} conditions")
-    return d.score(videos), {"temperature": torch.tensor(d.temperature), "critic_step": torch.tensor(float(d.step))}
+def build_discriminator_reward(config) -> DiscriminatorReward:
+    """Factory of `discriminator`: a fresh critic configured by config.reward.discriminator (None: defaults)."""
+    return DiscriminatorReward(Discriminator(discriminator_config(config) if config is not None else None))
 
 
 def register(register_reward) -> None:
-    """Register the `discriminator` reward with the registry's decorator factory (register_reward(name)(fn));
+    """Register the `discriminator` factory with the registry's decorator factory (register_reward(name)(factory));
     rewards/__init__.py calls this, which keeps this module free of an import cycle with the package."""
-    register_reward("discriminator")(discriminator_reward)
+    register_reward("discriminator")(build_discriminator_reward)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from rewards import register_reward
+from rewards import Reward, register_reward
 
 PSNR_FLOOR, PSNR_CEIL = 10.0, 40.0
 FLICKER_SCALE = 0.05
@@ -32,8 +32,14 @@ def fidelity_terms(videos: torch.Tensor, targets: torch.Tensor) -> dict[str, tor
     return {"psnr": psnr, "similarity": similarity, "flicker_excess": excess, "temporal": temporal, "fidelity": fid}
 
 
-@register_reward("fidelity")
 def fidelity(videos: torch.Tensor, conditions: list) -> tuple[torch.Tensor, dict]:
+    """fidelity_terms of videos (B, 3, F, H, W) in [-1, 1] against their conditions' target videos."""
     targets = torch.stack([c.target_video for c in conditions]).to(videos.device)
     terms = fidelity_terms(videos, targets)
     return terms.pop("fidelity").cpu(), {k: t.cpu() for k, t in terms.items()}
+
+
+@register_reward("fidelity")
+def build_fidelity(config=None) -> Reward:
+    """fidelity has nothing to configure or hold: the reward object is the pure function itself."""
+    return fidelity

@@ -24,8 +24,10 @@ and 429 are retried up to `max_retries` times with exponential backoff backoff_s
 (a numeric Retry-After header on 429 is honoured, capped at timeout_s). Other 4xx mean the request itself is
 wrong (bad model name, payload too large) and are reported at once.
 
-Before sampling, call `health_check(config)`: it raises `UnifiedServerError` naming the URL and the cause
-when the server cannot be reached, so a run does not discover a dead judge after its first rollout.
+The registered reward is a `UnifiedReward` object built from config.reward.unified by `build_unifiedscore`; it
+holds its UnifiedConfig and HTTP client. Building it runs `health_check(config)`, which raises
+`UnifiedServerError` naming the URL and the cause when the server cannot be reached, so a run does not discover a
+dead judge after its first rollout.
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ import math
 import os
 import re
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import httpx
 import numpy as np
@@ -291,6 +294,13 @@ def _short(text: str, n: int = 200) -> str:
     return text if len(text) <= n else text[:n] + "..."
 
 
+def _request_timeout(config: UnifiedConfig) -> httpx.Timeout:
+    """timeout_s for connecting, sending and reading, but no limit on waiting for a free pooled connection:
+    concurrent batches sharing one client queue for its max_concurrency connections, and a wait in that queue
+    says nothing about the judge, so it must not count as a timed-out (and retried) attempt."""
+    return httpx.Timeout(config.timeout_s, pool=None)
+
+
 def request_score(client: httpx.Client, payload: dict, config: UnifiedConfig) -> SampleResult:
     """POST one payload with retries and parse the answer; every outcome is a SampleResult."""
     t0 = time.monotonic()
@@ -303,7 +313,8 @@ def request_score(client: httpx.Client, payload: dict, config: UnifiedConfig) ->
         extra_wait = 0.0
         result.attempts = attempt + 1
         try:
-            resp = client.post(config.chat_url, json=payload, headers=config.headers(), timeout=config.timeout_s)
+            resp = client.post(config.chat_url, json=payload, headers=config.headers(),
+                               timeout=_request_timeout(config))
         except httpx.TimeoutException as e:
             last_error = f"timeout after {config.timeout_s}s ({type(e).__name__})"
             continue
@@ -431,37 +442,51 @@ def health_check(config: UnifiedConfig, check_model: bool = True) -> list[str]:
 # ----------------------------------------------------------------------------------------------------
 # the registered reward
 
-_ACTIVE_CONFIG: UnifiedConfig | None = None
+
+class UnifiedReward:
+    """The `unifiedscore` reward object: one judge, its UnifiedConfig and a pooled HTTP client.
+
+    Building it runs health_check (unless check_health=False), so a judge that is down fails where the run builds
+    its rewards, before any sampling. Calls are thread-safe: the async reward runner and evaluation share the
+    client, and so its max_concurrency connections.
+    """
+
+    def __init__(self, config: UnifiedConfig, check_model: bool = True, check_health: bool = True):
+        self.served_models = health_check(config, check_model=check_model) if check_health else None
+        self.config = config
+        self.client = UnifiedClient(config)
+        # The trainer has no end-of-run phase that closes rewards: the connections are released by close(), or
+        # when this object is collected, or at interpreter exit, whichever comes first.
+        self._finalizer = weakref.finalize(self, self.client.close)
+
+    def __call__(self, videos: torch.Tensor, conditions: list) -> tuple[torch.Tensor, dict]:
+        """(B, 3, F, H, W) in [-1, 1] + B conditions (captions, or objects with .caption) -> (scores (B,) float32
+        in [0, 1], NaN where the judge failed after its retries; details as in results_to_reward)."""
+        if not self._finalizer.alive:
+            raise RuntimeError(f"the unifiedscore reward for {self.config.api_root} was closed")
+        return self.client.score_batch(videos, conditions)
+
+    def close(self) -> None:
+        self._finalizer()
 
 
-def set_unified_config(config: UnifiedConfig | None) -> None:
-    """Point the `unifiedscore` reward at a server (None unsets it); the trainer calls this once."""
-    global _ACTIVE_CONFIG
-    _ACTIVE_CONFIG = config
+def unified_config(section) -> UnifiedConfig:
+    """UnifiedConfig from a run config's reward.unified section; UnifiedConfig fields the section does not name
+    keep their defaults."""
+    return UnifiedConfig(**{f.name: section[f.name] for f in fields(UnifiedConfig) if f.name in section})
 
 
-def config_from_env() -> UnifiedConfig | None:
-    """UnifiedConfig from UNIFIED_BASE_URL / UNIFIED_MODEL / UNIFIED_PROMPT_FORMAT, or None if no URL."""
-    url = os.environ.get("UNIFIED_BASE_URL")
-    if not url:
-        return None
-    return UnifiedConfig(base_url=url, model=os.environ.get("UNIFIED_MODEL", "UnifiedReward"),
-                         prompt_format=os.environ.get("UNIFIED_PROMPT_FORMAT", "final_score"))
-
-
-def unifiedscore(videos: torch.Tensor, conditions: list) -> tuple[torch.Tensor, dict]:
-    """Reward: (B, 3, F, H, W) in [-1, 1] + B conditions (captions) -> (scores (B,) float32 in [0, 1] or NaN,
-    details as in results_to_reward)."""
-    config = _ACTIVE_CONFIG or config_from_env()
+def build_unifiedscore(config) -> UnifiedReward:
+    """Factory of `unifiedscore`: the judge of config.reward.unified, health-checked now."""
     if config is None:
-        raise RuntimeError("the unifiedscore reward has no server: call "
-                           "rewards.unified.set_unified_config(UnifiedConfig(base_url=..., model=...)) "
-                           "or set UNIFIED_BASE_URL")
-    with UnifiedClient(config) as client:
-        return client.score_batch(videos, conditions)
+        raise ValueError("the unifiedscore reward needs a run config: its judge is config.reward.unified "
+                         "(base_url, model, ...)")
+    section = config.reward.unified
+    return UnifiedReward(unified_config(section), check_model=bool(section.get("check_model", True)))
 
 
 def register(register_reward) -> None:
-    """Register `unifiedscore` with the reward registry's decorator factory (register_reward(name)(fn));
-    rewards/__init__.py calls this, which keeps this module free of an import cycle with the package."""
-    register_reward("unifiedscore")(unifiedscore)
+    """Register the `unifiedscore` factory with the reward registry's decorator factory
+    (register_reward(name)(factory)); rewards/__init__.py calls this, which keeps this module free of an import
+    cycle with the package."""
+    register_reward("unifiedscore")(build_unifiedscore)

@@ -181,9 +181,9 @@ def _constant(videos, conditions):
 def test_with_multi_reward_flattened_details(monkeypatch):
     """MultiReward names details "<reward>/<key>": failures and reasons must still be found and merged."""
     _JUDGE_CALLS.clear()
-    # registered for this test only: monkeypatch removes them afterwards, so known_rewards() stays clean
-    monkeypatch.setitem(REWARDS, "test_async_judge", _flaky_judge)
-    monkeypatch.setitem(REWARDS, "test_async_constant", _constant)
+    # factories registered for this test only: monkeypatch removes them afterwards, so known_rewards() stays clean
+    monkeypatch.setitem(REWARDS, "test_async_judge", lambda config: _flaky_judge)
+    monkeypatch.setitem(REWARDS, "test_async_constant", lambda config: _constant)
     multi = MultiReward({"test_async_judge": 1.0, "test_async_constant": 1.0})
     runner = AsyncRewardRunner(multi, failure_policy="wait", max_retries=1, sleep=lambda s: None)
     runner.submit(0, *make_batch(0))

@@ -4,13 +4,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from rewards import build_reward
 from rewards.discriminator import (
     Discriminator,
     DiscriminatorConfig,
+    DiscriminatorReward,
+    build_discriminator_reward,
     discriminator_health,
     discriminator_loss,
-    discriminator_reward,
-    set_active_discriminator,
 )
 
 
@@ -108,20 +109,43 @@ def test_state_dict_round_trip(tmp_path):
         Discriminator(DiscriminatorConfig(width=4)).load_state_dict(d.state_dict())
 
 
-def test_reward_uses_active_discriminator_and_errors_without_one():
+def test_reward_object_scores_with_the_discriminator_it_holds():
     videos = torch.rand(2, 3, 4, 16, 16) * 2 - 1
-    set_active_discriminator(None)
-    with pytest.raises(RuntimeError, match="set_active_discriminator"):
-        discriminator_reward(videos, ["a", "b"])
     d = Discriminator()
-    set_active_discriminator(d)
-    try:
-        scores, details = discriminator_reward(videos, ["a", "b"])
-    finally:
-        set_active_discriminator(None)
+    reward = DiscriminatorReward(d)
+    scores, details = reward(videos, ["a", "b"])
     assert scores.shape == (2,) and scores.dtype == torch.float32
     assert torch.equal(scores, d.score(videos))
-    assert "temperature" in details
+    assert details["temperature"].item() == 1.0 and details["critic_step"].item() == 0.0
+    # Training the held instance (what the camera domain's hook does) changes what the reward hands out.
+    gen = torch.Generator().manual_seed(5)
+    t, s = _toy_batch(4, gen)
+    d.train_step(t, s)
+    after, details = reward(videos, ["a", "b"])
+    assert torch.equal(after, d.score(videos)) and not torch.equal(after, scores)
+    assert details["critic_step"].item() == 1.0
+    with pytest.raises(ValueError, match="conditions"):
+        reward(videos, ["a"])
+
+
+def test_factory_builds_a_fresh_critic_from_the_run_config():
+    from config.base import get_config
+
+    c = get_config()
+    c.seed = 7
+    c.reward.discriminator.update(dict(lr=3e-4, temperature=0.5, adaptive_temperature=True, reg_threshold=2.0,
+                                       reg_weight=0.2))
+    a, b = build_reward("discriminator", c), build_reward("discriminator", c)
+    assert isinstance(a, DiscriminatorReward) and a.discriminator is not b.discriminator  # no shared critic
+    cfg = a.discriminator.config
+    assert (cfg.lr, cfg.temperature, cfg.adaptive_temperature, cfg.reg_threshold, cfg.reg_weight, cfg.seed) == (
+        3e-4, 0.5, True, 2.0, 0.2, 7)
+    assert a.discriminator.optimizer.param_groups[0]["lr"] == 3e-4
+    videos = torch.rand(3, 3, 4, 16, 16) * 2 - 1
+    torch.testing.assert_close(a(videos, [0, 1, 2])[0], b(videos, [0, 1, 2])[0])  # same seed, same critic
+    c.seed = 8
+    assert not torch.equal(build_reward("discriminator", c)(videos, [0, 1, 2])[0], a(videos, [0, 1, 2])[0])
+    assert build_reward("discriminator", None).discriminator.config == DiscriminatorConfig()
 
 
 def test_health_rules():
@@ -149,9 +173,10 @@ def test_adaptive_temperature_tracks_std_of_score_differences():
     assert fixed.train_step(t, s)["temperature"].item() == pytest.approx(0.7)
 
 
-def test_register_hands_the_reward_to_the_registry():
-    from rewards import discriminator
+def test_register_hands_the_factory_to_the_registry():
+    from rewards import REWARDS, discriminator
 
     seen = {}
-    discriminator.register(lambda name: (lambda fn: seen.setdefault(name, fn)))
-    assert seen == {"discriminator": discriminator_reward}
+    discriminator.register(lambda name: (lambda factory: seen.setdefault(name, factory)))
+    assert seen == {"discriminator": build_discriminator_reward}
+    assert REWARDS["discriminator"] is build_discriminator_reward

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from recam.world import SyntheticWorld, collate_conditions
-from rewards import MultiReward, get_reward, known_rewards
+from rewards import REWARDS, MultiReward, build_reward, build_rewards, get_reward, known_rewards
 from rewards.cam_score import cam_score, rotation_error_deg
 from rewards.fidelity import fidelity
 
@@ -66,7 +66,7 @@ def test_fidelity_is_one_for_ground_truth_and_low_for_noise_and_nan_for_nan(held
 
 
 def test_registry_and_weighted_average(heldout):
-    assert {"cam_score", "fidelity"} <= set(known_rewards())
+    assert {"cam_score", "fidelity", "unifiedscore", "discriminator"} <= set(known_rewards())
     with pytest.raises(ValueError, match="camscore"):
         get_reward("camscore")
     with pytest.raises(ValueError, match="camscore"):
@@ -78,6 +78,110 @@ def test_registry_and_weighted_average(heldout):
     fid, _ = fidelity(v, c)
     torch.testing.assert_close(scores["avg"], (2 * cam + fid) / 3)
     assert "cam_score/rot_err" in details and "fidelity/psnr" in details
+
+
+def test_pure_rewards_are_built_as_the_functions_themselves(heldout):
+    # Wrapping cam_score and fidelity as objects must not move their numbers: the factory hands out the function.
+    from config.base import get_config
+
+    assert build_reward("cam_score", get_config()) is cam_score and build_reward("fidelity", None) is fidelity
+    v, c = heldout["target_video"][:3], heldout["conditions"][:3]
+    m = MultiReward({"cam_score": 1.0, "fidelity": 1.0}, config=get_config())
+    scores, details = m(v, c)
+    direct_cam, d_cam = cam_score(v, c)
+    direct_fid, d_fid = fidelity(v, c)
+    assert torch.equal(scores["cam_score"], direct_cam) and torch.equal(scores["fidelity"], direct_fid)
+    assert torch.equal(details["cam_score/rot_err"], d_cam["rot_err"])
+    assert torch.equal(details["fidelity/psnr"], d_fid["psnr"])
+
+
+class _Counter:
+    """A reward object with state and a resource to release, as a judge or a critic is."""
+
+    def __init__(self, value):
+        self.value, self.calls, self.closed = value, 0, False
+
+    def __call__(self, videos, conditions):
+        self.calls += 1
+        return torch.full((videos.shape[0],), self.value), {"calls": torch.full((videos.shape[0],), self.calls)}
+
+    def close(self):
+        self.closed = True
+
+
+def test_multireward_holds_shared_objects_and_closes_only_what_it_built(monkeypatch):
+    built = []
+
+    def factory(config):
+        built.append(_Counter(config["value"] if config else 0.5))
+        return built[-1]
+
+    monkeypatch.setitem(REWARDS, "test_counter", factory)
+    shared = _Counter(0.25)
+    video = torch.zeros(2, 3, 2, 4, 4)
+    train = MultiReward({"test_counter": 1.0}, rewards={"test_counter": shared})
+    evaluation = MultiReward({"test_counter": 1.0}, report=("test_counter",), rewards={"test_counter": shared})
+    assert train.rewards["test_counter"] is shared is evaluation.rewards["test_counter"] and built == []
+    train(video, [0, 1])
+    scores, details = evaluation(video, [0, 1])
+    assert shared.calls == 2 and details["test_counter/calls"].tolist() == [2, 2]  # one object, called twice
+    assert scores["avg"].tolist() == [0.25, 0.25]
+    train.close()
+    evaluation.close()
+    assert not shared.closed  # its owner (the domain) closes it
+    own = MultiReward({"test_counter": 2.0}, config={"value": 0.75})
+    assert own(video, [0, 1])[0]["test_counter"].tolist() == [0.75, 0.75] and len(built) == 1
+    own.close()
+    assert built[0].closed
+
+
+def test_a_failing_factory_closes_the_rewards_built_before_it(monkeypatch):
+    built = []
+
+    def good(config):
+        built.append(_Counter(0.5))
+        return built[-1]
+
+    def down(config):
+        raise ConnectionError("judge at http://127.0.0.1:9 is unreachable")
+
+    monkeypatch.setitem(REWARDS, "test_good", good)
+    monkeypatch.setitem(REWARDS, "test_down", down)
+    with pytest.raises(ConnectionError, match="unreachable"):
+        MultiReward({"test_good": 1.0, "test_down": 1.0})
+    with pytest.raises(ConnectionError, match="unreachable"):
+        build_rewards(["test_good", "test_good", "test_down"])
+    assert len(built) == 2 and all(r.closed for r in built)  # one per call: a name is built once per set
+
+
+def test_camera_domain_shares_one_critic_between_training_evaluation_and_its_hook():
+    from config import grpo
+    from recam.domains.camera.domain import CameraDomain, DiscriminatorHook
+    from rewards.discriminator import DiscriminatorReward
+
+    c = grpo.get_config("tiny_cpu")
+    c.reward.weights.discriminator = 0.5
+    messages = []
+    log = type("Log", (), {"info": lambda self, m: messages.append(m)})()
+    domain = CameraDomain(c, "cpu", log)
+    weights = dict(c.reward.weights)
+    evaluation = domain.reward_fn(weights, report=("cam_score", "fidelity"))
+    train = domain.reward_fn(weights)
+    (hook,) = domain.hooks()
+    critic = evaluation.rewards["discriminator"]
+    assert isinstance(critic, DiscriminatorReward) and train.rewards["discriminator"] is critic
+    assert isinstance(hook, DiscriminatorHook) and hook.disc is critic.discriminator
+    assert train.rewards["cam_score"] is evaluation.rewards["cam_score"] is cam_score
+    assert sum("discriminator: a critic" in m for m in messages) == 1  # built once
+    # What the hook trains is what both rewards score with.
+    video = torch.rand(2, 3, 4, 16, 16) * 2 - 1
+    before = train.rewards["discriminator"](video, [0, 1])[0]
+    hook.disc.train_step(torch.rand(2, 3, 4, 16, 16), torch.rand(2, 3, 4, 16, 16) * 2 - 1)
+    after_train, _ = train.rewards["discriminator"](video, [0, 1])
+    after_eval, _ = evaluation.rewards["discriminator"](video, [0, 1])
+    assert not torch.equal(before, after_train) and torch.equal(after_train, after_eval)
+    c.reward.weights.discriminator = 0.0
+    assert CameraDomain(c, "cpu", log).hooks() == []  # no critic used: none built, none trained
 
 
 def test_condition_without_landmarks_scores_zero_with_reason(heldout):

@@ -6,23 +6,25 @@ import re
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
 from PIL import Image
 
+from rewards import build_reward
 from rewards.unified import (
     UnifiedClient,
     UnifiedConfig,
     UnifiedParseError,
+    UnifiedReward,
     UnifiedServerError,
     build_payload,
+    build_unifiedscore,
     health_check,
     parse_answer,
     sample_frame_indices,
-    set_unified_config,
-    unifiedscore,
 )
 
 MODEL = "UnifiedReward-test"
@@ -51,6 +53,7 @@ class FakeJudge:
         self.bodies: list[dict] = []
         self.in_flight = 0
         self.peak = 0
+        self.health_checks = 0
         self.lock = threading.Lock()
         self.stop = threading.Event()
         judge = self
@@ -61,6 +64,8 @@ class FakeJudge:
 
             def do_GET(self):
                 if self.path == "/v1/models":
+                    with judge.lock:
+                        judge.health_checks += 1
                     self._send(200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]})
                 else:
                     self._send(404, {"error": "not found"})
@@ -337,29 +342,113 @@ def test_health_check(judge_factory):
     assert "unreachable" in str(err.value)
 
 
-def test_registered_reward_function(judge_factory, monkeypatch):
-    monkeypatch.delenv("UNIFIED_BASE_URL", raising=False)
-    set_unified_config(None)
-    with pytest.raises(RuntimeError, match="set_unified_config"):
-        unifiedscore(videos(1), captions(1))
+def run_config(url, **kw):
+    """A run config (config/base.py) whose reward.unified section points at `url`."""
+    from config.base import get_config
+
+    c = get_config()
+    c.reward.unified.update({**dict(base_url=url, model=MODEL, timeout_s=2.0, max_retries=2, frame_size=32), **kw})
+    return c
+
+
+class Cond:
+    def __init__(self, caption):
+        self.caption = caption
+
+
+def test_factory_builds_a_judge_object_from_the_run_config(judge_factory):
     judge = judge_factory(script={1: [("answer", "no score here")]})
-
-    class Cond:
-        def __init__(self, caption):
-            self.caption = caption
-
-    set_unified_config(config(judge.url))
+    reward = build_reward("unifiedscore", run_config(judge.url, num_frames=3))
     try:
-        scores, details = unifiedscore(videos(2), [Cond(c) for c in captions(2)])
+        assert isinstance(reward, UnifiedReward) and reward.served_models == [MODEL]
+        assert (reward.config.base_url, reward.config.num_frames, reward.config.frame_size) == (judge.url, 3, 32)
+        scores, details = reward(videos(2), [Cond(c) for c in captions(2)])
     finally:
-        set_unified_config(None)
+        reward.close()
     assert scores[0].item() == pytest.approx(0.75) and math.isnan(scores[1].item())
     assert details["failed"].tolist() == [False, True]
+    assert all(len(body["messages"][0]["content"]) == 3 + 1 for body in judge.bodies)  # 3 frames + the prompt
+    with pytest.raises(RuntimeError, match="closed"):
+        reward(videos(1), captions(1))
 
 
-def test_register_hands_the_reward_to_the_registry():
-    from rewards import unified
+def test_two_judges_side_by_side_each_keep_their_own_server(judge_factory):
+    # No module state: a second judge object (another run, a test) cannot redirect the first one's requests.
+    first, second = judge_factory(), judge_factory(default=("answer", "Final Score: 2"))
+    a = build_reward("unifiedscore", run_config(first.url))
+    b = build_reward("unifiedscore", run_config(second.url))
+    try:
+        scores_a, _ = a(videos(2), captions(2))
+        scores_b, _ = b(videos(3), captions(3))
+        scores_a2, _ = a(videos(1), captions(1))
+    finally:
+        a.close()
+        b.close()
+    assert scores_a.tolist() + scores_a2.tolist() == pytest.approx([0.75] * 3)
+    assert scores_b.tolist() == pytest.approx([0.25] * 3)
+    assert len(first.bodies) == 3 and len(second.bodies) == 3
+
+
+def test_factory_health_checks_before_anything_is_scored(judge_factory):
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()  # nothing listens there now
+    with pytest.raises(UnifiedServerError, match=re.escape(f"127.0.0.1:{port}/v1/models")):
+        build_reward("unifiedscore", run_config(f"http://127.0.0.1:{port}"))
+    judge = judge_factory()
+    with pytest.raises(UnifiedServerError, match="not served"):
+        build_reward("unifiedscore", run_config(judge.url, model="other", check_model=True))
+    build_reward("unifiedscore", run_config(judge.url, model="other", check_model=False)).close()
+    assert judge.bodies == []  # health checks only: no video was sent
+    with pytest.raises(ValueError, match="reward.unified"):
+        build_reward("unifiedscore", None)
+
+
+def test_concurrent_calls_share_the_connection_limit_and_queueing_is_not_a_timeout(judge_factory):
+    # One connection, six callers (async reward workers and evaluation share one judge object), each request
+    # held 0.3 s: the last caller waits ~1.5 s for the connection, longer than timeout_s. That wait must neither
+    # fail nor count as an attempt; only the server's own slowness is a timeout.
+    judge = judge_factory(hold_s=0.3)
+    reward = UnifiedReward(config(judge.url, max_concurrency=1, timeout_s=1.0, max_retries=0))
+    t0 = time.monotonic()
+    try:
+        with ThreadPoolExecutor(max_workers=6) as pool:
+            results = list(pool.map(lambda i: reward(videos(1), [f"caption id-{i}"]), range(6)))
+    finally:
+        reward.close()
+    # One at a time: the server's in-flight count can briefly read 2 (a finished handler thread decrements it
+    # after the client already has the answer), so the cap is checked by the total time instead.
+    assert time.monotonic() - t0 >= 6 * 0.3 * 0.95
+    for scores, details in results:
+        assert scores.tolist() == pytest.approx([0.75]) and details["attempts"].tolist() == [1]
+
+
+def test_camera_domain_builds_one_judge_for_training_evaluation_and_hooks(judge_factory):
+    from config import grpo
+    from recam.domains.camera.domain import CameraDomain
+
+    judge = judge_factory()
+    c = grpo.get_config("tiny_cpu")
+    c.reward.weights.unifiedscore = 1.0
+    c.reward.unified.update(dict(base_url=judge.url, model=MODEL, frame_size=32))
+    log = type("Log", (), {"info": lambda self, m: None})()
+    domain = CameraDomain(c, "cpu", log)
+    assert judge.health_checks == 0  # building the domain contacts no judge
+    weights = dict(c.reward.weights)
+    evaluation = domain.reward_fn(weights, report=("fidelity",))
+    assert judge.health_checks == 1  # the trainer's first reward_fn call: before any sampling
+    train = domain.reward_fn(weights)
+    assert domain.hooks() == []
+    assert judge.health_checks == 1 and train.rewards["unifiedscore"] is evaluation.rewards["unifiedscore"]
+    conds = [Cond(caption) for caption in captions(2)]
+    assert train.rewards["unifiedscore"](videos(2), conds)[0].tolist() == pytest.approx([0.75, 0.75])
+    domain._rewards().close()
+
+
+def test_register_hands_the_factory_to_the_registry():
+    from rewards import REWARDS, unified
 
     seen = {}
-    unified.register(lambda name: (lambda fn: seen.setdefault(name, fn)))
-    assert seen == {"unifiedscore": unifiedscore}
+    unified.register(lambda name: (lambda factory: seen.setdefault(name, factory)))
+    assert seen == {"unifiedscore": build_unifiedscore} and REWARDS["unifiedscore"] is build_unifiedscore

@@ -12,6 +12,7 @@ import torch
 from recam import runlog
 from recam.codec import PixelCodec, WanVAECodec, encode_once
 from recam.data import ReCamMasterDataset
+from recam.domains.camera.services import CameraRewards, used_rewards
 from recam.engine.containers import Batch
 from recam.engine.domain import Splits, register_domain
 from recam.engine.hooks import Hook
@@ -124,15 +125,23 @@ class CameraDomain:
 
     # ---- rewards, hooks, examples ----
     def reward_fn(self, weights, report=()):
-        return MultiReward(weights, report=report)
+        # The trainer asks for its training and its evaluation rewards separately; both get the domain's one set
+        # of reward objects, so one judge serves both and evaluation scores with the critic being trained.
+        used = [*(n for n, w in weights.items() if w > 0), *report]
+        return MultiReward(weights, report=report, rewards=self._rewards().get(used))
 
     def hooks(self) -> list:
-        from recam.domains.camera.services import setup_reward_services
-
-        disc = setup_reward_services(self.config, self.log)  # before any sampling: a down judge fails here
-        if disc is None:
+        rewards = self._rewards()
+        rewards.get(used_rewards(self.config))  # before any sampling: a down judge fails here at the latest
+        if rewards.discriminator is None:
             return []
-        return [DiscriminatorHook(disc, self.config.reward.discriminator.steps_per_epoch, self.log)]
+        return [DiscriminatorHook(rewards.discriminator, self.config.reward.discriminator.steps_per_epoch, self.log)]
+
+    def _rewards(self) -> CameraRewards:
+        """The domain's reward objects, made on first use (building the domain contacts no judge)."""
+        if getattr(self, "_camera_rewards", None) is None:
+            self._camera_rewards = CameraRewards(self.config, self.log)
+        return self._camera_rewards
 
     def write_examples(self, out_dir: Path, batch: Batch, decoded: torch.Tensor, n: int) -> None:
         runlog.write_comparison_videos(out_dir, batch.inputs.raw, decoded, n,

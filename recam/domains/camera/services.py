@@ -1,31 +1,49 @@
-"""Rewards of the camera domain that need a service or state: configured before any sampling, so a judge
-that is down fails at start."""
+"""The camera domain's reward objects, built once per run from its config: the trainer's training and evaluation
+rewards and the discriminator's training hook all use the same objects, so there is one judge (health-checked
+before any sampling, so a judge that is down fails at start) and one critic (the one that scores is the one
+trained)."""
 
 from __future__ import annotations
 
+from rewards import Reward, build_rewards, close_reward
 
-def setup_reward_services(config, log):
-    """Configure the UnifiedReward judge and the discriminator when they are weighted; returns the
-    discriminator (trained by a hook) or None."""
-    weights = {k: w for k, w in config.reward.weights.items() if w > 0}
-    if "unifiedscore" in weights:
-        from rewards.unified import UnifiedConfig, health_check, set_unified_config
 
-        u = config.reward.unified
-        ucfg = UnifiedConfig(base_url=u.base_url, model=u.model, api_key_env=u.api_key_env,
-                             prompt_format=u.prompt_format, num_frames=u.num_frames, frame_size=u.frame_size,
-                             max_concurrency=u.max_concurrency, timeout_s=u.timeout_s, max_retries=u.max_retries)
-        health_check(ucfg, check_model=u.check_model)
-        set_unified_config(ucfg)
-        log.info(f"UnifiedReward judge at {u.base_url} is up")
-    if "discriminator" in weights:
-        from rewards.discriminator import Discriminator, DiscriminatorConfig, set_active_discriminator
+class CameraRewards:
+    """Reward objects by name, each built from the run's config on first request and reused after."""
 
-        d = config.reward.discriminator
-        disc = Discriminator(DiscriminatorConfig(lr=d.lr, temperature=d.temperature,
-                                                 adaptive_temperature=d.adaptive_temperature,
-                                                 reg_threshold=d.reg_threshold, reg_weight=d.reg_weight,
-                                                 seed=config.seed))
-        set_active_discriminator(disc)
-        return disc
-    return None
+    def __init__(self, config, log):
+        self.config, self.log = config, log
+        self._built: dict[str, Reward] = {}
+
+    def get(self, names) -> dict[str, Reward]:
+        """name -> Reward for each of `names`, building the ones not built yet (raises on an unknown name and
+        when a judge fails its health check)."""
+        names = list(dict.fromkeys(names))
+        new = build_rewards([n for n in names if n not in self._built], self.config)
+        for name, reward in new.items():
+            if name == "unifiedscore":
+                self.log.info(f"UnifiedReward judge at {reward.config.api_root} is up "
+                              f"(serves {reward.served_models})")
+            elif name == "discriminator":
+                self.log.info(f"discriminator: a critic of {reward.discriminator.num_parameters()} parameters")
+        self._built.update(new)
+        return {n: self._built[n] for n in names}
+
+    @property
+    def discriminator(self):
+        """The critic behind the `discriminator` reward once that reward is built, else None."""
+        reward = self._built.get("discriminator")
+        return reward.discriminator if reward is not None else None
+
+    def close(self) -> None:
+        built, self._built = self._built, {}
+        for reward in built.values():
+            close_reward(reward)
+
+
+def used_rewards(config) -> list[str]:
+    """The rewards a camera run computes: those of positive weight (training) and eval.report_rewards."""
+    from config.validate import eval_report_rewards
+
+    weighted = [k for k, w in config.reward.weights.items() if w > 0]
+    return list(dict.fromkeys([*weighted, *eval_report_rewards(config)]))
