@@ -212,9 +212,13 @@ def cps_step(
     sqrt(sigma_next^2 - std^2) is evaluated as sigma_next * cos(a * pi / 2), equal for a in [0, 1] and
     free of negative round-off under the root.
 
-    log_prob is the exact Gaussian log-density (constants included, unlike Flow-GRPO's CPS, which drops
-    them; ratios are unaffected), averaged over non-batch elements. At sigma_next == 0 the step is
-    deterministic (std 0) and log_prob is 0; a == 0 returns ode_step's result exactly.
+    log_prob is the exact Gaussian log-density, averaged over non-batch elements. Flow-GRPO's CPS returns
+    -mean((x' - mean)^2) instead, dropping the 1/(2 std^2) factor along with the constants, so its
+    log-ratios are 2 std^2 times these (std depends on the schedule only, so log std cancels in a ratio):
+    its clip range eps_F at this step bounds our ratio at (1 - eps_F)^k and (1 + eps_F)^k, k = 1 / (2 std^2),
+    about 1 - k eps_F and 1 + k eps_F. Both average over the same elements, so their count does not enter.
+    At sigma_next == 0 the step is deterministic (std 0) and log_prob is 0; a == 0 returns ode_step's
+    result exactly.
 
     Args/returns as flow_sde_step, with noise_level a in [0, 1].
     """

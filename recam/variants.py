@@ -7,7 +7,7 @@ per-timestep losses (Flow-GRPO's gradient accumulation), so a per-token loss ter
 
 Variants (research plan numbering):
     2.1 EMA-smoothed importance weights  -> EMAImportanceState, ema_weight_metrics, loss input ema_weight
-    2.2 gradient-adaptive timestep weights -> output_gradient_norm, gradient_adaptive_weights, grad_weight
+    2.2 gradient-adaptive timestep weights -> policy_gradient_norms, gradient_adaptive_weights, grad_weight
     2.3 AMIC (arithmetic-mean sequence ratio) and GSPO (geometric mean) -> amic_token_weight, gspo_token_weight
     2.4 PTRW Gaussian trust gate in place of hard clipping -> ptrw_trust_weight
     2.5 temporal decay of the advantage over denoising steps -> temporal_decay_weights
@@ -19,7 +19,7 @@ Importing this module registers grpo_variants_policy_loss in recam.losses.POLICY
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 
 import torch
 from torch import Tensor
@@ -35,18 +35,23 @@ __all__ = [
     "grpo_variants_policy_loss",
     "gspo_token_weight",
     "importance_weights",
+    "log_prob_output_gradient",
     "output_gradient_norm",
+    "parameter_probe_projections",
+    "policy_gradient_norms",
     "ptrw_trust_weight",
     "temporal_decay_weights",
 ]
 
 # Diffusion importance ratios sit within ~1e-3 of 1 (Flow-GRPO clips at 1e-4..1e-3), far tighter than the
 # 0.2 of language models, so every ratio-scale default below lives on that scale.
-DEFAULTS: dict[str, float | bool] = {
+DEFAULTS: dict[str, float | int | bool] = {
     # 2.1: the value the published EMA variant recommends; keeps 90% of the fresh weight per update.
     "ema_beta": 0.9,
-    # 2.2: on log-magnitudes tau = 1 makes timestep weights proportional to the gradient-norm proxy.
+    # 2.2: on log-magnitudes tau = 1 makes timestep weights proportional to the per-token gradient norm.
     "gradient_weighting_temperature": 1.0,
+    # 2.2: 0 = exact per-sample gradient norms, which on ReCam-Tiny cost less than even a few probes.
+    "gradient_weighting_num_probes": 0,
     # 2.4: gate ~0.88 where a 1e-3 hard clip would cut and ~0.14 at |r - 1| = 4e-3.
     "ptrw_sigma": 2e-3,
     # 2.5: with T ~ 10 trained steps the last weight is ~0.39 of the first, favouring the high-noise steps.
@@ -206,20 +211,29 @@ class EMAImportanceState:
 
 
 # ------------------------------------------------------------------------------- 2.2 gradient-adaptive
+#
+# The weight of timestep t of trajectory b follows m_bt = ||grad_theta log pi_theta(x_(t+1) | x_t)||, the size of
+# the policy-gradient term that token contributes. Through the network output f (velocity or noise) it factors
+# as m_bt = ||J_bt^T u_bt||, with J_bt = d f_b / d theta and u_bt = d log p_b / d f_b. u alone (the old proxy,
+# output_gradient_norm) is no use on-policy: there x' - mean = std * eps, so ||u|| = |c| ||eps|| / (std * D),
+# a function of the sigma schedule and the noise's norm (which concentrates at sqrt(D)), the same for every
+# sample. J carries the dependence on the sample and its condition. Measured on the trained ReCam-Tiny with
+# synthetic-world conditions: m spreads 2-7% across the samples of a timestep where ||u|| spreads 0.1-0.7%,
+# while the per-timestep profile is still mostly the schedule's.
 
 
-def output_gradient_norm(
+def log_prob_output_gradient(
     next_sample: Tensor, mean: Tensor, std: Tensor, output_scale: float | Tensor = 1.0
 ) -> Tensor:
-    """Cheap gradient-magnitude proxy for one timestep: ||d log p / d model output||_2, shape (n,).
+    """u = d log p / d model output for every sample, (n, ...) float32, detached.
 
     log p is the per-element MEAN Gaussian log-density over D elements (recam.sde), so
         d log p / d mu_i = (x'_i - mu_i) / (std^2 * D),
-    and through mu = ... + c * output (c = output_scale = |d mu / d output|, e.g. for the Flow-SDE step
-    |(1 + sigma_t^2 (1 - sigma) / (2 sigma)) dt|) the gradient wrt the network output is c times that.
-    Only d(output)/d(theta), the expensive backward through the network, is left out. Everything comes
-    from the no-grad pass: next_sample (n, ...) the stored x', mean (n, ...) and std (n, 1, ..., 1) or
-    broadcastable. A deterministic step (std 0) has no density and gets 0. Detached, float32.
+    and the steps' means are affine in the output, mu = ... + c * output, so u = c times that. c =
+    output_scale is d mu / d output (a float or (n,)), e.g. (1 + sigma_t^2 (1 - sigma) / (2 sigma)) dt for
+    the Flow-SDE step; its sign flips u and no norm built from u, so |c| will do. next_sample (n, ...) the
+    stored x', mean (n, ...), std (n, 1, ..., 1) or broadcastable, all from the no-grad pass. A deterministic
+    step (std 0) has no density and gets u = 0.
     """
     if next_sample.shape != mean.shape:
         raise ValueError(f"next_sample {tuple(next_sample.shape)} and mean {tuple(mean.shape)} must match")
@@ -231,10 +245,135 @@ def output_gradient_norm(
     inv_var = torch.where(stochastic, 1.0 / safe**2, torch.zeros_like(s))
     numel = x[0].numel() if x.shape[0] > 0 else 1
     grad = (x - mu) * inv_var / numel
-    norm = torch.linalg.vector_norm(grad.reshape(x.shape[0], -1), dim=1)
     if isinstance(output_scale, Tensor):
-        return norm * output_scale.detach().float().abs().reshape(-1).to(norm.device)
-    return norm * abs(float(output_scale))
+        scale = output_scale.detach().float().to(grad.device)
+        return grad * scale.reshape((-1,) + (1,) * (grad.dim() - 1)) if scale.dim() > 0 else grad * scale
+    return grad * float(output_scale)
+
+
+def output_gradient_norm(
+    next_sample: Tensor, mean: Tensor, std: Tensor, output_scale: float | Tensor = 1.0
+) -> Tensor:
+    """||d log p / d model output||_2 per sample, (n,) float32: the norm of log_prob_output_gradient.
+
+    Not a timestep weight on its own: on-policy it is |c| ||eps|| / (std D), fixed by the schedule (see the
+    section comment); policy_gradient_norms is the sample-dependent quantity.
+    """
+    grad = log_prob_output_gradient(next_sample, mean, std, output_scale)
+    return torch.linalg.vector_norm(grad.reshape(grad.shape[0], -1), dim=1)
+
+
+ParamDict = dict[str, Tensor]
+OutputFn = Callable[[ParamDict, slice], Tensor]
+
+
+def _check_output(out: Tensor, expected: torch.Size) -> None:
+    if out.shape != expected:
+        raise ValueError(f"output_fn returned {tuple(out.shape)}, expected {tuple(expected)} (output_grad's rows)")
+
+
+def _exact_gradient_norms(output_fn: OutputFn, params: ParamDict, output_grad: Tensor) -> Tensor:
+    u = output_grad.detach().float()
+    leaves = {name: p.detach().requires_grad_(True) for name, p in params.items()}
+    norms = []
+    # One sample per pass: a batched backward only yields the sum of the samples' gradients.
+    with torch.enable_grad():
+        for b in range(u.shape[0]):
+            out = output_fn(leaves, slice(b, b + 1))
+            _check_output(out, u[b:b + 1].shape)
+            if not out.requires_grad:
+                raise ValueError("output_fn's output does not depend on params; it must evaluate the module with them")
+            grads = torch.autograd.grad((out.float() * u[b:b + 1]).sum(), list(leaves.values()), allow_unused=True)
+            norms.append(torch.stack([g.float().square().sum() for g in grads if g is not None]).sum().sqrt())
+    return torch.stack(norms) if norms else u.new_zeros((0,))
+
+
+def _gaussian_probe(params: ParamDict, generator: torch.Generator | None) -> ParamDict:
+    probe = {}
+    for name, p in params.items():
+        # Drawn in float32 where the generator lives, so a seed gives the same probes whatever the parameters'
+        # dtype; jvp needs each tangent in its primal's dtype and device.
+        device = generator.device if generator is not None else p.device
+        probe[name] = torch.randn(p.shape, generator=generator, device=device, dtype=torch.float32).to(p)
+    return probe
+
+
+def parameter_probe_projections(
+    output_fn: OutputFn,
+    params: ParamDict,
+    output_grad: Tensor,
+    probes: Sequence[ParamDict],
+    step_size: float | None = None,
+) -> Tensor:
+    """Directional derivatives d log p_b / d theta . z_k = u_b . (J_b z_k), shape (P, n) float32, detached.
+
+    The parameters are shared by the batch, so one Jacobian-vector product J z gives J_b z for every sample b.
+    Arguments as policy_gradient_norms; probes: P dicts with the keys, shapes and dtypes of params.
+
+    step_size None: J z by forward-mode AD (torch.func.jvp), exact. Torch has no forward-mode rule for its fused
+    attention kernels, so scaled_dot_product_attention is pinned to the math backend inside, which holds the
+    (heads, L, L) attention matrix and can run out of memory at long sequences. step_size h: central
+    difference (f(theta + h z) - f(theta - h z)) / 2h, two no-grad forwards with any kernel; truncation error
+    O(h^2) plus float32 round-off O(ulp(f) / h), about 1e-3 of |u . J z| for ReCam-Tiny at h = 1e-3 (tested),
+    so for float32 outputs only.
+    """
+    from torch.func import jvp
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if step_size is not None and not step_size > 0:
+        raise ValueError(f"step_size must be > 0 or None, got {step_size!r}")
+    primals = {name: p.detach() for name, p in params.items()}
+    u = output_grad.detach().float()
+    every_row = slice(None)
+    rows = []
+    for probe in probes:
+        if probe.keys() != primals.keys():
+            raise ValueError("every probe must have exactly the keys of params")
+        if step_size is None:
+            with sdpa_kernel(SDPBackend.MATH):
+                out, jz = jvp(lambda p: output_fn(p, every_row), (primals,), (probe,))
+        else:
+            with torch.no_grad():
+                out = output_fn({k: p + step_size * probe[k] for k, p in primals.items()}, every_row)
+                minus = output_fn({k: p - step_size * probe[k] for k, p in primals.items()}, every_row)
+            jz = (out - minus).float() / (2.0 * step_size)  # differenced in the output's own precision
+        _check_output(out, u.shape)
+        rows.append((u * jz.detach().float()).reshape(u.shape[0], -1).sum(dim=1))
+    return torch.stack(rows) if rows else u.new_zeros((0, u.shape[0]))
+
+
+def policy_gradient_norms(
+    output_fn: OutputFn,
+    params: ParamDict,
+    output_grad: Tensor,
+    num_probes: int = DEFAULTS["gradient_weighting_num_probes"],
+    generator: torch.Generator | None = None,
+    step_size: float | None = None,
+) -> Tensor:
+    """m_b = ||grad_theta log p_b||_2 of one timestep for each sample b, (n,) float32, detached.
+
+    output_fn(params, rows) evaluates the network output for rows (a slice) of this timestep's batch with the
+    tensors in params in place of the module's trainable parameters, e.g. torch.func.functional_call(module,
+    params, inputs sliced by rows); params maps those names to their current values; output_grad u (n, ...)
+    comes from log_prob_output_gradient. Then grad_theta log p_b = J_b^T u_b, J_b = d output_b / d theta.
+
+    num_probes 0: exact, one forward and backward per sample (rows = slice(b, b + 1)); gradients go to
+    autograd.grad, never to .grad, and are computed even under no_grad. On ReCam-Tiny at batch 8 this costs
+    about one batch-8 forward + backward, less than 4 probes.
+    num_probes P > 0: for z ~ N(0, I) over the trainable parameters, g_b . z ~ N(0, ||g_b||^2), so
+        m_b^2 = mean_k (u_b . J_b z_k)^2
+    is an unbiased estimate of ||g_b||^2 with relative standard deviation sqrt(2 / P) (chi-square with P
+    degrees of freedom: 0.71 at P = 4, whose square root m_b then has ~35% spread per entry). Cost: P
+    Jacobian-vector products of the whole batch (parameter_probe_projections, which also explains step_size).
+    generator, on the device the probes are drawn on, makes them reproducible.
+    """
+    if isinstance(num_probes, bool) or not isinstance(num_probes, int) or num_probes < 0:
+        raise ValueError(f"num_probes must be an int >= 0, got {num_probes!r}")
+    if num_probes == 0:
+        return _exact_gradient_norms(output_fn, params, output_grad)
+    probes = [_gaussian_probe(params, generator) for _ in range(num_probes)]
+    projections = parameter_probe_projections(output_fn, params, output_grad, probes, step_size)
+    return projections.square().mean(dim=0).sqrt()
 
 
 def gradient_adaptive_weights(
@@ -242,21 +381,27 @@ def gradient_adaptive_weights(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Per-timestep weights w_t = T * softmax_t(log m_t / temperature), mean 1 within each trajectory.
 
-    grad_norms m: (n, T) non-negative proxies (output_gradient_norm stacked over timesteps). Taking g =
-    log m makes the weights m_t^(1/tau) / mean_s m_s^(1/tau): invariant to the proxy's overall scale (the
-    1/D and unit factors), proportional to m at tau = 1, uniform as tau -> inf. m = 0 is floored to the
-    smallest normal float so an all-zero row gives uniform weights. Returns detached weights (n, T)
-    (no gradient flows through them) and metrics gradient_adaptive/avg_gradient_norm (mean m) and
-    gradient_adaptive/weight_variance (population variance of all weights).
+    grad_norms m: (n, T) non-negative, policy_gradient_norms stacked over the trained timesteps. Taking g =
+    log m makes the weights m_t^(1/tau) / mean_s m_s^(1/tau): invariant to m's overall scale, proportional to
+    m at tau = 1, flatter as tau grows. Normalising within each trajectory keeps every trajectory's total
+    weight, so the loss scale is unchanged and no trajectory's advantage is scaled as a whole; weight only
+    moves between that trajectory's timesteps. temperature = math.inf is the neutral setting: all weights
+    exactly 1. m = 0 is floored to the smallest normal float so an all-zero row gives uniform weights. Returns
+    detached weights (n, T) (no gradient flows through them) and metrics gradient_adaptive/avg_gradient_norm
+    (mean m) and gradient_adaptive/weight_variance (population variance of all weights).
     """
     if grad_norms.dim() != 2:
         raise ValueError(f"grad_norms must be (n, T), got {tuple(grad_norms.shape)}")
     if not temperature > 0:
         raise ValueError(f"gradient weighting temperature must be > 0, got {temperature!r}")
     m = grad_norms.detach().float()
-    floor = torch.finfo(m.dtype).tiny
-    logits = torch.log(m.clamp_min(floor)) / temperature
-    weights = torch.softmax(logits, dim=1) * m.shape[1]
+    if math.isinf(temperature):
+        # T * softmax of zeros is T * (1/T) rounded, which is not exactly 1 for every T.
+        weights = torch.ones_like(m)
+    else:
+        floor = torch.finfo(m.dtype).tiny
+        logits = torch.log(m.clamp_min(floor)) / temperature
+        weights = torch.softmax(logits, dim=1) * m.shape[1]
     metrics = {
         "gradient_adaptive/avg_gradient_norm": m.mean(),
         "gradient_adaptive/weight_variance": _population_var(weights).float(),

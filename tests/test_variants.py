@@ -1,9 +1,14 @@
 import math
+from pathlib import Path
 
 import pytest
 import torch
+from torch.func import functional_call
 
+from recam.lora import add_lora
 from recam.losses import POLICY_LOSSES, get_policy_loss, grpo_policy_loss
+from recam.model import ReCamTransformer3DModel, tiny_config
+from recam.sde import cps_step, flow_sde_step, flow_sigmas
 from recam.variants import (
     DEFAULTS,
     EMAImportanceState,
@@ -13,10 +18,14 @@ from recam.variants import (
     grpo_variants_policy_loss,
     gspo_token_weight,
     importance_weights,
+    log_prob_output_gradient,
     output_gradient_norm,
+    parameter_probe_projections,
+    policy_gradient_norms,
     ptrw_trust_weight,
     temporal_decay_weights,
 )
+from recam.world import SyntheticWorld, collate_conditions
 
 GRPO_KEYS = {
     "loss", "policy_loss", "kl_penalty", "mean_ratio", "ratio_min", "ratio_max", "clipfrac_high",
@@ -24,6 +33,7 @@ GRPO_KEYS = {
 }
 
 F64 = torch.float64
+CHECKPOINT = Path(__file__).resolve().parents[1] / "checkpoints" / "recam_tiny_base"
 
 
 def _t(values):
@@ -40,6 +50,7 @@ def _all_scalar_detached(metrics):
 def test_defaults_are_on_the_diffusion_ratio_scale():
     assert DEFAULTS["ema_beta"] == 0.9
     assert DEFAULTS["gradient_weighting_temperature"] == 1.0
+    assert DEFAULTS["gradient_weighting_num_probes"] == 0
     assert DEFAULTS["temporal_decay_gamma"] == 0.9
     assert 1e-3 <= DEFAULTS["ptrw_sigma"] <= 1e-2
     assert 1e-3 <= DEFAULTS["clip_ratio_neg"] <= DEFAULTS["clip_ratio_pos"] <= 2e-3
@@ -401,6 +412,314 @@ def test_gradient_adaptive_weights_mean_one_and_detached():
     w2, _ = gradient_adaptive_weights(m[:1] * 10.0, temperature=2.0)  # scale-free; tau = 2 -> sqrt(m)
     root2 = math.sqrt(2)
     torch.testing.assert_close(w2, torch.tensor([[1.0, root2, 1.0]]) * 3 / (2 + root2))
+
+
+def test_neutral_temperature_gives_exactly_ones():
+    g = torch.Generator().manual_seed(0)
+    for num_t in (3, 5, 7, 10):
+        m = torch.rand(4, num_t, generator=g) * torch.tensor([1.0, 1e-3, 1e3, 0.0]).reshape(4, 1)
+        w, metrics = gradient_adaptive_weights(m, temperature=math.inf)
+        assert torch.equal(w, torch.ones(4, num_t))
+        assert metrics["gradient_adaptive/weight_variance"].item() == 0.0
+    # A finite but large temperature only approaches 1; inf is the setting that switches the variant off.
+    w_large, _ = gradient_adaptive_weights(torch.tensor([[1.0, 4.0]]), temperature=1e3)
+    assert 0 < (w_large - 1).abs().max().item() < 1e-3
+
+
+def _sde_coefficient(s: float, s_next: float, a: float) -> float:
+    """d mean / d v of flow_sde_step, by hand from its docstring formula."""
+    sigma_t2 = a**2 * s / (1 - (s_next if s == 1 else s))
+    return (1 + sigma_t2 * (1 - s) / (2 * s)) * (s_next - s)
+
+
+def _cps_coefficient(s: float, s_next: float, a: float) -> float:
+    """d mean / d v of cps_step: -s from x0_hat, (1 - s) from x1_hat's coefficient s_next cos(a pi / 2)."""
+    return -s * (1 - s_next) + (1 - s) * s_next * math.cos(a * math.pi / 2)
+
+
+@pytest.mark.parametrize("step, coefficient, s_next", [
+    (flow_sde_step, _sde_coefficient, 0.6),
+    (cps_step, _cps_coefficient, 0.6),
+    (cps_step, _cps_coefficient, 0.0),  # CPS into sigma 0 is deterministic: no density, u = 0
+])
+def test_log_prob_output_gradient_is_autograds_gradient_of_the_step(step, coefficient, s_next):
+    g = torch.Generator().manual_seed(0)
+    s, a = 0.8, 0.7
+    x, x_next = torch.randn(3, 2, 5, generator=g), torch.randn(3, 2, 5, generator=g)
+    v = torch.randn(3, 2, 5, generator=g, requires_grad=True)
+    out = step(v, s, s_next, x, a, prev_sample=x_next)
+    (expected,) = torch.autograd.grad(out.log_prob.sum(), v, allow_unused=True)
+    expected = torch.zeros_like(v) if expected is None else expected
+    u = log_prob_output_gradient(x_next, out.mean, out.std, coefficient(s, s_next, a))
+    torch.testing.assert_close(u, expected, rtol=1e-5, atol=1e-9)
+    assert (u.abs().sum() == 0) == (s_next == 0)
+    torch.testing.assert_close(output_gradient_norm(x_next, out.mean, out.std, coefficient(s, s_next, a)),
+                               torch.linalg.vector_norm(expected.flatten(1), dim=1))
+
+
+class _PixelMLP(torch.nn.Module):
+    """Velocity of each pixel from its channels, sigma and the sample's condition (a 1x1-conv network)."""
+
+    def __init__(self, channels: int = 3, cond_dim: int = 4, hidden: int = 8, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.inp = torch.nn.Linear(channels + 1 + cond_dim, hidden)
+        self.out = torch.nn.Linear(hidden, channels)
+
+    def forward(self, x, sigma, cond):
+        n = x.shape[0]
+        pixels = x.flatten(2).transpose(1, 2)
+        length = pixels.shape[1]
+        features = torch.cat([pixels, sigma.reshape(n, 1, 1).expand(n, length, 1),
+                              cond[:, None, :].expand(n, length, cond.shape[1])], dim=-1)
+        return self.out(torch.tanh(self.inp(features))).transpose(1, 2).reshape(x.shape)
+
+
+def _per_sample_gradients(velocity, params, x, sigma, s_next, noise_level, x_next):
+    """Independent reference: (n, |theta|) gradients of each sample's flow_sde_step log-prob, one sample at a time."""
+    rows = []
+    for b in range(x.shape[0]):
+        v = velocity(b)
+        log_prob = flow_sde_step(v, sigma, s_next, x[b:b + 1], noise_level, prev_sample=x_next[b:b + 1]).log_prob
+        grads = torch.autograd.grad(log_prob.sum(), params)
+        rows.append(torch.cat([gr.reshape(-1) for gr in grads]))
+    return torch.stack(rows)
+
+
+def _mlp_step(dtype=torch.float32, n=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    model = _PixelMLP().to(dtype)
+    x = torch.randn(n, 3, 8, 8, generator=g, dtype=dtype)
+    cond = torch.randn(n, 4, generator=g, dtype=dtype) * torch.arange(1.0, n + 1, dtype=dtype).reshape(n, 1)
+    s, s_next, a = 0.8, 0.7, 0.7
+    sig = torch.full((n,), s, dtype=dtype)
+    with torch.no_grad():
+        out = flow_sde_step(model(x, sig, cond), s, s_next, x, a, generator=g)  # on-policy x'
+    u = log_prob_output_gradient(out.prev_sample, out.mean, out.std, _sde_coefficient(s, s_next, a)).to(dtype)
+    params = {k: p.detach() for k, p in model.named_parameters()}
+
+    def output_fn(p, rows):
+        return functional_call(model, p, (x[rows], sig[rows], cond[rows]))
+
+    reference = _per_sample_gradients(lambda b: model(x[b:b + 1], sig[b:b + 1], cond[b:b + 1]),
+                                      list(model.parameters()), x, s, s_next, a, out.prev_sample)
+    return output_fn, params, u, reference
+
+
+def _flat_probes(params, count, seed):
+    g = torch.Generator().manual_seed(seed)
+    probes = [{k: torch.randn(p.shape, generator=g, dtype=p.dtype) for k, p in params.items()} for _ in range(count)]
+    return probes, torch.stack([torch.cat([z[k].reshape(-1) for k in params]) for z in probes])
+
+
+def test_probe_projection_is_the_per_sample_gradient_dotted_with_the_probe():
+    output_fn, params, u, reference = _mlp_step(torch.float64)
+    probes, flat = _flat_probes(params, 3, seed=1)
+    expected = (flat @ reference.T).float()  # (P, n): g_b . z_k
+    torch.testing.assert_close(parameter_probe_projections(output_fn, params, u, probes), expected,
+                               rtol=1e-5, atol=1e-9)
+    central = parameter_probe_projections(output_fn, params, u, probes, step_size=1e-4)
+    torch.testing.assert_close(central, expected, rtol=1e-4, atol=1e-9)  # O(h^2) truncation in float64
+
+
+def test_policy_gradient_norms_exact_and_unbiased_probe_estimate():
+    output_fn, params, u, reference = _mlp_step()
+    exact = torch.linalg.vector_norm(reference, dim=1)
+    assert exact.std() / exact.mean() > 0.1  # the samples really differ, so a constant could not pass
+    with torch.no_grad():  # the trainer's pre-pass runs without grad; the exact mode must still differentiate
+        exact_mode = policy_gradient_norms(output_fn, params, u, num_probes=0)
+    torch.testing.assert_close(exact_mode, exact, rtol=1e-5, atol=0)
+    num_probes = 4000
+    estimate = policy_gradient_norms(output_fn, params, u, num_probes, torch.Generator().manual_seed(2))
+    # mean of P chi-square(1) draws: relative std sqrt(2 / P) = 0.022 on the squared norm; 4 sigma allowed
+    rel_err = (estimate.square() / exact.square() - 1).abs()
+    assert rel_err.max().item() < 4 * math.sqrt(2 / num_probes), rel_err
+
+
+def _recam_step(lora: bool, n: int = 3):
+    torch.manual_seed(0)
+    model = ReCamTransformer3DModel(**tiny_config()).eval()
+    if lora:
+        add_lora(model, rank=4, alpha=8)
+        with torch.no_grad():  # peft starts B at zero (adapter a no-op and no gradient to A); make it matter
+            for name, param in model.named_parameters():
+                if ".lora_B." in name:
+                    param.normal_(0.0, 0.05, generator=torch.Generator().manual_seed(1))
+    g = torch.Generator().manual_seed(3)
+    shape = (n, 3, 4, 16, 16)
+    x, source = torch.randn(*shape, generator=g), torch.rand(*shape, generator=g) * 2 - 1
+    source_cams, target_cams = torch.randn(n, 4, 3, 4, generator=g), torch.randn(n, 4, 3, 4, generator=g)
+    s, s_next, a = 0.8, 0.7, 0.7
+    sig = torch.full((n,), s)
+
+    def output_fn(p, rows):
+        return functional_call(model, p, (x[rows], sig[rows], source[rows], source_cams[rows], target_cams[rows]))
+
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    params = {k: p.detach() for k, p in model.named_parameters() if p.requires_grad}
+    with torch.no_grad():
+        out = flow_sde_step(model(x, sig, source, source_cams, target_cams), s, s_next, x, a, generator=g)
+    coefficient = _sde_coefficient(s, s_next, a)
+    u = log_prob_output_gradient(out.prev_sample, out.mean, out.std, coefficient)
+    reference = _per_sample_gradients(
+        lambda b: model(x[b:b + 1], sig[b:b + 1], source[b:b + 1], source_cams[b:b + 1], target_cams[b:b + 1]),
+        trainable, x, s, s_next, a, out.prev_sample)
+    old_proxy = output_gradient_norm(out.prev_sample, out.mean, out.std, coefficient)
+    return output_fn, params, u, reference, old_proxy
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_policy_gradient_norms_on_the_tiny_recam_model(lora):
+    output_fn, params, u, reference, old_proxy = _recam_step(lora)
+    exact = torch.linalg.vector_norm(reference, dim=1)
+    with torch.no_grad():
+        torch.testing.assert_close(policy_gradient_norms(output_fn, params, u, 0), exact, rtol=1e-4, atol=0)
+        probes, flat = _flat_probes(params, 2, seed=4)
+        expected = flat @ reference.T
+        scale = expected.abs().max().item()
+        forward_mode = parameter_probe_projections(output_fn, params, u, probes)
+        torch.testing.assert_close(forward_mode, expected, rtol=1e-3, atol=1e-3 * scale)
+        central = parameter_probe_projections(output_fn, params, u, probes, step_size=1e-3)
+        torch.testing.assert_close(central, expected, rtol=0, atol=1e-2 * scale)
+    assert torch.isfinite(old_proxy).all()
+
+
+def test_trained_recam_gradient_norms_vary_across_samples_where_the_old_proxy_does_not():
+    if not (CHECKPOINT / "config.json").is_file():
+        pytest.skip(f"committed checkpoint {CHECKPOINT} not produced yet (scripts/pretrain_base.py makes it)")
+    model = ReCamTransformer3DModel.from_pretrained(CHECKPOINT).eval()
+    world = SyntheticWorld("train", 8)
+    batch = collate_conditions([world[i] for i in (0, 0, 5, 5)])  # two conditions, two copies each
+    conditioning = (batch["source_video"], batch["source_cams"], batch["target_cams"])
+    n, a = 4, 0.7
+    sigmas = flow_sigmas(10)
+    params = {k: p.detach() for k, p in model.named_parameters()}
+    g = torch.Generator().manual_seed(0)
+    old, new = [], []
+    for j in (0, 2, 4):  # trained steps of the default 10-step schedule
+        s, s_next = float(sigmas[j]), float(sigmas[j + 1])
+        sig = torch.full((n,), s)
+        # x_t from the forward process; the transition x_t -> x' is then drawn from the policy, as in a rollout.
+        x = (1 - s) * batch["target_video"] + s * torch.randn(batch["target_video"].shape, generator=g)
+        with torch.no_grad():
+            out = flow_sde_step(model(x, sig, *conditioning), s, s_next, x, a, generator=g)
+        c = _sde_coefficient(s, s_next, a)
+
+        def output_fn(p, rows, x=x, sig=sig):
+            return functional_call(model, p, (x[rows], sig[rows], *(t[rows] for t in conditioning)))
+
+        old.append(output_gradient_norm(out.prev_sample, out.mean, out.std, c))
+        u = log_prob_output_gradient(out.prev_sample, out.mean, out.std, c)
+        with torch.no_grad():
+            new.append(policy_gradient_norms(output_fn, params, u, num_probes=0))
+    old_w, new_w = (gradient_adaptive_weights(torch.stack(m, 1))[0] for m in (old, new))
+    old_spread, new_spread = ((w.std(dim=0) / w.mean(dim=0)).mean().item() for w in (old_w, new_w))
+    assert old_spread < 0.01, old_spread
+    assert new_spread > 4 * old_spread and new_spread > 0.015, (new_spread, old_spread)
+
+
+def _on_policy_trajectories(model, cond, sigmas, noise_level, seed):
+    g = torch.Generator().manual_seed(seed)
+    n = cond.shape[0]
+    x = torch.randn(n, 3, 32, 32, generator=g)
+    states = [x]
+    with torch.no_grad():
+        for j in range(len(sigmas) - 1):
+            v = model(x, sigmas[j].expand(n), cond)
+            x = flow_sde_step(v, sigmas[j], sigmas[j + 1], x, noise_level, generator=g).prev_sample
+            states.append(x)
+    return torch.stack(states, 1)
+
+
+def _weights_of_a_batch(model, cond, num_trained, num_probes, seed):
+    """(old proxy, exact, probe-estimated) (n, T) weights of on-policy trajectories drawn with noise seed."""
+    sigmas, a = flow_sigmas(2 * num_trained), 0.7
+    states = _on_policy_trajectories(model, cond, sigmas, a, seed)
+    n = cond.shape[0]
+    params = {k: p.detach() for k, p in model.named_parameters()}
+    generator = torch.Generator().manual_seed(seed + 1)
+    old, exact, probed = [], [], []
+    for j in range(num_trained):
+        x, sig = states[:, j], sigmas[j].expand(n)
+        with torch.no_grad():
+            out = flow_sde_step(model(x, sig, cond), sigmas[j], sigmas[j + 1], x, a, prev_sample=states[:, j + 1])
+        c = _sde_coefficient(float(sigmas[j]), float(sigmas[j + 1]), a)
+        u = log_prob_output_gradient(states[:, j + 1], out.mean, out.std, c)
+
+        def velocity(b, x=x, sig=sig):
+            return model(x[b:b + 1], sig[b:b + 1], cond[b:b + 1])
+
+        def output_fn(p, rows, x=x, sig=sig):
+            return functional_call(model, p, (x[rows], sig[rows], cond[rows]))
+
+        reference = _per_sample_gradients(velocity, list(model.parameters()), x, sigmas[j], sigmas[j + 1], a,
+                                          states[:, j + 1])
+
+        old.append(output_gradient_norm(states[:, j + 1], out.mean, out.std, c))
+        exact.append(torch.linalg.vector_norm(reference, dim=1))
+        probed.append(policy_gradient_norms(output_fn, params, u, num_probes, generator))
+    return tuple(gradient_adaptive_weights(torch.stack(m, 1))[0] for m in (old, exact, probed))
+
+
+def test_gradient_adaptive_weights_follow_the_samples_not_the_schedule():
+    model = _PixelMLP()
+    g = torch.Generator().manual_seed(7)
+    n, num_trained = 6, 5
+    cond_a = torch.randn(n, 4, generator=g)
+    cond_b = 3.0 * torch.randn(n, 4, generator=g) + 2.0
+    # The same rollout noise for both batches: only the conditions (and so the trajectories) differ.
+    old_a, exact_a, probed_a = _weights_of_a_batch(model, cond_a, num_trained, 64, seed=11)
+    old_b, exact_b, probed_b = _weights_of_a_batch(model, cond_b, num_trained, 64, seed=11)
+
+    def spread(w):  # per timestep, across samples
+        return w.std(dim=0) / w.mean(dim=0)
+
+    # Issue 15's defect, reproduced: the old proxy's weights are a function of the schedule and the noise.
+    assert spread(old_a).max() < 0.03
+    torch.testing.assert_close(old_a, old_b, rtol=1e-4, atol=0)
+    for exact, probed in ((exact_a, probed_a), (exact_b, probed_b)):
+        torch.testing.assert_close(exact.mean(dim=1), torch.ones(n))
+        assert spread(exact).min() > 0.1
+        # 64 probes leave ~9% noise per entry; a correlation this high says the spread is the samples', not the probes'.
+        corr = torch.corrcoef(torch.stack([exact.flatten(), probed.flatten()]))[0, 1]
+        assert corr > 0.8, corr
+    # Same timesteps, same noise, different conditions: different weights per sample and per timestep.
+    assert (exact_a - exact_b).abs().max() > 0.2
+    assert (exact_a.mean(dim=0) - exact_b.mean(dim=0)).abs().max() > 0.02
+
+
+def test_policy_gradient_norms_rejects_bad_arguments():
+    output_fn, params, u, _ = _mlp_step()
+    for bad in (-1, True, 2.0):
+        with pytest.raises(ValueError, match="num_probes"):
+            policy_gradient_norms(output_fn, params, u, bad)
+    probes, _ = _flat_probes(params, 1, seed=0)
+    with pytest.raises(ValueError, match="keys"):
+        parameter_probe_projections(output_fn, params, u, [{"inp.weight": probes[0]["inp.weight"]}])
+    with pytest.raises(ValueError, match="step_size"):
+        parameter_probe_projections(output_fn, params, u, probes, step_size=0.0)
+    with pytest.raises(ValueError, match="expected"):
+        parameter_probe_projections(output_fn, params, u[:2], probes)
+    with pytest.raises(ValueError, match="does not depend"):
+        policy_gradient_norms(lambda p, rows: torch.zeros_like(u[rows]) + 1.0, params, u, 0)
+
+
+def test_flow_grpo_cps_log_ratio_is_two_std_squared_times_ours():
+    # Flow-GRPO's CPS log-prob is -mean((x' - mean)^2); the clip_range comment in config/base.py converts
+    # its clip ranges to ours with this factor.
+    g = torch.Generator().manual_seed(0)
+    s, s_next, a = 0.8, 0.5, 0.7
+    x = torch.randn(2, 3, 4, generator=g, dtype=F64)
+    v_old, v_new = torch.randn(2, 3, 4, generator=g, dtype=F64), torch.randn(2, 3, 4, generator=g, dtype=F64)
+    old = cps_step(v_old, s, s_next, x, a, generator=g)
+    new = cps_step(v_new, s, s_next, x, a, prev_sample=old.prev_sample)
+    ours = new.log_prob - old.log_prob
+    def flow_grpo_log_prob(mean):
+        return -((old.prev_sample - mean) ** 2).mean(dim=(1, 2))
+
+    theirs = flow_grpo_log_prob(new.mean) - flow_grpo_log_prob(old.mean)
+    std = s_next * math.sin(a * math.pi / 2)
+    torch.testing.assert_close(theirs.float(), 2 * std**2 * ours, rtol=1e-4, atol=1e-6)  # ours is float32
 
 
 def test_grad_weight_multiplies_the_per_element_loss():
