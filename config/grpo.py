@@ -3,6 +3,8 @@
 Each preset is a function over the commented base config in config/base.py.
 """
 
+import ml_collections
+
 from config.base import get_config as base_config
 
 
@@ -117,6 +119,63 @@ def recam_wan_14b_multinode():
     return c
 
 
+def toy():
+    """The toy domain (recam/domains/toy): 2-D points around a target, a small MLP pretrained in process with DDPM,
+    sampled with DDIM (eta 1 on the trained steps), reward exp(-|x - target|^2 / width^2). Full fine-tuning with a
+    frozen reference copy; runs in well under a minute on a CPU. Used by tests/test_toy_domain.py."""
+    c = base_config()
+    c.run_name = "toy"
+    c.run_dir = "runs/toy"
+    c.domain = "toy"
+    c.num_epochs = 20
+    c.num_threads = 1  # tiny tensors: a second thread only contends
+    c.logging.wandb_mode = "disabled"
+    c.data.source = "toy"  # only named in the logs: the toy domain draws its own targets (recam/domains/toy/data.py)
+    c.data.num_train_conditions = 64
+    c.data.num_heldout_conditions = 64
+    c.data.num_val_conditions = 32
+    c.model.lora_rank = 0
+    c.sample.batch_size = 32
+    c.sample.k = 8
+    c.sample.num_batches_per_epoch = 4  # 128 samples = 16 conditions x k 8 per epoch
+    c.sample.num_steps = 10
+    c.sample.eval_num_steps = 10
+    c.train.batch_size = 32
+    c.train.gradient_accumulation_steps = 2  # two optimizer steps per epoch
+    c.train.learning_rate = 1e-3
+    c.train.clip_range = 0.05
+    c.train.beta = 0.01
+    c.train.timestep_fraction = 0.5
+    c.reward.weights = ml_collections.ConfigDict({"target": 1.0})
+    c.reward.constraint = ""  # one reward: nothing to hold as a constraint
+    c.eval.report_rewards = "near"
+    c.eval.freq = 5
+    c.eval.batch_size = 64
+    c.eval.num_videos = 8  # points drawn in points.png
+    c.eval.select_by = "target"
+    c.eval.select_guard = ""
+    c.keep_checkpoints = 1
+    # ---- the toy domain's own settings (recam/domains/toy) ----
+    c.toy = ml_collections.ConfigDict()
+    c.toy.num_train_timesteps = 100  # DDPM training steps of the base (DDIM samples sample.num_steps of them)
+    c.toy.beta_schedule = "squaredcos_cap_v2"  # diffusers DDPMScheduler beta schedule; cosine reaches pure noise
+    c.toy.prediction_type = "epsilon"  # what the MLP predicts: "epsilon" (the noise) or "sample" (x0)
+    c.toy.eta = 1.0  # DDIM eta of the trained (stochastic) steps; evaluation samples with eta 0
+    c.toy.hidden = 128  # MLP width
+    c.toy.depth = 3  # hidden layers
+    c.toy.time_features = 16  # sinusoidal timestep features (sin and cos pairs)
+    c.toy.pretrain_steps = 800  # DDPM steps that make the base (in process, about a second)
+    c.toy.pretrain_batch_size = 256  # (target, point) pairs per pretraining step
+    c.toy.pretrain_lr = 1e-2  # AdamW learning rate of pretraining, cosine-decayed to 0
+    c.toy.model_seed = 0  # seed of the base's init and pretraining data: the same base whatever config.seed is
+    c.toy.target_radius = 1.0  # targets are uniform in the disk of this radius
+    c.toy.num_side_modes = 4  # base data: a mode at the target plus this many on a ring around it, equal weights
+    c.toy.mode_offset = 0.6  # ring radius of the side modes
+    c.toy.mode_std = 0.12  # std of every mode
+    c.toy.reward_width = 0.2  # the reward's length scale (and the `near` radius)
+    return c
+
+
 def _variants(c, name, **flags):
     """tiny_cpu with policy-optimization variants switched on (see config/base.py, recam/variants.py)."""
     c.run_name = name
@@ -178,7 +237,7 @@ def balanced():
 VARIANT_PRESETS = (ema, gradient_adaptive, amic, ptrw, temporal_decay, asymmetric, conservative, aggressive,
                    balanced)
 REAL_SCALE_PRESETS = (recam_wan_1_3b_8npu, recam_wan_14b_multinode)
-PRESETS = {f.__name__: f for f in (tiny_cpu, smoke, recam_8npu, *VARIANT_PRESETS, *REAL_SCALE_PRESETS)}
+PRESETS = {f.__name__: f for f in (tiny_cpu, smoke, recam_8npu, toy, *VARIANT_PRESETS, *REAL_SCALE_PRESETS)}
 
 
 def get_config(name: str = "tiny_cpu"):

@@ -63,7 +63,6 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
     from recam.engine.domain import DOMAINS, known_domains
     from recam.engine.objective import OBJECTIVES
     from recam.losses import KL_ESTIMATORS, POLICY_LOSSES
-    from rewards import known_rewards
 
     s, t, a = config.sample, config.train, config.advantage
     _require(num_processes >= 1, f"num_processes must be >= 1, got {num_processes}")
@@ -75,7 +74,7 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
             "launched; launch that many or set --config.expected_num_processes=0",
         )
     for field in ("sample.batch_size", "sample.k", "sample.num_batches_per_epoch", "sample.num_steps",
-                  "train.batch_size", "num_epochs", "train.num_inner_epochs", "data.num_frames", "data.size"):
+                  "train.batch_size", "num_epochs", "train.num_inner_epochs"):
         section, name = field.split(".") if "." in field else (None, field)
         value = config[section][name] if section else config[name]
         _require(isinstance(value, int) and value >= 1, f"{field} must be a positive integer, got {value!r}")
@@ -94,8 +93,6 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
     )
     _require(isinstance(t.gradient_accumulation_steps, int) and t.gradient_accumulation_steps >= 1,
              f"train.gradient_accumulation_steps must be a positive integer, got {t.gradient_accumulation_steps!r}")
-    _require(s.sde_type in ("sde", "cps"), f"sample.sde_type must be 'sde' or 'cps', got {s.sde_type!r}")
-    _require(s.noise_level > 0, f"sample.noise_level must be > 0 for a stochastic policy, got {s.noise_level}")
     _require(0 < t.timestep_fraction <= 1, f"train.timestep_fraction must be in (0, 1], got {t.timestep_fraction}")
     _require(t.clip_range > 0, f"train.clip_range must be > 0, got {t.clip_range}")
     _require(t.log_ratio_clamp > 0, f"train.log_ratio_clamp must be > 0, got {t.log_ratio_clamp}")
@@ -139,6 +136,46 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
              f"health.rollback_lr_factor must be in (0, 1], got {config.health.rollback_lr_factor}")
     weights = dict(config.reward.weights)
     _require(len(weights) > 0, "reward.weights is empty: name at least one reward")
+    _require(all(w >= 0 for w in weights.values()) and sum(weights.values()) > 0,
+             f"reward.weights must be non-negative with a positive sum, got {weights}")
+    _require(config.eval.select_max_drop >= 0, f"eval.select_max_drop must be >= 0, got {config.eval.select_max_drop}")
+    _require(config.reward.failure_policy in ("wait", "drop_group", "stop"),
+             f"reward.failure_policy must be 'wait', 'drop_group' or 'stop', got {config.reward.failure_policy!r}")
+    _require(config.reward.async_workers >= 1, f"reward.async_workers must be >= 1, got {config.reward.async_workers}")
+    conds_per_batch = per_batch // s.k
+    if config.domain == "camera":
+        _validate_camera(config, weights, conds_per_batch)
+    else:
+        # other domains name their own rewards, data and model; they check them (a `check_config` on the domain)
+        check = getattr(DOMAINS[config.domain], "check_config", None)
+        if check is not None:
+            check(config, conds_per_batch, _require)
+    r = config.reward
+    if r.constraint:
+        _require(weights.get(r.constraint, 0) > 0,
+                 f"reward.constraint={r.constraint!r} must name a reward of positive weight in reward.weights "
+                 f"{weights}: its weight is where the multiplier starts")
+        _require(any(w > 0 for k, w in weights.items() if k != r.constraint),
+                 f"reward.constraint={r.constraint!r} needs another reward of positive weight to maximise; "
+                 f"reward.weights is {weights} (--config.reward.constraint='' switches the constraint off)")
+        for field in ("constraint_slack", "constraint_lr", "constraint_max_weight"):
+            _require(r[field] >= 0, f"reward.{field} must be >= 0, got {r[field]}")
+    return derived_numbers(config, num_processes)
+
+
+def _validate_camera(config: ml_collections.ConfigDict, weights: dict, conds_per_batch: int) -> None:
+    """The camera domain's checks: the flow-matching sampler, its registered rewards (rewards.REWARDS), the video
+    data and the transformer checkpoint's format."""
+    from recam.engine.scheduler import FLOW_STEPS
+    from rewards import known_rewards
+
+    s = config.sample
+    for field in ("data.num_frames", "data.size"):
+        section, name = field.split(".")
+        _require(isinstance(config[section][name], int) and config[section][name] >= 1,
+                 f"{field} must be a positive integer, got {config[section][name]!r}")
+    _require(s.sde_type in FLOW_STEPS, f"sample.sde_type must be one of {sorted(FLOW_STEPS)}, got {s.sde_type!r}")
+    _require(s.noise_level > 0, f"sample.noise_level must be > 0 for a stochastic policy, got {s.noise_level}")
     unknown = sorted(set(weights) - set(known_rewards()))
     _require(not unknown, f"reward.weights names unknown rewards {unknown}; known: {sorted(known_rewards())}")
     unknown = sorted(set(eval_report_rewards(config)) - set(known_rewards()))
@@ -149,16 +186,9 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
         _require(e[field] == "" or e[field] in scored_at_eval or config.data.source != "synthetic",
                  f"eval.{field}={e[field]!r} must be '' or a reward scored at evaluation (a positive reward.weights "
                  f"entry or one in eval.report_rewards): {sorted(scored_at_eval)}")
-    _require(e.select_max_drop >= 0, f"eval.select_max_drop must be >= 0, got {e.select_max_drop}")
     _require(not e.select_by or config.data.source != "synthetic" or config.data.num_val_conditions >= 1,
              f"eval.select_by={e.select_by!r} needs validation conditions: data.num_val_conditions must be >= 1, "
              f"got {config.data.num_val_conditions}")
-    _require(all(w >= 0 for w in weights.values()) and sum(weights.values()) > 0,
-             f"reward.weights must be non-negative with a positive sum, got {weights}")
-    _require(config.reward.failure_policy in ("wait", "drop_group", "stop"),
-             f"reward.failure_policy must be 'wait', 'drop_group' or 'stop', got {config.reward.failure_policy!r}")
-    _require(config.reward.async_workers >= 1, f"reward.async_workers must be >= 1, got {config.reward.async_workers}")
-    conds_per_batch = per_batch // s.k
     d, m = config.data, config.model
     _require(d.source in DATA_SOURCES, f"data.source={d.source!r} unknown; use one of {list(DATA_SOURCES)}")
     _require(m.format in MODEL_FORMATS, f"model.format={m.format!r} unknown; use one of {list(MODEL_FORMATS)}")
@@ -195,17 +225,6 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
             _require(name not in eval_report_rewards(config),
                      f"eval.report_rewards names {name!r}, which needs the synthetic world's landmarks that real data "
                      "(data.source='recammaster') does not have; drop it from eval.report_rewards")
-    r = config.reward
-    if r.constraint:
-        _require(weights.get(r.constraint, 0) > 0,
-                 f"reward.constraint={r.constraint!r} must name a reward of positive weight in reward.weights "
-                 f"{weights}: its weight is where the multiplier starts")
-        _require(any(w > 0 for k, w in weights.items() if k != r.constraint),
-                 f"reward.constraint={r.constraint!r} needs another reward of positive weight to maximise; "
-                 f"reward.weights is {weights} (--config.reward.constraint='' switches the constraint off)")
-        for field in ("constraint_slack", "constraint_lr", "constraint_max_weight"):
-            _require(r[field] >= 0, f"reward.{field} must be >= 0, got {r[field]}")
-    return derived_numbers(config, num_processes)
 
 
 def _transformer_config_file(config: ml_collections.ConfigDict) -> Path | None:
@@ -264,7 +283,10 @@ def check_in_channels(in_channels: int, config: ml_collections.ConfigDict) -> No
 
 def validate_files(config: ml_collections.ConfigDict) -> None:
     """The checks that read the filesystem (paths, config.json headers; never weights), run by the trainer right
-    after `validate` and before any model is built. Kept apart so presets for other machines validate anywhere."""
+    after `validate` and before any model is built. Kept apart so presets for other machines validate anywhere.
+    Only the camera domain reads files before its model is built (the toy domain builds its own in process)."""
+    if config.domain != "camera":
+        return
     d, m = config.data, config.model
     if d.source == "recammaster":
         _require(Path(d.root).is_dir(), f"data.root={d.root!r} is not a folder (data.source='recammaster')")

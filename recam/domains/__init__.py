@@ -1,4 +1,4 @@
 """Domains: what a sample is, its data, model and rewards (recam.engine.domain.Domain). Importing this package
 registers the built-in ones."""
 
-from recam.domains import camera  # noqa: F401
+from recam.domains import camera, toy  # noqa: F401
