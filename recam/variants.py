@@ -358,8 +358,9 @@ def policy_gradient_norms(
     comes from log_prob_output_gradient. Then grad_theta log p_b = J_b^T u_b, J_b = d output_b / d theta.
 
     num_probes 0: exact, one forward and backward per sample (rows = slice(b, b + 1)); gradients go to
-    autograd.grad, never to .grad, and are computed even under no_grad. On ReCam-Tiny at batch 8 this costs
-    about one batch-8 forward + backward, less than 4 probes.
+    autograd.grad, never to .grad, and are computed even under no_grad. Measured on ReCam-Tiny at batch 8 (2 CPU
+    threads): 4 forwards' time, against 3.3 for a batch forward + backward and 8 (central difference) to 34
+    (jvp, math attention) for 4 probes; the exact norms also carry no probe noise.
     num_probes P > 0: for z ~ N(0, I) over the trainable parameters, g_b . z ~ N(0, ||g_b||^2), so
         m_b^2 = mean_k (u_b . J_b z_k)^2
     is an unbiased estimate of ||g_b||^2 with relative standard deviation sqrt(2 / P) (chi-square with P
