@@ -130,7 +130,6 @@ def toy():
     c.num_epochs = 20
     c.num_threads = 1  # tiny tensors: a second thread only contends
     c.logging.wandb_mode = "disabled"
-    c.data.source = "toy"  # only named in the logs: the toy domain draws its own targets (recam/domains/toy/data.py)
     c.data.num_train_conditions = 64
     c.data.num_heldout_conditions = 64
     c.data.num_val_conditions = 32

@@ -26,9 +26,6 @@ MODEL_DTYPES = ("float32", "bfloat16")
 # Rewards that read the synthetic world's landmarks: real data has none (recam/data.py).
 LANDMARK_REWARDS = ("cam_score",)
 
-VARIANT_FLAGS = ("use_ema_smoothing", "use_gradient_adaptive_weighting", "use_amic", "use_gspo", "use_ptrw",
-                 "use_temporal_decay", "use_asymmetric_clipping")
-
 
 def eval_report_rewards(config: ml_collections.ConfigDict) -> tuple[str, ...]:
     """Rewards scored at evaluation besides the weighted ones (eval.report_rewards, comma-separated)."""
@@ -59,10 +56,12 @@ def num_train_timesteps(num_steps: int, timestep_fraction: float) -> int:
 
 def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
     """Check `config` for a launch with `num_processes` processes; return `derived_numbers`."""
-    import recam.variants  # noqa: F401  (registers the "grpo_variants" policy loss)
+    from recam.advantages import STD_MODES
     from recam.engine.domain import DOMAINS, known_domains
     from recam.engine.objective import OBJECTIVES
     from recam.losses import KL_ESTIMATORS, POLICY_LOSSES
+    from recam.variants import VARIANT_SWITCHES  # (importing it registers the "grpo_variants" policy loss)
+    from rewards.async_pipeline import FailurePolicy
 
     s, t, a = config.sample, config.train, config.advantage
     _require(num_processes >= 1, f"num_processes must be >= 1, got {num_processes}")
@@ -103,9 +102,10 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
              f"train.policy_loss={t.policy_loss!r} is not registered; known: {sorted(POLICY_LOSSES)}")
     _require(t.kl_type in KL_ESTIMATORS, f"train.kl_type={t.kl_type!r} unknown; use one of {sorted(KL_ESTIMATORS)}")
     _require(t.objective in OBJECTIVES, f"train.objective={t.objective!r} unknown; use one of {sorted(OBJECTIVES)}")
-    variant_flags = [f for f in VARIANT_FLAGS if t[f]]
-    _require(not variant_flags or t.policy_loss == "grpo_variants",
-             f"train.{variant_flags[0] if variant_flags else ''} needs train.policy_loss='grpo_variants', "
+    switched_on = [f for f in VARIANT_SWITCHES if t[f]]
+    readers = sorted(n for n, fn in POLICY_LOSSES.items() if getattr(fn, "reads_variants", False))
+    _require(not switched_on or t.policy_loss in readers,
+             f"train.{switched_on[0] if switched_on else ''} needs train.policy_loss in {readers}, "
              f"got {t.policy_loss!r}")
     _require(not (t.use_amic and t.use_gspo),
              "train.use_amic and train.use_gspo are mutually exclusive: AMIC is the arithmetic-mean alternative "
@@ -124,8 +124,7 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
              f"train.temporal_decay_gamma must be in (0, 1], got {t.temporal_decay_gamma}")
     _require(t.clip_ratio_pos > 0 and t.clip_ratio_neg > 0,
              f"train.clip_ratio_pos/neg must be > 0, got {t.clip_ratio_pos}, {t.clip_ratio_neg}")
-    _require(a.std_mode in ("group", "global", "none"),
-             f"advantage.std_mode must be 'group', 'global' or 'none', got {a.std_mode!r}")
+    _require(a.std_mode in STD_MODES, f"advantage.std_mode must be one of {list(STD_MODES)}, got {a.std_mode!r}")
     _require(config.mixed_precision in ("no", "fp16", "bf16"),
              f"mixed_precision must be 'no', 'fp16' or 'bf16', got {config.mixed_precision!r}")
     _require(config.logging.wandb_mode in ("offline", "online", "disabled"),
@@ -139,8 +138,9 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
     _require(all(w >= 0 for w in weights.values()) and sum(weights.values()) > 0,
              f"reward.weights must be non-negative with a positive sum, got {weights}")
     _require(config.eval.select_max_drop >= 0, f"eval.select_max_drop must be >= 0, got {config.eval.select_max_drop}")
-    _require(config.reward.failure_policy in ("wait", "drop_group", "stop"),
-             f"reward.failure_policy must be 'wait', 'drop_group' or 'stop', got {config.reward.failure_policy!r}")
+    policies = [p.value for p in FailurePolicy]
+    _require(config.reward.failure_policy in policies,
+             f"reward.failure_policy must be one of {policies}, got {config.reward.failure_policy!r}")
     _require(config.reward.async_workers >= 1, f"reward.async_workers must be >= 1, got {config.reward.async_workers}")
     conds_per_batch = per_batch // s.k
     if config.domain == "camera":

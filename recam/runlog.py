@@ -120,7 +120,7 @@ class RunLog:
 
     def summary(self, before: dict, after: dict, extra_paths: dict | None = None, note: str | None = None,
                 rollbacks: int = 0, selected: dict | None = None, selection: str | None = None,
-                rows: tuple[tuple[str, str], ...] = ()) -> str:
+                rows: tuple[tuple[str, str], ...] = (), examples: Path | None = None) -> str:
         """The before/after table. With `selected` (the evaluation record of the checkpoint chosen on validation
         conditions) the run reports that checkpoint, and the last epoch stays beside it for comparison.
         rows: the domain's (label, metric key) pairs, e.g. ("cam_score", "eval/cam_score")."""
@@ -143,7 +143,8 @@ class RunLog:
             lines.append(f"selected checkpoint: {self.run_dir / 'checkpoints' / selected['checkpoint']} ({selection}; "
                          "the held-out conditions play no part in the choice)")
         lines.append(f"health guard: {note or 'ran to the end'}; rollbacks: {rollbacks}")
-        paths = {"metrics": self.path, "videos": self.run_dir / "videos", "checkpoints": self.run_dir / "checkpoints"}
+        paths = {"metrics": self.path, "examples": examples or self.run_dir / "videos",
+                 "checkpoints": self.run_dir / "checkpoints"}
         paths.update(extra_paths or {})
         lines += [f"{k}: {v}" for k, v in paths.items()]
         text = "\n".join(lines)

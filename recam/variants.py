@@ -24,7 +24,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 import torch
 from torch import Tensor
 
-from recam.losses import register_policy_loss
+from recam.losses import LossSettings, StepLossInputs, register_policy_loss, weighted_terms
 
 __all__ = [
     "DEFAULTS",
@@ -45,6 +45,13 @@ __all__ = [
 
 # Diffusion importance ratios sit within ~1e-3 of 1 (Flow-GRPO clips at 1e-4..1e-3), far tighter than the
 # 0.2 of language models, so every ratio-scale default below lives on that scale.
+# The loss's switches and settings (config train.<name>), read from LossSettings.variants; the one list of them.
+LOSS_FLAGS = ("use_amic", "use_gspo", "use_ptrw", "ptrw_sigma", "use_temporal_decay", "temporal_decay_gamma",
+              "temporal_decay_normalize", "use_asymmetric_clipping", "clip_ratio_pos", "clip_ratio_neg")
+# Every switch of a variant (config train.<name>); any of them on needs train.policy_loss = "grpo_variants".
+VARIANT_SWITCHES = ("use_ema_smoothing", "use_gradient_adaptive_weighting", "use_amic", "use_gspo", "use_ptrw",
+                    "use_temporal_decay", "use_asymmetric_clipping")
+
 DEFAULTS: dict[str, float | int | bool] = {
     # 2.1: the value the published EMA variant recommends; keeps 90% of the fresh weight per update.
     "ema_beta": 0.9,
@@ -574,6 +581,18 @@ def _sign_frac(hit: Tensor, mask: Tensor) -> Tensor:
 
 
 @register_policy_loss("grpo_variants")
+def grpo_variants(x: StepLossInputs, s: LossSettings) -> tuple[Tensor, dict[str, Tensor]]:
+    """The registered form: the plan's variants switched by s.variants (config train.use_* and their settings)."""
+    return grpo_variants_policy_loss(
+        x.log_prob, x.old_log_prob, x.advantages, s.clip_range, s.adv_clip_max, s.log_ratio_clamp, x.kl, s.beta,
+        timestep_index=x.timestep_index, num_timesteps=x.num_timesteps, seq_log_prob=x.seq_log_prob,
+        seq_old_log_prob=x.seq_old_log_prob, ema_weight=x.ema_weight, grad_weight=x.grad_weight,
+        sample_weight=x.sample_weight, **{k: s.variants[k] for k in LOSS_FLAGS if k in s.variants})
+
+
+grpo_variants.reads_variants = True  # validation: the train.use_* switches need a loss that reads them
+
+
 def grpo_variants_policy_loss(
     log_prob: Tensor,
     old_log_prob: Tensor,
@@ -600,6 +619,7 @@ def grpo_variants_policy_loss(
     use_asymmetric_clipping: bool = False,
     clip_ratio_pos: float = DEFAULTS["clip_ratio_pos"],
     clip_ratio_neg: float = DEFAULTS["clip_ratio_neg"],
+    sample_weight: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GRPO loss for timestep j of n trajectories with the plan's variants; all off == grpo_policy_loss.
 
@@ -702,8 +722,10 @@ def grpo_variants_policy_loss(
         per_element = per_element * decay[timestep_index].to(per_element.device, per_element.dtype)
         variant_metrics.update(decay_metrics)
 
-    policy_loss = per_element.mean()
-    kl_penalty = kl.mean() if kl is not None else torch.zeros_like(policy_loss)
+    # with sample_weight the means become the trainer's weighted sums (recam.losses.weighted_terms)
+    policy_loss, policy_metric = weighted_terms(per_element, sample_weight)
+    kl_penalty, kl_metric = weighted_terms(kl, sample_weight) if kl is not None else (
+        torch.zeros_like(policy_loss), torch.zeros_like(policy_metric))
     loss = policy_loss + beta * kl_penalty if beta > 0 else policy_loss
     with torch.no_grad():
         rho_d = rho.detach()
@@ -718,9 +740,9 @@ def grpo_variants_policy_loss(
             variant_metrics["asymmetric/clipfrac_pos"] = _sign_frac(above, pos)
             variant_metrics["asymmetric/clipfrac_neg"] = _sign_frac(below, neg)
         metrics = {
-            "loss": loss.detach(),
-            "policy_loss": policy_loss.detach(),
-            "kl_penalty": kl_penalty.detach(),
+            "loss": policy_metric + beta * kl_metric if beta > 0 else policy_metric,
+            "policy_loss": policy_metric,
+            "kl_penalty": kl_metric,
             "mean_ratio": rho_d.mean(),
             "ratio_min": rho_d.min(),
             "ratio_max": rho_d.max(),

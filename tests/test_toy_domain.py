@@ -177,5 +177,5 @@ def test_toy_preset_trains_end_to_end_and_raises_heldout_reward(tmp_path):
     summary = (tmp_path / "summary.md").read_text()
     assert f"grpo_verification.md ({verdict})" in summary and "| target |" in summary
     assert (tmp_path / "checkpoints" / "latest").read_text() == f"epoch_{epochs:04d}"
-    assert (tmp_path / "videos" / "start" / "points.png").stat().st_size > 0
-    assert (tmp_path / "videos" / "final" / "points.png").stat().st_size > 0
+    assert (tmp_path / "plots" / "start" / "points.png").stat().st_size > 0
+    assert (tmp_path / "plots" / "final" / "points.png").stat().st_size > 0

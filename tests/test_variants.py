@@ -6,15 +6,17 @@ import torch
 from torch.func import functional_call
 
 from recam.lora import add_lora
-from recam.losses import POLICY_LOSSES, get_policy_loss, grpo_policy_loss
+from recam.losses import POLICY_LOSSES, LossSettings, StepLossInputs, get_policy_loss, grpo_policy_loss
 from recam.model import ReCamTransformer3DModel, tiny_config
 from recam.sde import cps_step, flow_sde_step, flow_sigmas
 from recam.variants import (
     DEFAULTS,
+    LOSS_FLAGS,
     EMAImportanceState,
     amic_token_weight,
     ema_weight_metrics,
     gradient_adaptive_weights,
+    grpo_variants,
     grpo_variants_policy_loss,
     gspo_token_weight,
     importance_weights,
@@ -57,7 +59,7 @@ def test_defaults_are_on_the_diffusion_ratio_scale():
 
 
 def test_registered_under_grpo_variants():
-    assert get_policy_loss("grpo_variants") is grpo_variants_policy_loss
+    assert get_policy_loss("grpo_variants") is grpo_variants and grpo_variants.reads_variants
     assert "grpo_clip" in POLICY_LOSSES
 
 
@@ -746,9 +748,15 @@ def test_all_flags_off_equals_grpo_policy_loss_exactly():
     adv = 3 * torch.randn(32, generator=g)
     kl = torch.rand(32, generator=g)
     ref_loss, ref_m = grpo_policy_loss(logp_a, old, adv, 1e-3, 2.0, 10.0, kl, 0.04)
-    loss, m = get_policy_loss("grpo_variants")(logp_b, old, adv, 1e-3, 2.0, 10.0, kl, 0.04,
-                                               timestep_index=1, num_timesteps=4)
+    loss, m = grpo_variants_policy_loss(logp_b, old, adv, 1e-3, 2.0, 10.0, kl, 0.04,
+                                        timestep_index=1, num_timesteps=4)
     assert torch.equal(loss, ref_loss)
+    # the registered forms (the trainer's one signature, with per-sample weights) agree too, flags all off
+    weight = torch.rand(32, generator=g)
+    settings = LossSettings(1e-3, 2.0, 10.0, 0.04, {k: DEFAULTS.get(k, False) for k in LOSS_FLAGS})
+    reg_clip, _ = get_policy_loss("grpo_clip")(StepLossInputs(logp_a, old, adv, weight, kl, 1, 4), settings)
+    reg_var, _ = get_policy_loss("grpo_variants")(StepLossInputs(logp_b, old, adv, weight, kl, 1, 4), settings)
+    assert torch.equal(reg_clip, reg_var)
     assert set(m) == GRPO_KEYS == set(ref_m)
     assert all(torch.equal(m[k], ref_m[k]) for k in GRPO_KEYS)
     assert ref_m["clipfrac"].item() > 0  # the comparison exercised the clipped branch

@@ -53,6 +53,8 @@ class Splits:
 class Domain(Protocol):
     # (label, metric key) rows of the summary's before/after table, e.g. ("cam_score", "eval/cam_score")
     summary_rows: tuple[tuple[str, str], ...]
+    # folder under run_dir for write_examples (e.g. "videos")
+    examples_dir: str
 
     def datasets(self) -> Splits: ...
 

@@ -16,7 +16,14 @@ import torch
 
 from recam.engine.rollout import rescore
 from recam.losses import LossSettings, StepLossInputs, get_kl_estimator, get_policy_loss
-from recam.variants import EMAImportanceState, gradient_adaptive_weights, importance_weights, output_gradient_norm
+from recam.variants import (
+    LOSS_FLAGS,
+    EMAImportanceState,
+    gradient_adaptive_weights,
+    importance_weights,
+    log_prob_output_gradient,
+    policy_gradient_norms,
+)
 
 OBJECTIVES: dict[str, type] = {}
 
@@ -47,6 +54,8 @@ class MicroBatch:
     policy: Callable
     reference: Callable | None
     inner_epoch: int
+    module: torch.nn.Module | None = None  # the unwrapped policy (for per-sample parameter gradients)
+    policy_rows: Callable | None = None  # rows (slice) -> denoise(x, t) over `module` for those samples only
 
 
 @register_objective("grpo")
@@ -61,7 +70,7 @@ class GRPOObjective:
         self.t, self.scheduler = t, scheduler
         self.policy_loss = get_policy_loss(t.policy_loss)
         self.settings = LossSettings(t.clip_range, t.adv_clip_max, t.log_ratio_clamp, t.beta,
-                                     {k: t[k] for k in VariantInputs.FLAGS})
+                                     {k: t[k] for k in LOSS_FLAGS})
         self.kl_estimator = get_kl_estimator(t.kl_type)
         self.variants = VariantInputs(t, scheduler)  # inert unless a variant is switched on
 
@@ -71,7 +80,7 @@ class GRPOObjective:
         each timestep (detached)."""
         t, sched, T = self.t, self.scheduler, mb.old_log_probs.shape[1]
         device = mb.states.device
-        prepared = self.variants.prepare(mb.policy, mb.states, mb.old_log_probs, mb.traj_ids, mb.inner_epoch)
+        prepared = self.variants.prepare(mb)
         out = []
         for j in range(T):
             cur = rescore(mb.policy, mb.states, sched, j)
@@ -100,9 +109,6 @@ class GRPOObjective:
 class VariantInputs:
     """Glue between GRPO and recam.variants: the no-grad all-timestep pass and per-timestep kwargs."""
 
-    FLAGS = ("use_amic", "use_gspo", "use_ptrw", "ptrw_sigma", "use_temporal_decay", "temporal_decay_gamma",
-             "temporal_decay_normalize", "use_asymmetric_clipping", "clip_ratio_pos", "clip_ratio_neg")
-
     def __init__(self, train_config, scheduler):
         self.t, self.scheduler = train_config, scheduler
         self.ema = EMAImportanceState(train_config.ema_beta) if train_config.use_ema_smoothing else None
@@ -110,26 +116,39 @@ class VariantInputs:
                            or train_config.use_amic or train_config.use_gspo)
 
     @torch.no_grad()
-    def prepare(self, policy, states, old_log_probs, ids, inner_epoch) -> dict:
+    def prepare(self, mb: MicroBatch) -> dict:
         out = {"metrics": {}}
         if not self.needs_pass:
             return out
-        T = old_log_probs.shape[1]
-        steps = [rescore(policy, states, self.scheduler, j) for j in range(T)]
+        states, T = mb.states, mb.old_log_probs.shape[1]
+        steps = [rescore(mb.policy, states, self.scheduler, j) for j in range(T)]
         seq = torch.stack([o.log_prob for o in steps], 1)
-        out["seq_log_prob"], out["seq_old_log_prob"] = seq, old_log_probs.to(seq.device)
-        keys = [tuple(r) for r in ids.tolist()]
+        out["seq_log_prob"], out["seq_old_log_prob"] = seq, mb.old_log_probs.to(seq.device)
+        keys = [tuple(r) for r in mb.traj_ids.tolist()]
         if self.ema is not None:
             raw = importance_weights(seq, out["seq_old_log_prob"], self.t.log_ratio_clamp)
-            out["ema"] = self.ema.update(keys, raw, expect_state=inner_epoch > 0)
+            out["ema"] = self.ema.update(keys, raw, expect_state=mb.inner_epoch > 0)
             out["metrics"].update(self.ema.metrics(raw, out["ema"]))
         if self.t.use_gradient_adaptive_weighting:
-            norms = torch.stack([output_gradient_norm(states[:, j + 1], o.mean, o.std,
-                                                      self.scheduler.output_coefficient(j))
-                                 for j, o in enumerate(steps)], 1)
+            norms = torch.stack([self.gradient_norms(mb, j, o) for j, o in enumerate(steps)], 1)
             out["grad"], metrics = gradient_adaptive_weights(norms, self.t.gradient_weighting_temperature)
             out["metrics"].update(metrics)
         return out
+
+    def gradient_norms(self, mb: MicroBatch, j: int, step) -> torch.Tensor:
+        """||grad_theta log p|| of each sample's transition j (recam.variants.policy_gradient_norms): the model is
+        evaluated with the given parameters by binding them into the policy for the duration of one call."""
+        states, sched, module = mb.states, self.scheduler, mb.module
+        x, t = states[:, j], sched.model_time(j, states.shape[0])
+        u = log_prob_output_gradient(states[:, j + 1], step.mean, step.std, sched.output_coefficient(j))
+        params = {k: p.detach() for k, p in module.named_parameters() if p.requires_grad}
+
+        def output_fn(p, rows):
+            bound = _Bound(module, mb.policy_rows(rows))
+            return torch.func.functional_call(bound, {f"module.{k}": v for k, v in p.items()}, (x[rows], t[rows]))
+
+        gen = torch.Generator().manual_seed(int(mb.traj_ids[0, 0]) * 1009 + j)  # probes only (num_probes > 0)
+        return policy_gradient_norms(output_fn, params, u, self.t.gradient_weighting_num_probes, gen)
 
     def step_tensors(self, prepared: dict, j: int) -> dict:
         """The variant tensors of timestep j (StepLossInputs fields)."""
@@ -145,3 +164,15 @@ class VariantInputs:
     def retire_epoch(self) -> None:
         if self.ema is not None:
             self.ema.retire_all()
+
+
+class _Bound(torch.nn.Module):
+    """A denoise closure as a module whose parameters are the policy's, so torch.func.functional_call can swap
+    them in for one evaluation."""
+
+    def __init__(self, module: torch.nn.Module, denoise: Callable):
+        super().__init__()
+        self.module, self.denoise = module, denoise
+
+    def forward(self, x, t):
+        return self.denoise(x, t)

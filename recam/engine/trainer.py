@@ -59,11 +59,11 @@ class GRPOTrainer:
         # ---- data, policy (+ LoRA or a frozen reference copy), optimizer, rewards ----
         splits = domain.datasets()
         self.train_set, self.heldout, self.val_set = splits.train, splits.heldout, splits.val
-        log.info(f"data: {config.data.source}, {len(self.train_set)} training / {len(self.heldout)} held-out"
+        log.info(f"data ({config.domain} domain): {len(self.train_set)} training / {len(self.heldout)} held-out"
                  + (f" / {len(self.val_set)} validation conditions" if self.val_set is not None else " conditions"))
         if config.eval.select_by and self.val_set is None:
-            log.info(f"eval.select_by={config.eval.select_by!r} is ignored: {config.data.source} data has no "
-                     "validation split, so the run reports its last epoch")
+            log.info(f"eval.select_by={config.eval.select_by!r} is ignored: this data has no validation split, so "
+                     "the run reports its last epoch")
         policy = domain.build_policy()
         self.use_lora = config.model.lora_rank > 0
         self.reference = None
@@ -97,6 +97,7 @@ class GRPOTrainer:
 
         self.policy, self.optimizer = accelerator.prepare(policy, optimizer)
         self.model = accelerator.unwrap_model(self.policy)
+        self.optimizer.zero_grad(set_to_none=True)  # whatever built the policy leaves no gradient in step 1
         self.autocast = accelerator.autocast if config.mixed_precision != "no" else contextlib.nullcontext
         self.scheduler = domain.scheduler(accelerator.device)
         self.eval_scheduler = self.scheduler.with_steps(s.eval_num_steps)
@@ -266,14 +267,20 @@ class GRPOTrainer:
 
     def micro_batch(self, rollouts: Rollouts, sel: torch.Tensor, adv, traj, weight, inner: int) -> MicroBatch:
         dev, t = self.accelerator.device, self.config.train
-        batch = self.domain.collate(self.train_set, [int(i) for i in rollouts.index[sel]], self.epoch_cache)
+        indices = [int(i) for i in rollouts.index[sel]]
+        batch = self.domain.collate(self.train_set, indices, self.epoch_cache)
         reference = None
         if self.use_lora and t.beta > 0:
             reference = self.domain.denoiser(self.model, batch, self.autocast, adapter_off=True)
         elif self.reference is not None:
             reference = self.domain.denoiser(self.reference, batch, self.autocast)
+
+        def policy_rows(rows: slice):
+            rows_batch = self.domain.collate(self.train_set, indices[rows], self.epoch_cache)
+            return self.domain.denoiser(self.model, rows_batch, self.autocast)
         return MicroBatch(rollouts.states[sel].to(dev), rollouts.log_probs[sel], adv[sel], weight[sel], traj[sel],
-                          self.domain.denoiser(self.policy, batch, self.autocast), reference, inner)
+                          self.domain.denoiser(self.policy, batch, self.autocast), reference, inner, self.model,
+                          policy_rows)
 
     def optimizer_step(self, acc_metrics: list[dict], signal: dict) -> StepStats:
         """Clip, average metrics over processes, ask the guard, and apply the update only if it found nothing
@@ -371,7 +378,7 @@ class GRPOTrainer:
         the weights in memory, which are those of checkpoint folder `checkpoint` (epoch_NNNN)."""
         with ema_weights(self.ema, self.model):
             self.model.eval()
-            out = self.evaluate_split(self.heldout, tag, "eval", self.run_dir / "videos")
+            out = self.evaluate_split(self.heldout, tag, "eval", self.run_dir / self.domain.examples_dir)
             if self.val_set is not None:
                 out.update(self.evaluate_split(self.val_set, tag, "val", None))
         # epoch = the last trained epoch, so resuming or rolling back keeps exactly that checkpoint's evaluations
@@ -449,7 +456,8 @@ class GRPOTrainer:
             rule = f"best validation {e.select_by} over {len(self.val_set)} validation conditions{guard}"
         self.log.summary(eval_before, eval_after, extra_paths=reports,
                          note=self.stopped_by and f"stopped early: {self.stopped_by}", rollbacks=self.rollbacks,
-                         selected=self.selected, selection=rule, rows=self.domain.summary_rows)
+                         selected=self.selected, selection=rule, rows=self.domain.summary_rows,
+                         examples=self.run_dir / self.domain.examples_dir)
 
 
 def trajectory_ids(g_index: torch.Tensor) -> torch.Tensor:

@@ -37,6 +37,7 @@ class CameraInputs:
 class CameraDomain:
     summary_rows = (("cam_score", "eval/cam_score"), ("RotErr (deg)", "eval/rot_err"), ("TransErr", "eval/trans_err"),
                     ("CamMC", "eval/cammc"), ("fidelity", "eval/fidelity"))
+    examples_dir = "videos"
 
     def __init__(self, config, device, log):
         self.config, self.device, self.log = config, device, log

@@ -92,6 +92,7 @@ def check_config(config, conditions_per_batch: int, require) -> None:
 
 @register_domain("toy")
 class ToyDomain:
+    examples_dir = "plots"
     summary_rows = (("target", "eval/target"), ("near (share within one width)", "eval/near"),
                     ("distance to target", "eval/distance"))
     check_config = staticmethod(check_config)  # run by config/validate.py before anything is built
