@@ -31,7 +31,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.size = 32  # frame height = width in pixels
     c.data.conditions_per_scene = 4  # target trajectories per scene
     c.data.seed = 0  # seed of the world (scene layouts, trajectories)
-    # ---- data: or ReCamMaster-layout scene folders (recam/data.py). There num_frames is the frames read per clip,
+    # ---- data: or ReCamMaster-layout scene folders (recam/domains/camera/data.py). There num_frames is the frames
+    # read per clip,
     # num_train_conditions / num_heldout_conditions cap the splits (0 = all), size/conditions_per_scene/seed unused.
     c.data.source = "synthetic"  # "synthetic" (the world above) | "recammaster" (scene folders under data.root)
     c.data.root = ""  # recammaster: folder searched for scenes (videos/camNN.mp4 + cameras/camera_extrinsics.json)
@@ -48,14 +49,14 @@ def get_config() -> ml_collections.ConfigDict:
     # How model.pretrained is read. "recam": from_pretrained of a ReCam folder (as above); "wan_diffusers": a Wan2.1
     # transformer (or pipeline) folder in diffusers layout, camera modules initialised (load_wan_transformer);
     # "recammaster_diffsynth": ReCamMaster's DiffSynth-layout checkpoint file, e.g. step20000.ckpt
-    # (load_recammaster_checkpoint); both loaders are in recam/loading.py
+    # (load_recammaster_checkpoint); both loaders are in recam/domains/camera/loading.py
     c.model.format = "recam"
     c.model.vae = ""  # "" = sample in pixel space; a Wan VAE folder (or a -Diffusers pipeline folder) = its latents
     c.model.dtype = "float32"  # "float32" | "bfloat16" (frozen bf16 base; needs LoRA, whose adapter stays fp32)
     c.model.gradient_checkpointing = False  # recompute each block's activations in the backward pass
     c.model.lora_rank = 0  # 0 = full fine-tuning; > 0 = LoRA adapter, reference = same network with it disabled
     c.model.lora_alpha = 16.0  # LoRA alpha (update scaled by alpha / rank)
-    c.model.lora_targets = ""  # comma-separated module suffixes; "" = self-attention q/k/v/out (recam.lora)
+    c.model.lora_targets = ""  # comma-separated module suffixes; "" = self-attention q/k/v/out (recam.infra.lora)
 
     # ---- sampling (rollouts) ----
     c.sample = ml_collections.ConfigDict()
@@ -81,23 +82,25 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.gradient_accumulation_steps = 16  # micro-batches per optimizer step; 16 = the whole epoch in one step
     c.train.timestep_fraction = 0.5  # fraction of denoising steps trained: the noisiest, where layout and camera form
     c.train.objective = "grpo"  # how stored samples become a loss (recam.engine.objective.OBJECTIVES)
-    c.train.policy_loss = "grpo_clip"  # registered policy loss (recam.losses.POLICY_LOSSES)
+    c.train.policy_loss = "grpo_clip"  # registered policy loss (recam.engine.losses.POLICY_LOSSES)
     # PPO clip epsilon on r = exp(logp - logp_old), logp the exact Gaussian log-density averaged over elements, as in
     # Flow-GRPO's SDE step, so SDE clip ranges carry over. Flow-GRPO's CPS logp is -mean((x' - mean)^2), lacking the
-    # 1/(2 std_j^2), std_j = sigma_(j+1) sin(a pi / 2), so its log-ratios are 2 std_j^2 times ours (recam.sde.cps_step):
+    # 1/(2 std_j^2), std_j = sigma_(j+1) sin(a pi / 2), so its log-ratios are 2 std_j^2 times ours
+    # (recam.engine.sde.cps_step):
     # its eps_F at step j means our bounds (1 - eps_F)^k and (1 + eps_F)^k, k = 1 / (2 std_j^2), ~ 1 -+ k eps_F;
     # at a = 0.7, k runs from 0.78 (sigma_(j+1) = 0.9) to 63 (0.1), so no single clip_range reproduces it.
     c.train.clip_range = 1e-3  # diffusion ratios sit close to 1
     c.train.adv_clip_max = 5.0  # advantages are clamped to +-this
     c.train.log_ratio_clamp = 10.0  # log-ratio clamped to +-this before exp
     c.train.beta = 0.02  # KL coefficient toward the frozen reference (0 disables the reference)
-    # recam.losses.KL_ESTIMATORS: "gaussian_mean" (closed form, exact) | "k1" | "k2" | "k3" (sampled); all return the
+    # recam.engine.losses.KL_ESTIMATORS: "gaussian_mean" (closed form, exact) | "k1" | "k2" | "k3" (sampled); all
+    # return the
     # per-element KL of the transition to the reference (averaged over elements, the closed form's units)
     c.train.kl_type = "gaussian_mean"
     c.train.ema = False  # keep an EMA of the policy weights, used for evaluation
     c.train.ema_decay = 0.95  # EMA decay per optimizer step
 
-    # ---- policy-optimization variants (recam/variants.py; need train.policy_loss = "grpo_variants") ----
+    # ---- policy-optimization variants (recam/engine/variants.py; need train.policy_loss = "grpo_variants") ----
     c.train.use_ema_smoothing = False  # 2.1 EMA of per-trajectory importance weights across inner updates
     c.train.ema_beta = 0.9  # 2.1 weight of the fresh importance weight (1 = no smoothing)
     c.train.use_gradient_adaptive_weighting = False  # 2.2 per-timestep weights from each step's ||grad_theta log p||
@@ -130,7 +133,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.reward.weights = ml_collections.ConfigDict({"cam_score": 1.0, "fidelity": 1.5, "unifiedscore": 0.0,
                                                   "discriminator": 0.0})
     # "" or a weighted reward kept as a constraint rather than maximised: its weight becomes a Lagrange multiplier
-    # (recam/constraint.py) that starts at its reward.weights entry and moves each epoch by constraint_lr times how
+    # (recam/engine/constraint.py) that starts at its reward.weights entry and moves each epoch by constraint_lr
+    # times how
     # far the epoch's mean of it is below the floor (the first epoch's mean, i.e. the base's, minus constraint_slack)
     c.reward.constraint = "fidelity"
     c.reward.constraint_slack = 0.01  # how far below the base's mean the constrained reward may go
@@ -173,7 +177,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.select_guard = "fidelity"  # "" or a reward whose validation value may not fall below the base's by more
     c.eval.select_max_drop = 0.01  # than this for a checkpoint to be chosen (the base is always a candidate)
 
-    # ---- health guard (recam/health.py rules, evaluated every optimizer step) ----
+    # ---- health guard (recam/engine/health.py rules, evaluated every optimizer step) ----
     c.health = ml_collections.ConfigDict()
     c.health.action = "rollback"  # on a critical finding: "warn" (log, never checkpoint it), "stop", "rollback"
     c.health.rollback_lr_factor = 0.5  # learning rate multiplier applied at each rollback

@@ -176,7 +176,7 @@ def toy():
 
 
 def _variants(c, name, **flags):
-    """tiny_cpu with policy-optimization variants switched on (see config/base.py, recam/variants.py)."""
+    """tiny_cpu with policy-optimization variants switched on (see config/base.py, recam/engine/variants.py)."""
     c.run_name = name
     c.run_dir = f"runs/{name}"
     c.train.policy_loss = "grpo_variants"

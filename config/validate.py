@@ -23,7 +23,7 @@ def _require(cond: bool, msg: str) -> None:
 DATA_SOURCES = ("synthetic", "recammaster")
 MODEL_FORMATS = ("recam", "wan_diffusers", "recammaster_diffsynth")
 MODEL_DTYPES = ("float32", "bfloat16")
-# Rewards that read the synthetic world's landmarks: real data has none (recam/data.py).
+# Rewards that read the synthetic world's landmarks: real data has none (recam/domains/camera/data.py).
 LANDMARK_REWARDS = ("cam_score",)
 
 
@@ -56,11 +56,11 @@ def num_train_timesteps(num_steps: int, timestep_fraction: float) -> int:
 
 def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
     """Check `config` for a launch with `num_processes` processes; return `derived_numbers`."""
-    from recam.advantages import STD_MODES
+    from recam.engine.advantages import STD_MODES
     from recam.engine.domain import DOMAINS, known_domains
+    from recam.engine.losses import KL_ESTIMATORS, POLICY_LOSSES
     from recam.engine.objective import OBJECTIVES
-    from recam.losses import KL_ESTIMATORS, POLICY_LOSSES
-    from recam.variants import VARIANT_SWITCHES  # (importing it registers the "grpo_variants" policy loss)
+    from recam.engine.variants import VARIANT_SWITCHES  # (importing it registers the "grpo_variants" policy loss)
     from rewards.async_pipeline import FailurePolicy
 
     s, t, a = config.sample, config.train, config.advantage

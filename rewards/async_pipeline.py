@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from recam.advantages import group_advantages
+from recam.engine.advantages import group_advantages
 
 logger = logging.getLogger(__name__)
 
@@ -352,7 +352,7 @@ def exclusion_mask(valid: torch.Tensor, group_ids: torch.Tensor, policy: str = "
 def masked_group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, keep: torch.Tensor,
                             std_mode: str = "group", eps: float = 1e-4
                             ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-    """Group advantages over the kept samples only (recam.advantages.group_advantages on the subset).
+    """Group advantages over the kept samples only (recam.engine.advantages.group_advantages on the subset).
 
     rewards (N,) (may hold NaN where not kept), group_ids (N,), keep (N,) bool.
     Returns advantages (N,) float32 (0 where excluded), excluded (N,) bool (= ~keep), and the subset's

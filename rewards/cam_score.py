@@ -104,7 +104,7 @@ def trajectory_errors(est: list, gt: np.ndarray, scene_depth: float) -> dict:
 
 
 def score_video(video: np.ndarray, cond) -> dict:
-    """video (F, H, W, 3) in [0, 1]; cond a recam.world.Condition. Per-sample score and details."""
+    """video (F, H, W, 3) in [0, 1]; cond a recam.domains.camera.world.Condition. Per-sample score and details."""
     landmarks = cond.landmarks.double().numpy()
     colors = cond.landmark_colors.double().numpy()
     K = cond.intrinsics.double().numpy()

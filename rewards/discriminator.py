@@ -238,7 +238,7 @@ def _value(metrics: dict, key: str) -> float | None:
 def discriminator_health(metrics: dict, step: int | None = None, warmup_steps: int = 0,
                          overconfident: float = 0.9, learns_nothing: float = 0.6) -> list[tuple[str, str]]:
     """Rules over one step's (or a window-averaged) metrics -> [(severity, message)], severities as in
-    recam.health ("info" | "warn" | "critical"). Empty when healthy.
+    recam.engine.health ("info" | "warn" | "critical"). Empty when healthy.
 
     d_acc > overconfident: the critic separates teacher from student almost always; its reward saturates
     and the policy is pushed toward whatever artefact the critic keys on. d_acc < learns_nothing after

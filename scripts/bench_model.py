@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from recam.model import ReCamTransformer3DModel, tiny_config  # noqa: E402
+from recam.domains.camera.model import ReCamTransformer3DModel, tiny_config  # noqa: E402
 
 
 def timed(fn, iters: int) -> float:

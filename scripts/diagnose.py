@@ -17,7 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from recam import health, verify  # noqa: E402
+from recam import verify  # noqa: E402
+from recam.engine import health  # noqa: E402
 
 
 def load_records(path: Path) -> tuple[list[dict], list[verify.Unreadable], Path]:

@@ -44,8 +44,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from recam.model import ReCamTransformer3DModel, tiny_config  # noqa: E402
-from recam.world import SyntheticWorld, collate_conditions  # noqa: E402
+from recam.domains.camera.model import ReCamTransformer3DModel, tiny_config  # noqa: E402
+from recam.domains.camera.world import SyntheticWorld, collate_conditions  # noqa: E402
 
 CAM_SCORE_FILE = ROOT / "rewards" / "cam_score.py"
 

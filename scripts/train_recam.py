@@ -25,10 +25,10 @@ from accelerate import Accelerator  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from config.validate import eval_report_rewards, validate, validate_files  # noqa: E402
-from recam import runlog  # noqa: E402
-from recam.distributed import use_cpu_if_no_accelerator  # noqa: E402
 from recam.engine.domain import build_domain  # noqa: E402
 from recam.engine.trainer import GRPOTrainer  # noqa: E402
+from recam.infra import runlog  # noqa: E402
+from recam.infra.distributed import use_cpu_if_no_accelerator  # noqa: E402
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", "config/grpo.py:tiny_cpu", "Preset file:name plus overrides.")

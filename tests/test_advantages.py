@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from recam.advantages import broadcast_over_timesteps, group_advantages, nonzero_group_mask
+from recam.engine.advantages import broadcast_over_timesteps, group_advantages, nonzero_group_mask
 
 
 def _loop_advantages(rewards, ids, std_mode, eps):

@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from recam.advantages import group_advantages
+from recam.engine.advantages import group_advantages
 from rewards import REWARDS, MultiReward
 from rewards.async_pipeline import (
     AsyncRewardRunner,

@@ -1,7 +1,7 @@
 import json
 
-from recam.checkpoint import checkpoint_before, latest_checkpoint, point_latest
-from recam.health import SAMPLE_RULES, diagnose_step
+from recam.engine.health import SAMPLE_RULES, diagnose_step
+from recam.infra.checkpoint import checkpoint_before, latest_checkpoint, point_latest
 
 
 def _ckpt(root, epoch, intact=True):

@@ -1,4 +1,4 @@
-"""The constrained reward's Lagrange multiplier (recam.constraint) and the weighted mean it feeds."""
+"""The constrained reward's Lagrange multiplier (recam.engine.constraint) and the weighted mean it feeds."""
 
 import math
 
@@ -7,7 +7,7 @@ import torch
 
 from config import grpo
 from config.validate import ConfigError, validate
-from recam.constraint import dual_step
+from recam.engine.constraint import dual_step
 from rewards import MultiReward, weighted_mean
 
 
@@ -33,7 +33,7 @@ def test_weighted_mean_is_multireward_avg_and_keeps_failures_visible():
         weighted_mean(scores, {"cam_score": 0.0})
     m = MultiReward({"cam_score": 2.0, "fidelity": 1.0})
     video = torch.rand(2, 3, 8, 32, 32)
-    from recam.world import SyntheticWorld
+    from recam.domains.camera.world import SyntheticWorld
 
     conds = [SyntheticWorld("heldout", 2)[i] for i in range(2)]
     out, _ = m(video, conds)

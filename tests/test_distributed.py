@@ -3,7 +3,7 @@ import importlib.util
 import pytest
 import torch
 
-from recam.distributed import local_slice, npu_available, select_device
+from recam.infra.distributed import local_slice, npu_available, select_device
 
 
 def test_device_selection_prefers_npu_then_cuda_then_cpu():

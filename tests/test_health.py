@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from recam import health
+from recam.engine import health
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("diagnose", ROOT / "scripts" / "diagnose.py")

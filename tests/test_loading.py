@@ -12,8 +12,8 @@ from diffusers import AutoencoderKLWan, WanTransformer3DModel
 from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
 from safetensors.torch import load_file, save_file
 
-from recam import loading
-from recam.loading import (
+from recam.domains.camera import loading
+from recam.domains.camera.loading import (
     DIFFSYNTH_TO_DIFFUSERS,
     CheckpointMismatchError,
     decode_latents,
@@ -26,7 +26,7 @@ from recam.loading import (
     parameter_breakdown,
     to_diffsynth_state_dict,
 )
-from recam.model import ReCamTransformer3DModel, tiny_config
+from recam.domains.camera.model import ReCamTransformer3DModel, tiny_config
 
 WAN_KEYS = [k for k in tiny_config() if k != "null_text_len"]
 

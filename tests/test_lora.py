@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from recam.lora import (
+from recam.domains.camera.model import ReCamTransformer3DModel, tiny_config
+from recam.infra.lora import (
     ADAPTER_CONFIG_NAME,
     ADAPTER_WEIGHTS_NAME,
     DEFAULT_LORA_TARGETS,
@@ -18,7 +19,6 @@ from recam.lora import (
     set_trainable,
     trainable_parameter_names,
 )
-from recam.model import ReCamTransformer3DModel, tiny_config
 
 
 def _base(seed: int = 0) -> ReCamTransformer3DModel:
@@ -175,7 +175,7 @@ def test_fp32_adapter_on_a_bf16_base(tmp_path):
         expected = model(**_inputs())
     bf16 = _base()
     bf16.save_pretrained(tmp_path)
-    from recam.loading import load_wan_transformer
+    from recam.domains.camera.loading import load_wan_transformer
 
     bf16, _ = load_wan_transformer(tmp_path, dtype=torch.bfloat16)
     add_lora(bf16, rank=4, alpha=4)

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.distributions import Normal, kl_divergence
 
-from recam.losses import (
+from recam.engine.losses import (
     K3_LOG_RATIO_CLAMP,
     KL_ESTIMATORS,
     POLICY_LOSSES,

@@ -1,4 +1,4 @@
-"""Tests for recam.model (ReCam-Tiny on diffusers' WanTransformer3DModel)."""
+"""Tests for recam.domains.camera.model (ReCam-Tiny on diffusers' WanTransformer3DModel)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from diffusers import WanTransformer3DModel
 
-from recam.model import (
+from recam.domains.camera.model import (
     ReCamTransformer3DModel,
     camera_block_forward,
     can_trim_queries,
@@ -153,7 +153,7 @@ def test_trimmed_last_block_gives_the_same_velocity_and_gradients(lora):
         for block in model.blocks:  # non-neutral cameras, so the camera path is exercised too
             block.cam_encoder.weight.normal_(0, 0.1, generator=torch.Generator().manual_seed(7))
     if lora:
-        from recam.lora import add_lora
+        from recam.infra.lora import add_lora
 
         add_lora(model, 4, 8.0)
         with torch.no_grad():

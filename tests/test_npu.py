@@ -10,8 +10,8 @@ import pytest
 import torch
 import yaml
 
-from recam import npu
-from recam.distributed import npu_available
+from recam.infra import npu
+from recam.infra.distributed import npu_available
 
 ACCELERATE_DIR = Path(__file__).resolve().parents[1] / "config" / "accelerate"
 
@@ -50,7 +50,7 @@ def test_cpu_autocast_and_sync():
 
 _RSS_PROBE = """
 import torch
-from recam import npu
+from recam.infra import npu
 before = npu.memory_stats("cpu")
 block = torch.ones(64 * 1024 * 1024 // 4)  # 64 MiB, touched so it is resident
 after = npu.memory_stats("cpu")

@@ -1,6 +1,7 @@
 """Real data and latent space: ReCamMaster-layout folders as a dataset, the Wan VAE codec, and a trainer run on both.
 
-The data is the synthetic world exported with recam.recammaster_io.export_world, so every loaded condition can be
+The data is the synthetic world exported with recam.domains.camera.recammaster_io.export_world, so every loaded
+condition can be
 checked against the world's own cameras and renders.
 """
 
@@ -21,12 +22,12 @@ from diffusers import AutoencoderKLWan, WanTransformer3DModel
 
 from config import grpo
 from config.validate import ConfigError, validate, validate_files
-from recam.codec import PixelCodec, WanVAECodec, encode_once
-from recam.data import ReCamMasterDataset
-from recam.loading import to_diffsynth_state_dict
-from recam.model import ReCamTransformer3DModel
-from recam.recammaster_io import export_world
-from recam.world import SyntheticWorld, collate_conditions
+from recam.domains.camera.codec import PixelCodec, WanVAECodec, encode_once
+from recam.domains.camera.data import ReCamMasterDataset
+from recam.domains.camera.loading import to_diffsynth_state_dict
+from recam.domains.camera.model import ReCamTransformer3DModel
+from recam.domains.camera.recammaster_io import export_world
+from recam.domains.camera.world import SyntheticWorld, collate_conditions
 
 ROOT = Path(__file__).resolve().parents[1]
 FRAMES, SIZE, PER_SCENE, SCENES = 5, 32, 2, 3  # 5 = 1 + 4 frames: one Wan VAE step in time

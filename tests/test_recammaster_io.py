@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from recam import recammaster_io as rio
-from recam.world import SyntheticWorld
+from recam.domains.camera import recammaster_io as rio
+from recam.domains.camera.world import SyntheticWorld
 
 
 def _random_rotation(rng: np.random.Generator) -> np.ndarray:

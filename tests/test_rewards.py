@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from recam.world import SyntheticWorld, collate_conditions
+from recam.domains.camera.world import SyntheticWorld, collate_conditions
 from rewards import REWARDS, MultiReward, build_reward, build_rewards, get_reward, known_rewards
 from rewards.cam_score import cam_score, rotation_error_deg
 from rewards.fidelity import fidelity
@@ -185,7 +185,8 @@ def test_camera_domain_shares_one_critic_between_training_evaluation_and_its_hoo
 
 
 def test_condition_without_landmarks_scores_zero_with_reason(heldout):
-    # Real footage (recam.data) carries no 3D landmarks: every frame is unestimable, counted, nothing raises.
+    # Real footage (recam.domains.camera.data) carries no 3D landmarks: every frame is unestimable, counted, nothing
+    # raises.
     import dataclasses
 
     cond = dataclasses.replace(heldout["conditions"][0], landmarks=torch.zeros(0, 3),

@@ -3,7 +3,7 @@ from collections import Counter
 import pytest
 import torch
 
-from recam.sampler import KRepeatBatchSampler, global_batch_indices
+from recam.engine.sampler import KRepeatBatchSampler, global_batch_indices
 
 
 def _replicas(world=8, batch=2, k=4, seed=0, dataset=100, bpe=3, start=0):

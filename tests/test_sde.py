@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.distributions import Normal, kl_divergence
 
-from recam.sde import (
+from recam.engine.sde import (
     StepOutput,
     cps_step,
     ddim_step_with_logprob,

@@ -5,9 +5,9 @@ import math
 import pytest
 
 from config import grpo
-from recam import runlog
-from recam.selection import select_checkpoint
-from recam.world import SyntheticWorld
+from recam.domains.camera.world import SyntheticWorld
+from recam.engine.selection import select_checkpoint
+from recam.infra import runlog
 
 
 def ev(cam, fid):

@@ -125,8 +125,8 @@ def test_guard_handles_injected_blowup_and_keeps_a_healthy_checkpoint(tmp_path, 
 def test_lora_run_trains_only_the_adapter_and_its_reference_is_the_base(tmp_path):
     import torch
 
-    from recam.lora import adapter_disabled, load_adapter, trainable_parameter_names
-    from recam.model import ReCamTransformer3DModel
+    from recam.domains.camera.model import ReCamTransformer3DModel
+    from recam.infra.lora import adapter_disabled, load_adapter, trainable_parameter_names
 
     run(tmp_path, "--config.num_epochs=1", "--config.model.lora_rank=4", "--config.eval.freq=100")
     latest = (tmp_path / "checkpoints" / "latest").read_text()
@@ -182,7 +182,7 @@ def test_every_variant_preset_runs_at_smoke_size_and_logs_its_metrics(tmp_path, 
 def test_constrained_reward_weight_follows_the_dual_step_and_is_checkpointed(tmp_path):
     import torch
 
-    from recam.constraint import dual_step
+    from recam.engine.constraint import dual_step
     from rewards import weighted_mean
 
     run(tmp_path, "--config.num_epochs=2", "--config.eval.freq=100", "--config.reward.constraint=fidelity",

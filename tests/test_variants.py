@@ -5,11 +5,11 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from recam.lora import add_lora
-from recam.losses import POLICY_LOSSES, LossSettings, StepLossInputs, get_policy_loss, grpo_policy_loss
-from recam.model import ReCamTransformer3DModel, tiny_config
-from recam.sde import cps_step, flow_sde_step, flow_sigmas
-from recam.variants import (
+from recam.domains.camera.model import ReCamTransformer3DModel, tiny_config
+from recam.domains.camera.world import SyntheticWorld, collate_conditions
+from recam.engine.losses import POLICY_LOSSES, LossSettings, StepLossInputs, get_policy_loss, grpo_policy_loss
+from recam.engine.sde import cps_step, flow_sde_step, flow_sigmas
+from recam.engine.variants import (
     DEFAULTS,
     LOSS_FLAGS,
     EMAImportanceState,
@@ -27,7 +27,7 @@ from recam.variants import (
     ptrw_trust_weight,
     temporal_decay_weights,
 )
-from recam.world import SyntheticWorld, collate_conditions
+from recam.infra.lora import add_lora
 
 GRPO_KEYS = {
     "loss", "policy_loss", "kl_penalty", "mean_ratio", "ratio_min", "ratio_max", "clipfrac_high",

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from config.base import get_config
-from recam import runlog, verify
-from recam.advantages import broadcast_over_timesteps, group_advantages
-from recam.sampler import global_batch_indices
+from recam import verify
+from recam.engine.advantages import broadcast_over_timesteps, group_advantages
+from recam.engine.sampler import global_batch_indices
+from recam.infra import runlog
 
 P, BS, NB, K, T = 2, 4, 2, 4, 3  # 16 samples = 4 conditions x k=4 per epoch
 N = P * BS * NB

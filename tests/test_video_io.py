@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from recam import video_io as vio
+from recam.domains.camera import video_io as vio
 
 
 def _pattern(frames: int, height: int, width: int) -> np.ndarray:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from recam import world as W
+from recam.domains.camera import world as W
 
 
 def _rotation_angle_axis(R: np.ndarray) -> tuple[float, np.ndarray]:

@@ -10,7 +10,7 @@ import signal
 
 import torch
 
-from recam.constraint import dual_step
+from recam.engine.constraint import dual_step
 from rewards import weighted_mean
 
 
@@ -45,7 +45,7 @@ class Hook:
 
 class ConstraintHook(Hook):
     """reward.constraint: that reward enters avg with a Lagrange multiplier as its weight, stepped per epoch
-    against a floor set by the base's first-epoch mean minus a slack (recam.constraint.dual_step)."""
+    against a floor set by the base's first-epoch mean minus a slack (recam.engine.constraint.dual_step)."""
 
     state_key = "reward_constraint"
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
+from recam.engine.losses import LossSettings, StepLossInputs, get_kl_estimator, get_policy_loss
 from recam.engine.rollout import rescore
-from recam.losses import LossSettings, StepLossInputs, get_kl_estimator, get_policy_loss
-from recam.variants import (
+from recam.engine.variants import (
     LOSS_FLAGS,
     EMAImportanceState,
     gradient_adaptive_weights,
@@ -107,7 +107,7 @@ class GRPOObjective:
 
 
 class VariantInputs:
-    """Glue between GRPO and recam.variants: the no-grad all-timestep pass and per-timestep kwargs."""
+    """Glue between GRPO and recam.engine.variants: the no-grad all-timestep pass and per-timestep kwargs."""
 
     def __init__(self, train_config, scheduler):
         self.t, self.scheduler = train_config, scheduler
@@ -136,7 +136,8 @@ class VariantInputs:
         return out
 
     def gradient_norms(self, mb: MicroBatch, j: int, step) -> torch.Tensor:
-        """||grad_theta log p|| of each sample's transition j (recam.variants.policy_gradient_norms): the model is
+        """||grad_theta log p|| of each sample's transition j (recam.engine.variants.policy_gradient_norms): the
+        model is
         evaluated with the given parameters by binding them into the policy for the duration of one call."""
         states, sched, module = mb.states, self.scheduler, mb.module
         x, t = states[:, j], sched.model_time(j, states.shape[0])

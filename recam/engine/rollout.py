@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from recam.engine.containers import Rollout
-from recam.sde import StepOutput
+from recam.engine.sde import StepOutput
 
 
 def per_sample_noise(keys: list[tuple[int, ...]], num_draws: int, shape: tuple[int, ...]) -> torch.Tensor:

@@ -6,7 +6,7 @@ step used outside the trained steps and for evaluation (`deterministic`). Rollou
 `num_train_steps` transitions (the noisiest ones). The engine knows nothing else about a scheduler, so flow
 matching (SDE / CPS / ODE) and DDPM/DDIM models (epsilon or x0 prediction) share one loop.
 
-Every transition's log-prob is float32 and averaged over a sample's elements (recam.sde).
+Every transition's log-prob is float32 and averaged over a sample's elements (recam.engine.sde).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from recam.sde import StepOutput, cps_step, ddim_step_with_logprob, flow_sde_step, flow_sigmas, ode_step
+from recam.engine.sde import StepOutput, cps_step, ddim_step_with_logprob, flow_sde_step, flow_sigmas, ode_step
 
 FLOW_STEPS = {"sde": flow_sde_step, "cps": cps_step}
 
@@ -51,7 +51,7 @@ def _draw_or_score(step, next_state: Tensor | None, noise: Tensor | None, x: Ten
 
 
 class FlowMatchScheduler:
-    """Flow matching, x_sigma = (1 - sigma) x0 + sigma noise, model output = velocity (recam.sde).
+    """Flow matching, x_sigma = (1 - sigma) x0 + sigma noise, model output = velocity (recam.engine.sde).
 
     sde_type "sde" is Flow-GRPO's SDE, "cps" coefficients-preserving sampling; noise_level a scales the noise."""
 

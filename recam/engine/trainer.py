@@ -16,9 +16,16 @@ import torch
 from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 
-from recam import runlog
-from recam.advantages import broadcast_over_timesteps, nonzero_group_mask
-from recam.checkpoint import (
+from recam.engine.advantages import broadcast_over_timesteps, nonzero_group_mask
+from recam.engine.containers import EpochResult, Groups, Rollouts, Scores, StepStats
+from recam.engine.health import SAMPLE_RULES, diagnose_step
+from recam.engine.hooks import ConstraintHook, FaultInjectionHook
+from recam.engine.objective import OBJECTIVES, MicroBatch
+from recam.engine.rollout import deterministic_sample, per_sample_noise, rollout
+from recam.engine.sampler import KRepeatBatchSampler
+from recam.engine.selection import select_checkpoint
+from recam.infra import runlog
+from recam.infra.checkpoint import (
     SELECTED,
     checkpoint_before,
     latest_checkpoint,
@@ -29,16 +36,9 @@ from recam.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from recam.distributed import local_slice
-from recam.engine.containers import EpochResult, Groups, Rollouts, Scores, StepStats
-from recam.engine.hooks import ConstraintHook, FaultInjectionHook
-from recam.engine.objective import OBJECTIVES, MicroBatch
-from recam.engine.rollout import deterministic_sample, per_sample_noise, rollout
-from recam.health import SAMPLE_RULES, diagnose_step
-from recam.lora import add_lora
-from recam.sampler import KRepeatBatchSampler
-from recam.schema import reward_terms
-from recam.selection import select_checkpoint
+from recam.infra.distributed import local_slice
+from recam.infra.lora import add_lora
+from recam.infra.schema import reward_terms
 from rewards.async_pipeline import (
     AsyncRewardRunner,
     RewardServerDown,

@@ -1,7 +1,7 @@
 """Independent verification, from its logs alone, that a GRPO run did what it claims.
 
 Two sources are understood:
-  * `metrics.jsonl` written by `recam.runlog` (step / epoch / eval records);
+  * `metrics.jsonl` written by `recam.infra.runlog` (step / epoch / eval records);
   * plain-text training logs carrying `[GRPO Debug]` lines, as earlier GRPO codebases print them (the forms read
     are listed, with an example each, in `DEBUG_LOG_FORMS`; the README table is built from it).
 
@@ -14,7 +14,7 @@ Parsing turns text into plain Python data; every check is a function over that d
 turns a `Report` into Markdown and `write_plots` is the only function here that writes files.
 
 The verifier shares no code with the trainer it checks: it imports no torch and no recam module but
-`recam.schema` (names of metrics.jsonl fields, plain data). Modules, each depending only on those above it:
+`recam.infra.schema` (names of metrics.jsonl fields, plain data). Modules, each depending only on those above it:
 
   core            PASS / WARN / FAIL, `Check`, `Unreadable`, `Report`, `worst`, small value helpers
   parse_metrics   metrics.jsonl parsing: `parse_jsonl`, `looks_like_jsonl`

@@ -1,6 +1,6 @@
 """Advantages recomputed independently of the trainer.
 
-Advantages are recomputed exactly as `recam.advantages.group_advantages` defines them (population std,
+Advantages are recomputed exactly as `recam.engine.advantages.group_advantages` defines them (population std,
 eps added to the std, exactly 0 for groups whose rewards are all equal), in float64 numpy so the verifier
 shares no code with the trainer it checks.
 """

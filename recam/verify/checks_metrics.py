@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from recam.schema import REWARD_BOOKKEEPING
+from recam.infra.schema import REWARD_BOOKKEEPING
 from recam.verify.advantages import recompute_advantages
 from recam.verify.checks_shared import _guard, check_missing_epochs, check_unreadable
 from recam.verify.core import FAIL, PASS, WARN, Check, Report, _array, _close, _float, _get, _int, _short, worst

@@ -1,4 +1,4 @@
-"""Parsing of `metrics.jsonl` as `recam.runlog` writes it (step / epoch / eval records, one JSON object a line).
+"""Parsing of `metrics.jsonl` as `recam.infra.runlog` writes it (step / epoch / eval records, one JSON object a line).
 
 Unparsable lines are kept aside with the reason, never fatal; what a torn line still shows of itself (its record
 type and epoch) is kept too, so that the checks can fail the epoch it belonged to.

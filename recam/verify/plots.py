@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from recam.schema import REWARD_BOOKKEEPING
+from recam.infra.schema import REWARD_BOOKKEEPING
 from recam.verify.core import _array, _float, _int
 
 

@@ -9,24 +9,24 @@ from pathlib import Path
 
 import torch
 
-from recam import runlog
-from recam.codec import PixelCodec, WanVAECodec, encode_once
-from recam.data import ReCamMasterDataset
+from recam.domains.camera.codec import PixelCodec, WanVAECodec, encode_once
+from recam.domains.camera.data import ReCamMasterDataset
+from recam.domains.camera.loading import load_recammaster_checkpoint, load_wan_transformer
+from recam.domains.camera.model import ReCamTransformer3DModel
 from recam.domains.camera.services import CameraRewards, used_rewards
+from recam.domains.camera.world import SyntheticWorld, collate_conditions
 from recam.engine.containers import Batch
 from recam.engine.domain import Splits, register_domain
 from recam.engine.hooks import Hook
 from recam.engine.scheduler import FlowMatchScheduler
-from recam.loading import load_recammaster_checkpoint, load_wan_transformer
-from recam.lora import adapter_disabled
-from recam.model import ReCamTransformer3DModel
-from recam.world import SyntheticWorld, collate_conditions
+from recam.infra import runlog
+from recam.infra.lora import adapter_disabled
 from rewards import MultiReward
 
 
 @dataclass
 class CameraInputs:
-    """raw: the collated conditions (videos and cameras in pixel space, recam.world.collate_conditions);
+    """raw: the collated conditions (videos and cameras in pixel space, recam.domains.camera.world.collate_conditions);
     model: the conditioning the transformer sees, in the codec's space."""
 
     raw: dict

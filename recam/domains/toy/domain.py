@@ -18,7 +18,7 @@ from recam.domains.toy.rewards import TOY_REWARDS, ToyReward
 from recam.engine.containers import Batch
 from recam.engine.domain import Splits, register_domain
 from recam.engine.scheduler import DDIMScheduler
-from recam.lora import adapter_disabled
+from recam.infra.lora import adapter_disabled
 
 PREDICTION_TYPES = ("epsilon", "sample")
 

@@ -40,7 +40,7 @@ import torch.nn as nn
 from accelerate import init_empty_weights
 from safetensors.torch import load_file
 
-from recam.model import ReCamTransformer3DModel, wan21_1_3b_config
+from recam.domains.camera.model import ReCamTransformer3DModel, wan21_1_3b_config
 
 logger = logging.getLogger(__name__)
 

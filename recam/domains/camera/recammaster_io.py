@@ -3,7 +3,7 @@
 Layout::
 
     <root>/metadata.csv                               # columns file_name,text (file_name relative to <root>)
-    <root>/<scene>/videos/cam01.mp4 ...               # one clip per camera (read with recam.video_io)
+    <root>/<scene>/videos/cam01.mp4 ...               # one clip per camera (read with recam.domains.camera.video_io)
     <root>/<scene>/cameras/camera_extrinsics.json     # {"frame{i}": {"camNN": "[..] [..] [..] [..]"}}
 
 Camera strings and conventions
@@ -25,7 +25,8 @@ coordinates (metres). Because that world is left-handed its 3x3 block has determ
 rotation once poses are made relative to a reference camera (:func:`relative_w2c`, :func:`relative_c2w`), which is
 the only way ReCamMaster ever uses them.
 
-:func:`export_world` goes the other way for :mod:`recam.world` (right-handed OpenCV world = first source camera):
+:func:`export_world` goes the other way for :mod:`recam.domains.camera.world` (right-handed OpenCV world = first
+source camera):
 it maps the world into Unreal axes (X = z, Y = x, Z = -y, a handedness flip, so stored rotations are proper
 det +1 matrices as in real data), places each scene at its own offset and heading, and scales world units (read as
 metres) to centimetres. Relative poses are invariant to that placement, so loading gives back the world's cameras.
@@ -42,7 +43,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from recam import video_io
+from recam.domains.camera import video_io
 
 METADATA_FILE = "metadata.csv"
 EXTRINSICS_FILE = Path("cameras") / "camera_extrinsics.json"
@@ -169,7 +170,8 @@ def relative_c2w(c2w: np.ndarray, reference_c2w: np.ndarray) -> np.ndarray:
 
 
 def relative_w2c(c2w: np.ndarray, reference_c2w: np.ndarray) -> np.ndarray:
-    """(F, 4, 4) camera-to-world -> (F, 3, 4) world-to-camera in the reference camera's frame (recam.world's
+    """(F, 4, 4) camera-to-world -> (F, 3, 4) world-to-camera in the reference camera's frame
+    (recam.domains.camera.world's
     convention: passing the reference camera's own first frame gives [I | 0] there)."""
     c2w = np.asarray(c2w, dtype=np.float64)
     return (_inv_rigid(c2w) @ np.asarray(reference_c2w, dtype=np.float64))[..., :3, :]
@@ -177,7 +179,7 @@ def relative_w2c(c2w: np.ndarray, reference_c2w: np.ndarray) -> np.ndarray:
 
 def cameras_to_relative_w2c(cams: dict[str, np.ndarray], reference: str = "cam01") -> dict[str, torch.Tensor]:
     """Stored extrinsics {camNN: (F, 4, 4)} -> {camNN: (F, 3, 4) float32 world-to-camera} relative to the first
-    frame of camera `reference` (the source camera), ready to use like recam.world's cams."""
+    frame of camera `reference` (the source camera), ready to use like recam.domains.camera.world's cams."""
     if reference not in cams:
         raise ValueError(f"reference camera {reference!r} not among {sorted(cams)}")
     c2w = {k: unreal_to_opencv_c2w(v) for k, v in cams.items()}
@@ -281,7 +283,8 @@ def _w2c_to_c2w(w2c: torch.Tensor) -> np.ndarray:
 
 
 def export_world(world, out_dir: str | Path, n_scenes: int, fps: int = video_io.MULTICAMVIDEO_FPS) -> list[Path]:
-    """Write the first `n_scenes` scenes of a :class:`recam.world.SyntheticWorld` in ReCamMaster's layout.
+    """Write the first `n_scenes` scenes of a :class:`recam.domains.camera.world.SyntheticWorld` in ReCamMaster's
+    layout.
 
     Scene k holds the world's items k * conditions_per_scene ... (those sharing one scene): cam01 is the first
     item's source camera, cam02, cam03, ... each item's target camera, all in one world frame (every source

@@ -203,7 +203,7 @@ def enable_memory_savers(model: nn.Module, gradient_checkpointing: bool, tf32: b
 
     Returns what was applied, e.g. ``{"gradient_checkpointing": True, "tf32": True, "npu_hf32": False}``.
     """
-    from recam.distributed import npu_available
+    from recam.infra.distributed import npu_available
 
     base = _unwrap(model)
     if not hasattr(base, "enable_gradient_checkpointing"):

@@ -1,6 +1,7 @@
-"""ReCamMaster-layout multi-camera data as a dataset of :class:`recam.world.Condition`, like the SyntheticWorld.
+"""ReCamMaster-layout multi-camera data as a dataset of :class:`recam.domains.camera.world.Condition`, like the
+SyntheticWorld.
 
-Layout (recam/recammaster_io.py)::
+Layout (recam/domains/camera/recammaster_io.py)::
 
     <root>/.../<scene>/videos/cam01.mp4 ... camNN.mp4      # one clip per camera, same length
     <root>/.../<scene>/cameras/camera_extrinsics.json       # {"frame{i}": {"camNN": "[..] [..] [..] [..]"}}
@@ -14,10 +15,11 @@ camera's trajectory. Every ordered pair of a scene's cameras is a condition, or 
 Per condition (:meth:`ReCamMasterDataset.__getitem__`):
 
 * source_video / target_video (3, F, H, W) in [-1, 1]: frames 0, interval, ..., (F - 1) x interval of the two
-  clips, resized to cover (H, W) and centre-cropped (recam.video_io.read_video, ReCamMaster's sampling). Multi-
+  clips, resized to cover (H, W) and centre-cropped (recam.domains.camera.video_io.read_video, ReCamMaster's
+  sampling). Multi-
   camera data films every camera at once, so the target camera's clip is the ground truth;
 * source_cams / target_cams (F, 3, 4) world-to-camera extrinsics of the same frames, relative to the source
-  camera's first frame (source_cams[0] = [I | 0]; recam.recammaster_io.cameras_to_relative_w2c);
+  camera's first frame (source_cams[0] = [I | 0]; recam.domains.camera.recammaster_io.cameras_to_relative_w2c);
 * caption: metadata.csv's text of the target clip (the source clip's text when the target has none, else "");
 * condition_id ``"<split>/<scene path relative to root>/<src>-<tgt>"`` (e.g. ``train/f18/scene1/cam01-cam03``):
   it depends only on the scene's path and the camera names, never on which other scenes exist;
@@ -31,7 +33,7 @@ Fields real data does not have, with placeholders so that Condition stays one ty
   VLM judge, reads the caption) and ``discriminator`` (teacher = ground-truth clips), none of which need
   landmarks;
 * ``intrinsics``: unknown (the layout stores none); a placeholder pinhole K with fx = fy = W and the principal
-  point at the image centre (recam.world's convention). No reward used on real data reads it;
+  point at the image centre (recam.domains.camera.world's convention). No reward used on real data reads it;
 * ``trajectory`` / ``source_trajectory``: the camera names (real data has no motion-kind labels).
 
 Split: scenes are ordered by the SHA-1 of their relative path; the first ``num_heldout_scenes`` are held out, the
@@ -54,8 +56,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from recam import recammaster_io, video_io
-from recam.world import Condition
+from recam.domains.camera import recammaster_io, video_io
+from recam.domains.camera.world import Condition
 
 _CAM_VIDEO_RE = re.compile(r"cam\d+\.mp4")
 REAL_SPLITS = ("train", "heldout")  # real data has no validation split yet (config eval.select_by needs one)
@@ -98,7 +100,7 @@ class ReCamMasterDataset(Dataset):
     Args:
         root: folder searched (recursively) for scene folders.
         split: "train" or "heldout".
-        num_frames, height, width, frame_interval: clip sampling (recam.video_io.read_video); frames 0,
+        num_frames, height, width, frame_interval: clip sampling (recam.domains.camera.video_io.read_video); frames 0,
             interval, ... must exist in every clip and in camera_extrinsics.json.
         num_heldout_scenes: scenes held out (see the module docstring); at least one scene must remain to train.
         source_cams: camera names allowed as source; None or empty = every camera.

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from recam.advantages import per_group_stats
-from recam.schema import reward_terms
+from recam.engine.advantages import per_group_stats
+from recam.infra.schema import reward_terms
 
 
 class RunLog:
@@ -162,7 +162,7 @@ def write_reports(run_dir: Path) -> dict:
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     verification, diagnosis = run_dir / "grpo_verification.md", run_dir / "diagnosis.md"
     v = subprocess.run([sys.executable, str(root / "scripts" / "verify_grpo_log.py"), str(run_dir), "--out",
                         str(verification)], capture_output=True, text=True)

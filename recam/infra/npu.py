@@ -1,7 +1,7 @@
 """Device helpers that work the same on Ascend NPU (torch_npu), CUDA and CPU.
 
-torch_npu is imported only when installed (through :func:`recam.distributed.npu_available`), so nothing here
-requires it. Device choice itself is :func:`recam.distributed.select_device` (npu > cuda > cpu).
+torch_npu is imported only when installed (through :func:`recam.infra.distributed.npu_available`), so nothing here
+requires it. Device choice itself is :func:`recam.infra.distributed.select_device` (npu > cuda > cpu).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from recam.distributed import npu_available, select_device
+from recam.infra.distributed import npu_available, select_device
 
 DIST_BACKENDS = {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}
 

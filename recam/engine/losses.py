@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from recam.sde import gaussian_kl_between_means
+from recam.engine.sde import gaussian_kl_between_means
 
 __all__ = [
     "K3_LOG_RATIO_CLAMP",

@@ -13,7 +13,7 @@ Variants (research plan numbering):
     2.5 temporal decay of the advantage over denoising steps -> temporal_decay_weights
     2.6 asymmetric clipping (clip-higher) -> grpo_variants_policy_loss(use_asymmetric_clipping=True)
 
-Importing this module registers grpo_variants_policy_loss in recam.losses.POLICY_LOSSES as "grpo_variants".
+Importing this module registers grpo_variants_policy_loss in recam.engine.losses.POLICY_LOSSES as "grpo_variants".
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 import torch
 from torch import Tensor
 
-from recam.losses import LossSettings, StepLossInputs, register_policy_loss, weighted_terms
+from recam.engine.losses import LossSettings, StepLossInputs, register_policy_loss, weighted_terms
 
 __all__ = [
     "DEFAULTS",
@@ -234,7 +234,7 @@ def log_prob_output_gradient(
 ) -> Tensor:
     """u = d log p / d model output for every sample, (n, ...) float32, detached.
 
-    log p is the per-element MEAN Gaussian log-density over D elements (recam.sde), so
+    log p is the per-element MEAN Gaussian log-density over D elements (recam.engine.sde), so
         d log p / d mu_i = (x'_i - mu_i) / (std^2 * D),
     and the steps' means are affine in the output, mu = ... + c * output, so u = c times that. c =
     output_scale is d mu / d output (a float or (n,)), e.g. (1 + sigma_t^2 (1 - sigma) / (2 sigma)) dt for
@@ -722,7 +722,7 @@ def grpo_variants_policy_loss(
         per_element = per_element * decay[timestep_index].to(per_element.device, per_element.dtype)
         variant_metrics.update(decay_metrics)
 
-    # with sample_weight the means become the trainer's weighted sums (recam.losses.weighted_terms)
+    # with sample_weight the means become the trainer's weighted sums (recam.engine.losses.weighted_terms)
     policy_loss, policy_metric = weighted_terms(per_element, sample_weight)
     kl_penalty, kl_metric = weighted_terms(kl, sample_weight) if kl is not None else (
         torch.zeros_like(policy_loss), torch.zeros_like(policy_metric))

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 LATEST = "latest"
-SELECTED = "selected"  # the checkpoint a run reports (chosen on validation conditions, see recam.selection)
+SELECTED = "selected"  # the checkpoint a run reports (chosen on validation conditions, see recam.engine.selection)
 
 
 def rng_state() -> dict:
@@ -32,7 +32,7 @@ def set_rng_state(state: dict) -> None:
 
 def write_model(model, directory: Path) -> None:
     """The policy's weights: the LoRA adapter alone when there is one, else the whole model (diffusers layout)."""
-    from recam.lora import has_lora, save_adapter
+    from recam.infra.lora import has_lora, save_adapter
 
     if has_lora(model):
         save_adapter(model, directory)
@@ -44,7 +44,7 @@ def read_model_into(model, directory: Path) -> None:
     """Load weights written by `write_model` into a live model of the same layout, in place."""
     from safetensors.torch import load_file
 
-    from recam.lora import ADAPTER_WEIGHTS_NAME, has_lora
+    from recam.infra.lora import ADAPTER_WEIGHTS_NAME, has_lora
 
     name = ADAPTER_WEIGHTS_NAME if has_lora(model) else "diffusion_pytorch_model.safetensors"
     path = directory / name

@@ -3,7 +3,7 @@
 Dataset layout (MultiCamVideo, as ReCamMaster's training script reads it)::
 
     <root>/train/<...>/<scene>/videos/cam01.mp4 ... cam10.mp4   # 81 frames each, 15 fps
-    <root>/train/<...>/<scene>/cameras/camera_extrinsics.json    # parsed by recam.recammaster_io
+    <root>/train/<...>/<scene>/cameras/camera_extrinsics.json    # parsed by recam.domains.camera.recammaster_io
     <root>/metadata.csv                                          # file_name,text
 
 Frame sampling, following ReCamMaster:
@@ -15,7 +15,7 @@ Frame sampling, following ReCamMaster:
 * each frame is resized so that it covers (H, W) = (480, 832) keeping its aspect ratio (bilinear,
   antialiased), centre-cropped to (H, W) and mapped to [-1, 1].
 
-Camera parsing is not done here: recam.recammaster_io owns camera_extrinsics.json.
+Camera parsing is not done here: recam.domains.camera.recammaster_io owns camera_extrinsics.json.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 A codec maps videos (B, 3, F, H, W) in [-1, 1] to the tensors the transformer denoises and back:
 
 * :class:`PixelCodec` -- the identity; ReCam-Tiny denoises pixels directly.
-* :class:`WanVAECodec` -- diffusers' ``AutoencoderKLWan`` through :mod:`recam.loading` (posterior mode, latents
+* :class:`WanVAECodec` -- diffusers' ``AutoencoderKLWan`` through :mod:`recam.domains.camera.loading` (posterior
+mode, latents
   standardised with the VAE config's ``latents_mean`` / ``latents_std``): 4x in time (F = 1 + 4n frames ->
   1 + n latent frames) and 8x in space, ``z_dim`` channels.
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from recam.video_io import camera_frame_indices
+from recam.domains.camera.video_io import camera_frame_indices
 
 
 class PixelCodec:
@@ -39,7 +40,8 @@ class PixelCodec:
 
 
 class WanVAECodec:
-    """Wan VAE latents. ``vae`` is an ``AutoencoderKLWan`` (see :func:`recam.loading.load_wan_vae`); it stays frozen
+    """Wan VAE latents. ``vae`` is an ``AutoencoderKLWan`` (see :func:`recam.domains.camera.loading.load_wan_vae`);
+    it stays frozen
     and in eval mode; encode/decode run without gradients on the VAE's device and dtype."""
 
     def __init__(self, vae) -> None:
@@ -51,19 +53,19 @@ class WanVAECodec:
     @classmethod
     def from_pretrained(cls, path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
         """From a local VAE folder or a Wan -Diffusers pipeline folder (its ``vae/`` subfolder)."""
-        from recam.loading import load_wan_vae
+        from recam.domains.camera.loading import load_wan_vae
 
         return cls(load_wan_vae(path, dtype=dtype, device=device))
 
     def encode(self, video: torch.Tensor) -> torch.Tensor:
         """(B, 3, F, H, W) in [-1, 1] -> (B, z, 1 + (F - 1) / 4, H / 8, W / 8) standardised latents, float32."""
-        from recam.loading import encode_video
+        from recam.domains.camera.loading import encode_video
 
         return encode_video(self.vae, video).float()
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Standardised latents -> (B, 3, F, H, W) video in [-1, 1], float32."""
-        from recam.loading import decode_latents
+        from recam.domains.camera.loading import decode_latents
 
         return decode_latents(self.vae, latents).float()
 

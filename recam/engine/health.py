@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from recam.schema import REWARD_BOOKKEEPING
+from recam.infra.schema import REWARD_BOOKKEEPING
 
 SEVERITIES = ("info", "warn", "critical")
 _RANK = {s: i for i, s in enumerate(SEVERITIES)}

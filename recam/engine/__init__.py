@@ -1,0 +1,1 @@
+"""The GRPO engine: domain-agnostic sampling, scoring, advantages, losses, updates, guard."""

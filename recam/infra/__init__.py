@@ -1,0 +1,1 @@
+"""Infrastructure: checkpoints, run logs, distributed helpers, LoRA, devices; no GRPO math."""
