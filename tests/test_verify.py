@@ -397,6 +397,23 @@ def test_debug_log_bad_advantage_std_and_shape_fail():
     assert status(report, "advantage_shape", 0).status == verify.FAIL
 
 
+def test_debug_advantage_std_just_below_one_warns_as_eps_never_passes(tmp_path):
+    """std 0.9988 is what eps 1e-4 gives a group whose reward std is 0.08: the log cannot tell, so WARN (exit 0),
+    naming the condition; 1.2 is no eps effect and fails."""
+    text = debug_log(epochs=1).replace("std: 1.0000", "std: 0.9988", 1)
+    report = verify.verify_debug_log(verify.parse_debug_log(text))
+    c = status(report, "advantage_per_condition", 0)
+    assert c.status == verify.WARN and "eps" in c.detail
+    assert [r["condition"] for r in c.table if r["status"] == verify.WARN] == \
+        [r["condition"] for r in c.table if r["std"] == 0.9988]
+    log = tmp_path / "train.log"
+    log.write_text(text)
+    assert verify_script.main([str(log), "--out", str(tmp_path / "r.md")]) == 0
+    text = debug_log(epochs=1).replace("std: 1.0000", "std: 1.2000", 1)
+    assert status(verify.verify_debug_log(verify.parse_debug_log(text)), "advantage_per_condition", 0).status == \
+        verify.FAIL
+
+
 def test_truncated_debug_log_reports_what_it_could_not_read():
     # Epoch 2's only line is cut: that epoch now fails "could not verify" (it used to be skipped, exit 0).
     text = debug_log(epochs=2)
