@@ -61,7 +61,7 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
     from recam.engine.losses import KL_ESTIMATORS, POLICY_LOSSES
     from recam.engine.objective import OBJECTIVES
     from recam.engine.variants import VARIANT_SWITCHES  # (importing it registers the "grpo_variants" policy loss)
-    from rewards.async_pipeline import FailurePolicy
+    from recam.infra.reward_runner import FailurePolicy
 
     s, t, a = config.sample, config.train, config.advantage
     _require(num_processes >= 1, f"num_processes must be >= 1, got {num_processes}")
@@ -143,13 +143,10 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
              f"reward.failure_policy must be one of {policies}, got {config.reward.failure_policy!r}")
     _require(config.reward.async_workers >= 1, f"reward.async_workers must be >= 1, got {config.reward.async_workers}")
     conds_per_batch = per_batch // s.k
-    if config.domain == "camera":
-        _validate_camera(config, weights, conds_per_batch)
-    else:
-        # other domains name their own rewards, data and model; they check them (a `check_config` on the domain)
-        check = getattr(DOMAINS[config.domain], "check_config", None)
-        if check is not None:
-            check(config, conds_per_batch, _require)
+    # a domain names its own rewards, data and model, and checks them (its `check_config`)
+    check = getattr(DOMAINS[config.domain], "check_config", None)
+    if check is not None:
+        check(config, conds_per_batch, _require)
     r = config.reward
     if r.constraint:
         _require(weights.get(r.constraint, 0) > 0,
@@ -163,11 +160,13 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
     return derived_numbers(config, num_processes)
 
 
-def _validate_camera(config: ml_collections.ConfigDict, weights: dict, conds_per_batch: int) -> None:
+def validate_camera(config: ml_collections.ConfigDict, conds_per_batch: int) -> None:
     """The camera domain's checks: the flow-matching sampler, its registered rewards (rewards.REWARDS), the video
     data and the transformer checkpoint's format."""
     from recam.engine.scheduler import FLOW_STEPS
     from rewards import known_rewards
+
+    weights = dict(config.reward.weights)
 
     s = config.sample
     for field in ("data.num_frames", "data.size"):
@@ -284,9 +283,15 @@ def check_in_channels(in_channels: int, config: ml_collections.ConfigDict) -> No
 def validate_files(config: ml_collections.ConfigDict) -> None:
     """The checks that read the filesystem (paths, config.json headers; never weights), run by the trainer right
     after `validate` and before any model is built. Kept apart so presets for other machines validate anywhere.
-    Only the camera domain reads files before its model is built (the toy domain builds its own in process)."""
-    if config.domain != "camera":
-        return
+    A domain whose model or data live in files checks them (its `check_files`)."""
+    from recam.engine.domain import DOMAINS, known_domains
+
+    if config.domain in known_domains() and hasattr(DOMAINS[config.domain], "check_files"):
+        DOMAINS[config.domain].check_files(config)
+
+
+def validate_camera_files(config: ml_collections.ConfigDict) -> None:
+    """The camera domain's files: data.root, model.pretrained, the VAE's config and the channels they imply."""
     d, m = config.data, config.model
     if d.source == "recammaster":
         _require(Path(d.root).is_dir(), f"data.root={d.root!r} is not a folder (data.source='recammaster')")

@@ -18,6 +18,8 @@ from typing import Any, Protocol
 
 import torch
 
+from recam.engine.advantages import weighted_mean  # noqa: F401  (avg, what drives training; re-exported)
+
 
 class Reward(Protocol):
     """What a factory returns; a reward holding a resource (an HTTP client) also has close()."""
@@ -122,17 +124,6 @@ class MultiReward:
         owned, self._owned = self._owned, []
         for reward in owned:
             close_reward(reward)
-
-
-def weighted_mean(scores: dict[str, torch.Tensor], weights: dict[str, float]) -> torch.Tensor:
-    """sum_i w_i s_i / sum_i w_i over the rewards of positive weight: `avg`, the reward that drives training.
-
-    scores: name -> (B,) per-sample rewards; a NaN (a failed score) makes that sample's avg NaN.
-    """
-    used = {n: w for n, w in weights.items() if w > 0}
-    if not used:
-        raise ValueError(f"reward weights must have a positive entry, got {weights}")
-    return sum(w * scores[n] for n, w in used.items()) / sum(used.values())
 
 
 def _register_builtin() -> None:

@@ -280,6 +280,9 @@ class DiscriminatorReward:
     def __init__(self, discriminator: Discriminator):
         self.discriminator = discriminator
 
+    def describe(self) -> str:
+        return f"a critic of {self.discriminator.num_parameters()} parameters"
+
     def __call__(self, videos: torch.Tensor, conditions: list) -> tuple[torch.Tensor, dict]:
         """(B, 3, F, H, W) in [-1, 1] -> (critic scores (B,) float32, details with the temperature and the critic's
         step)."""

@@ -459,6 +459,9 @@ class UnifiedReward:
         # when this object is collected, or at interpreter exit, whichever comes first.
         self._finalizer = weakref.finalize(self, self.client.close)
 
+    def describe(self) -> str:
+        return f"UnifiedReward judge at {self.config.api_root} is up (serves {self.served_models})"
+
     def __call__(self, videos: torch.Tensor, conditions: list) -> tuple[torch.Tensor, dict]:
         """(B, 3, F, H, W) in [-1, 1] + B conditions (captions, or objects with .caption) -> (scores (B,) float32
         in [0, 1], NaN where the judge failed after its retries; details as in results_to_reward)."""

@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from recam.engine.advantages import group_advantages
-from rewards import REWARDS, MultiReward
-from rewards.async_pipeline import (
+from recam.infra.reward_runner import (
     AsyncRewardRunner,
     RewardServerDown,
     concat_results,
@@ -16,6 +15,7 @@ from rewards.async_pipeline import (
     masked_group_advantages,
     valid_mask,
 )
+from rewards import REWARDS, MultiReward
 
 
 class Cond:
@@ -42,7 +42,7 @@ def identity_reward(videos, conditions):
 
 def test_order_kept_and_rewards_never_mixed(caplog):
     random.seed(0)
-    caplog.set_level(logging.INFO, logger="rewards.async_pipeline")
+    caplog.set_level(logging.INFO, logger="recam.infra.reward_runner")
     with AsyncRewardRunner(identity_reward, max_workers=3) as runner:
         for b in range(8):
             runner.submit(f"batch{b}", *make_batch(b))

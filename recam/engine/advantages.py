@@ -77,3 +77,14 @@ def nonzero_group_mask(advantages: torch.Tensor, group_ids: torch.Tensor) -> tor
     has_signal = torch.zeros(int(inverse.max()) + 1, dtype=torch.bool).index_fill_(
         0, inverse[advantages != 0], True)
     return has_signal[inverse]
+
+
+def weighted_mean(scores: dict[str, torch.Tensor], weights: dict[str, float]) -> torch.Tensor:
+    """sum_i w_i s_i / sum_i w_i over the rewards of positive weight: `avg`, the reward that drives training.
+
+    scores: name -> (B,) per-sample rewards; a NaN (a failed score) makes that sample's avg NaN.
+    """
+    used = {n: w for n, w in weights.items() if w > 0}
+    if not used:
+        raise ValueError(f"reward weights must have a positive entry, got {weights}")
+    return sum(w * scores[n] for n, w in used.items()) / sum(used.values())

@@ -10,8 +10,8 @@ import signal
 
 import torch
 
+from recam.engine.advantages import weighted_mean
 from recam.engine.constraint import dual_step
-from rewards import weighted_mean
 
 
 class Hook:

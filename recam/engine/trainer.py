@@ -38,14 +38,14 @@ from recam.infra.checkpoint import (
 )
 from recam.infra.distributed import local_slice
 from recam.infra.lora import add_lora
-from recam.infra.schema import reward_terms
-from rewards.async_pipeline import (
+from recam.infra.reward_runner import (
     AsyncRewardRunner,
     RewardServerDown,
     concat_results,
     exclusion_mask,
     masked_group_advantages,
 )
+from recam.infra.schema import reward_terms
 
 
 class GRPOTrainer:

@@ -39,6 +39,20 @@ class CameraDomain:
                     ("CamMC", "eval/cammc"), ("fidelity", "eval/fidelity"))
     examples_dir = "videos"
 
+    @staticmethod
+    def check_config(config, conditions_per_batch: int, require) -> None:
+        """Run by config/validate.py before anything is built: sampler, rewards, data and model fields."""
+        from config.validate import validate_camera
+
+        validate_camera(config, conditions_per_batch)
+
+    @staticmethod
+    def check_files(config) -> None:
+        """Paths and config.json headers (never weights), before the model is built."""
+        from config.validate import validate_camera_files
+
+        validate_camera_files(config)
+
     def __init__(self, config, device, log):
         self.config, self.device, self.log = config, device, log
         # The space the policy samples in: pixels, or the frozen Wan VAE's latents (fp32, on the device).

@@ -21,11 +21,8 @@ class CameraRewards:
         names = list(dict.fromkeys(names))
         new = build_rewards([n for n in names if n not in self._built], self.config)
         for name, reward in new.items():
-            if name == "unifiedscore":
-                self.log.info(f"UnifiedReward judge at {reward.config.api_root} is up "
-                              f"(serves {reward.served_models})")
-            elif name == "discriminator":
-                self.log.info(f"discriminator: a critic of {reward.discriminator.num_parameters()} parameters")
+            if hasattr(reward, "describe"):  # a reward with a service or state says what it is
+                self.log.info(f"{name}: {reward.describe()}")
         self._built.update(new)
         return {n: self._built[n] for n in names}
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from rewards import weighted_mean
+from recam.engine.advantages import weighted_mean
 
 
 def _targets(conditions: list) -> torch.Tensor:

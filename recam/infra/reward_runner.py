@@ -188,7 +188,8 @@ def _nan_like(scores: Scores, index: torch.Tensor) -> Scores:
 class AsyncRewardRunner:
     """Runs reward_fn(videos, conditions) -> (scores, details) on a thread pool, one job per batch.
 
-    reward_fn: a registered reward or a MultiReward; it must be thread-safe when max_workers > 1.
+    reward_fn: any fn(samples, conditions) -> (scores, details), e.g. a domain's reward_fn; it must be
+        thread-safe when max_workers > 1.
     failure_policy: "wait" | "drop_group" | "stop" (see the module docstring).
     max_retries / retry_backoff_s: for "wait", re-scoring rounds of the failed samples and the first
     delay (doubled each round); also used when the reward function raises.
