@@ -237,11 +237,9 @@ class GRPOTrainer:
             micro = [order[i:i + t.batch_size] for i in range(0, len(order), t.batch_size)]
             for first in range(0, len(micro), t.gradient_accumulation_steps):
                 chunk = micro[first:first + t.gradient_accumulation_steps]
-                kept = int(keep_all[:, torch.cat(chunk)].sum())  # over all processes: the same number everywhere
-                if kept == 0:
+                weight = step_sample_weights(keep_all, torch.cat(chunk), self.rank)
+                if weight is None:
                     continue  # nothing to learn from on any process
-                # the processes' gradients are averaged, so P / kept makes the step a mean over kept samples
-                weight = keep_all[self.rank].float() * (P / kept)
                 for h in self.hooks:
                     h.before_step(self.global_step, self.model)
                 acc_metrics = []
@@ -458,6 +456,20 @@ class GRPOTrainer:
                          note=self.stopped_by and f"stopped early: {self.stopped_by}", rollbacks=self.rollbacks,
                          selected=self.selected, selection=rule, rows=self.domain.summary_rows,
                          examples=self.run_dir / self.domain.examples_dir)
+
+
+def step_sample_weights(keep: torch.Tensor, positions: torch.Tensor, rank: int) -> torch.Tensor | None:
+    """Per-sample loss weights (n,) of process `rank` for one optimizer step, or None when the step keeps nothing.
+
+    keep: (P, n) bool, which samples each process keeps (every process knows all of it after the gather);
+    positions: the local sample positions the step covers, the same on every process. Processes' gradients are
+    averaged, so weight P / kept on each kept sample makes the step's gradient the mean over its kept samples on
+    all processes, and every process computes the same `kept`, so all take the same steps.
+    """
+    kept = int(keep[:, positions].sum())
+    if kept == 0:
+        return None
+    return keep[rank].float() * (keep.shape[0] / kept)
 
 
 def trajectory_ids(g_index: torch.Tensor) -> torch.Tensor:
