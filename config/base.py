@@ -19,7 +19,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.mixed_precision = "no"  # "no" | "fp16" | "bf16"; log-prob math stays fp32 regardless
     c.resume = True  # resume from <run_dir>/checkpoints/latest when it exists
     c.save_freq = 1  # save a checkpoint every N epochs (the last epoch is always saved)
-    c.keep_checkpoints = 2  # how many epoch checkpoints to keep besides `latest`
+    c.keep_checkpoints = 2  # how many epoch checkpoints to keep besides `latest`; 0 = keep every one
     c.num_threads = 0  # torch CPU threads per process; 0 = torch's default
 
     # ---- data: the embedded synthetic multi-camera world ----
@@ -66,7 +66,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.sample.num_steps = 10  # denoising steps of a rollout
     c.sample.shift = 1.0  # sigma schedule time shift (1 = linear sigmas)
     c.sample.sde_type = "sde"  # "sde" (Flow-GRPO) | "cps" (coefficients-preserving)
-    c.sample.noise_level = 0.7  # SDE noise scale a in sigma_t = a * sqrt(t / (1 - t))
+    c.sample.noise_level = 0.7  # SDE noise scale a in sigma_t = a * sqrt(t / (1 - t)); > 0, and <= 1 for "cps"
     c.sample.eval_num_steps = 10  # ODE steps for held-out evaluation
 
     # ---- training ----
@@ -123,7 +123,7 @@ def get_config() -> ml_collections.ConfigDict:
     # ---- advantages ----
     c.advantage = ml_collections.ConfigDict()
     c.advantage.std_mode = "group"  # "group" | "global" | "none": what the centred reward is divided by
-    c.advantage.eps = 1e-4  # added to the std (population std, as Flow-GRPO)
+    c.advantage.eps = 1e-4  # > 0, added to the std (population std, as Flow-GRPO); < 0 would flip advantages
     c.advantage.filter_zero_std = False  # drop groups whose rewards are all equal (advantage 0) from training
 
     # ---- rewards ----

@@ -6,6 +6,7 @@ Every error names the config field(s) at fault and says what would fix them.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import ml_collections
@@ -18,6 +19,137 @@ class ConfigError(ValueError):
 def _require(cond: bool, msg: str) -> None:
     if not cond:
         raise ConfigError(msg)
+
+
+def _get(config: ml_collections.ConfigDict, field: str):
+    node = config
+    for part in field.split("."):
+        node = node[part]
+    return node
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+
+
+def _interval(low, high, low_open: bool, high_open: bool) -> str:
+    if high is None:
+        return f"{'>' if low_open else '>='} {low}"
+    if low is None:
+        return f"{'<' if high_open else '<='} {high}"
+    return f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+
+
+def check_int(config, field: str, low: int | None = None, high: int | None = None, why: str = "") -> None:
+    """`field` must be an integer in [low, high] (None: unbounded); the message names the field and the range."""
+    value = _get(config, field)
+    ok = _is_int(value) and (low is None or value >= low) and (high is None or value <= high)
+    rng = "" if low is None and high is None else " " + _interval(low, high, False, False)
+    _require(ok, f"{field} must be an integer{rng}, got {value!r}" + (f" ({why})" if why else ""))
+
+
+def check_number(config, field: str, low: float | None = None, high: float | None = None, low_open: bool = False,
+                 high_open: bool = False, allow_inf: bool = False, why: str = "") -> None:
+    """`field` must be a number in the interval (open or closed ends), finite unless `allow_inf`."""
+    value = _get(config, field)
+    ok = _is_number(value) and (allow_inf or math.isfinite(value))
+    if ok and low is not None:
+        ok = value > low if low_open else value >= low
+    if ok and high is not None:
+        ok = value < high if high_open else value <= high
+    rng = _interval(low, high, low_open, high_open)
+    _require(ok, f"{field} must be a {'' if allow_inf else 'finite '}number {rng}, got {value!r}"
+             + (f" ({why})" if why else ""))
+
+
+def check_choice(config, field: str, choices) -> None:
+    value = _get(config, field)
+    _require(value in tuple(choices), f"{field}={value!r} unknown; use one of {list(choices)}")
+
+
+def check_bool(config, fields) -> None:
+    for field in fields:
+        value = _get(config, field)
+        _require(isinstance(value, bool), f"{field} must be True or False, got {value!r}")
+
+
+def check_nonempty_str(config, field: str, why: str = "") -> None:
+    value = _get(config, field)
+    _require(isinstance(value, str) and value.strip() != "",
+             f"{field} must be a non-empty string, got {value!r}" + (f" ({why})" if why else ""))
+
+
+# (field, low, high, why): integers every domain reads (config/base.py states each range).
+INT_FIELDS = (
+    ("seed", 0, 2**32 - 1, "numpy seeds are 0 .. 2**32 - 1"),
+    ("expected_num_processes", 0, None, "0 = accept whatever is launched"),
+    ("save_freq", 1, None, "a checkpoint every N epochs"),
+    ("keep_checkpoints", 0, None, "0 = keep every epoch checkpoint"),
+    ("num_threads", 0, None, "0 = torch's default"),
+    ("data.num_train_conditions", 0, None, ""),
+    ("data.num_heldout_conditions", 0, None, ""),
+    ("data.num_val_conditions", 0, None, ""),
+    ("data.seed", 0, 2**32 - 1, ""),
+    ("model.lora_rank", 0, None, "0 = full fine-tuning"),
+    ("sample.eval_num_steps", 1, None, "ODE steps of held-out evaluation"),
+    ("train.gradient_weighting_num_probes", 0, None, "0 = exact per-sample gradients, P > 0 = P probes"),
+    ("reward.max_retries", 0, None, ""),
+    ("eval.freq", 1, None, "evaluate every N epochs"),
+    ("eval.seed", 0, 2**32 - 1, ""),
+    ("eval.batch_size", 1, None, "conditions per evaluation forward"),
+    ("eval.num_videos", 0, None, "0 = write no examples"),
+    ("health.max_rollbacks", 0, None, ""),
+    ("debug.inject_blowup_at_step", None, None, "negative = off"),
+    ("debug.sigkill_at_step", None, None, "negative = off"),
+)
+# (field, low, high, low_open, high_open, allow_inf): numbers every domain reads.
+NUMBER_FIELDS = (
+    ("model.lora_alpha", 0, None, True, False, False),
+    ("train.learning_rate", 0, None, True, False, False),
+    ("train.adam_beta1", 0, 1, False, True, False),
+    ("train.adam_beta2", 0, 1, False, True, False),
+    ("train.adam_weight_decay", 0, None, False, False, False),
+    ("train.adam_epsilon", 0, None, True, False, False),
+    ("train.max_grad_norm", 0, None, True, False, True),
+    ("train.timestep_fraction", 0, 1, True, False, False),
+    ("train.clip_range", 0, None, True, False, False),
+    ("train.adv_clip_max", 0, None, True, False, True),
+    ("train.log_ratio_clamp", 0, None, True, False, True),
+    ("train.beta", 0, None, False, False, False),
+    ("train.ema_decay", 0, 1, True, True, False),
+    ("train.ema_beta", 0, 1, True, False, False),
+    ("train.gradient_weighting_temperature", 0, None, True, False, True),
+    ("train.ptrw_sigma", 0, None, True, False, False),
+    ("train.temporal_decay_gamma", 0, 1, True, False, False),
+    ("train.clip_ratio_pos", 0, None, True, False, False),
+    ("train.clip_ratio_neg", 0, None, True, False, False),
+    ("reward.constraint_slack", 0, None, False, False, False),
+    ("reward.constraint_lr", 0, None, False, False, False),
+    ("reward.constraint_max_weight", 0, None, False, False, False),
+    ("reward.retry_backoff_s", 0, None, False, False, False),
+    ("eval.select_max_drop", 0, None, False, False, False),
+    ("health.rollback_lr_factor", 0, 1, True, False, False),
+)
+BOOL_FIELDS = ("resume", "model.gradient_checkpointing", "train.ema", "train.use_ema_smoothing",
+               "train.use_gradient_adaptive_weighting", "train.use_amic", "train.use_gspo", "train.use_ptrw",
+               "train.use_temporal_decay", "train.temporal_decay_normalize", "train.use_asymmetric_clipping",
+               "advantage.filter_zero_std")
+
+
+def fail_reward_slots(config: ml_collections.ConfigDict, num_processes: int) -> tuple[int, ...]:
+    """debug.fail_reward_slots parsed: each slot an integer in [0, num_processes x sample.batch_size)."""
+    raw, n = config.debug.fail_reward_slots, num_processes * config.sample.batch_size
+    _require(isinstance(raw, str), f"debug.fail_reward_slots must be a string like '5,6', got {raw!r}")
+    parts = [x.strip() for x in raw.split(",") if x.strip()]
+    slots = tuple(int(x) for x in parts if x.lstrip("-").isdigit())
+    _require(len(slots) == len(parts) and all(0 <= x < n for x in slots),
+             f"debug.fail_reward_slots={raw!r} must be comma-separated integers in [0, {n}) (num_processes x "
+             f"sample.batch_size = {num_processes} x {config.sample.batch_size}), or '' for none")
+    return slots
 
 
 DATA_SOURCES = ("synthetic", "recammaster")
@@ -55,7 +187,11 @@ def num_train_timesteps(num_steps: int, timestep_fraction: float) -> int:
 
 
 def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
-    """Check `config` for a launch with `num_processes` processes; return `derived_numbers`."""
+    """Check `config` for a launch with `num_processes` processes; return `derived_numbers`.
+
+    Every numeric field's range and every choice field's membership is checked here (fields every domain reads)
+    or in the domain's `check_config` (its own fields); each error is one line naming the field and what it
+    may be."""
     from recam.engine.advantages import STD_MODES
     from recam.engine.domain import DOMAINS, known_domains
     from recam.engine.losses import KL_ESTIMATORS, POLICY_LOSSES
@@ -64,19 +200,30 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
     from recam.infra.reward_runner import FailurePolicy
 
     s, t, a = config.sample, config.train, config.advantage
-    _require(num_processes >= 1, f"num_processes must be >= 1, got {num_processes}")
+    _require(_is_int(num_processes) and num_processes >= 1, f"num_processes must be >= 1, got {num_processes}")
     _require(config.domain in known_domains(), f"domain={config.domain!r} unknown; use one of {sorted(DOMAINS)}")
+    check_nonempty_str(config, "run_name")
+    check_nonempty_str(config, "run_dir", "where checkpoints and logs go")
+    check_nonempty_str(config, "logging.wandb_project")
+    for field in ("sample.batch_size", "sample.k", "sample.num_batches_per_epoch", "sample.num_steps",
+                  "train.batch_size", "num_epochs", "train.num_inner_epochs", "train.gradient_accumulation_steps"):
+        value = _get(config, field)
+        _require(_is_int(value) and value >= 1, f"{field} must be a positive integer, got {value!r}")
+    for field, low, high, why in INT_FIELDS:
+        check_int(config, field, low, high, why)
+    for field, low, high, low_open, high_open, allow_inf in NUMBER_FIELDS:
+        check_number(config, field, low, high, low_open, high_open, allow_inf)
+    check_bool(config, BOOL_FIELDS)
+    check_number(config, "advantage.eps", 0, None, low_open=True,
+                 why="it is added to the std that divides the centred rewards: 0 divides equal-reward groups by "
+                 "zero, a negative eps inverts the sign of every advantage whose group std is below -eps; "
+                 "Flow-GRPO uses 1e-4")
     if config.expected_num_processes:
         _require(
             config.expected_num_processes == num_processes,
             f"expected_num_processes={config.expected_num_processes} but {num_processes} processes were "
             "launched; launch that many or set --config.expected_num_processes=0",
         )
-    for field in ("sample.batch_size", "sample.k", "sample.num_batches_per_epoch", "sample.num_steps",
-                  "train.batch_size", "num_epochs", "train.num_inner_epochs"):
-        section, name = field.split(".") if "." in field else (None, field)
-        value = config[section][name] if section else config[name]
-        _require(isinstance(value, int) and value >= 1, f"{field} must be a positive integer, got {value!r}")
     _require(s.k >= 2, f"sample.k must be >= 2 for group-relative advantages, got {s.k}")
     per_batch = num_processes * s.batch_size
     _require(
@@ -90,14 +237,6 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
         s.batch_size % t.batch_size == 0,
         f"train.batch_size={t.batch_size} must divide sample.batch_size={s.batch_size}",
     )
-    _require(isinstance(t.gradient_accumulation_steps, int) and t.gradient_accumulation_steps >= 1,
-             f"train.gradient_accumulation_steps must be a positive integer, got {t.gradient_accumulation_steps!r}")
-    _require(0 < t.timestep_fraction <= 1, f"train.timestep_fraction must be in (0, 1], got {t.timestep_fraction}")
-    _require(t.clip_range > 0, f"train.clip_range must be > 0, got {t.clip_range}")
-    _require(t.log_ratio_clamp > 0, f"train.log_ratio_clamp must be > 0, got {t.log_ratio_clamp}")
-    _require(t.beta >= 0, f"train.beta must be >= 0, got {t.beta}")
-    _require(t.learning_rate > 0, f"train.learning_rate must be > 0, got {t.learning_rate}")
-    _require(0 < t.ema_decay < 1, f"train.ema_decay must be in (0, 1), got {t.ema_decay}")
     _require(t.policy_loss in POLICY_LOSSES,
              f"train.policy_loss={t.policy_loss!r} is not registered; known: {sorted(POLICY_LOSSES)}")
     _require(t.kl_type in KL_ESTIMATORS, f"train.kl_type={t.kl_type!r} unknown; use one of {sorted(KL_ESTIMATORS)}")
@@ -116,14 +255,6 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
     _require(not (t.use_ema_smoothing and (t.use_amic or t.use_gspo)),
              "train.use_ema_smoothing cannot combine with train.use_amic/train.use_gspo: the EMA smooths one "
              "timestep's weight, the sequence forms are built from all raw weights")
-    _require(0 < t.ema_beta <= 1, f"train.ema_beta must be in (0, 1], got {t.ema_beta}")
-    _require(t.gradient_weighting_temperature > 0,
-             f"train.gradient_weighting_temperature must be > 0, got {t.gradient_weighting_temperature}")
-    _require(t.ptrw_sigma > 0, f"train.ptrw_sigma must be > 0, got {t.ptrw_sigma}")
-    _require(0 < t.temporal_decay_gamma <= 1,
-             f"train.temporal_decay_gamma must be in (0, 1], got {t.temporal_decay_gamma}")
-    _require(t.clip_ratio_pos > 0 and t.clip_ratio_neg > 0,
-             f"train.clip_ratio_pos/neg must be > 0, got {t.clip_ratio_pos}, {t.clip_ratio_neg}")
     _require(a.std_mode in STD_MODES, f"advantage.std_mode must be one of {list(STD_MODES)}, got {a.std_mode!r}")
     _require(config.mixed_precision in ("no", "fp16", "bf16"),
              f"mixed_precision must be 'no', 'fp16' or 'bf16', got {config.mixed_precision!r}")
@@ -131,23 +262,25 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
              f"logging.wandb_mode must be offline/online/disabled, got {config.logging.wandb_mode!r}")
     _require(config.health.action in ("warn", "stop", "rollback"),
              f"health.action must be 'warn', 'stop' or 'rollback', got {config.health.action!r}")
-    _require(0 < config.health.rollback_lr_factor <= 1,
-             f"health.rollback_lr_factor must be in (0, 1], got {config.health.rollback_lr_factor}")
     weights = dict(config.reward.weights)
     _require(len(weights) > 0, "reward.weights is empty: name at least one reward")
-    _require(all(w >= 0 for w in weights.values()) and sum(weights.values()) > 0,
-             f"reward.weights must be non-negative with a positive sum, got {weights}")
-    _require(config.eval.select_max_drop >= 0, f"eval.select_max_drop must be >= 0, got {config.eval.select_max_drop}")
+    for name, w in weights.items():
+        _require(_is_number(w) and math.isfinite(w) and w >= 0,
+                 f"reward.weights.{name} must be a finite number >= 0 (0 = not computed), got {w!r}")
+    _require(sum(weights.values()) > 0,
+             f"reward.weights must have a positive sum: set at least one weight > 0, got {weights}")
     policies = [p.value for p in FailurePolicy]
     _require(config.reward.failure_policy in policies,
              f"reward.failure_policy must be one of {policies}, got {config.reward.failure_policy!r}")
-    _require(config.reward.async_workers >= 1, f"reward.async_workers must be >= 1, got {config.reward.async_workers}")
+    check_int(config, "reward.async_workers", 1)
+    fail_reward_slots(config, num_processes)
     conds_per_batch = per_batch // s.k
     # a domain names its own rewards, data and model, and checks them (its `check_config`)
     check = getattr(DOMAINS[config.domain], "check_config", None)
     if check is not None:
         check(config, conds_per_batch, _require)
     r = config.reward
+    _require(isinstance(r.constraint, str), f"reward.constraint must be '' or a reward name, got {r.constraint!r}")
     if r.constraint:
         _require(weights.get(r.constraint, 0) > 0,
                  f"reward.constraint={r.constraint!r} must name a reward of positive weight in reward.weights "
@@ -155,8 +288,6 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
         _require(any(w > 0 for k, w in weights.items() if k != r.constraint),
                  f"reward.constraint={r.constraint!r} needs another reward of positive weight to maximise; "
                  f"reward.weights is {weights} (--config.reward.constraint='' switches the constraint off)")
-        for field in ("constraint_slack", "constraint_lr", "constraint_max_weight"):
-            _require(r[field] >= 0, f"reward.{field} must be >= 0, got {r[field]}")
     return derived_numbers(config, num_processes)
 
 
@@ -165,20 +296,48 @@ def validate_camera(config: ml_collections.ConfigDict, conds_per_batch: int) -> 
     data and the transformer checkpoint's format."""
     from recam.engine.scheduler import FLOW_STEPS
     from rewards import known_rewards
+    from rewards.unified import PROMPT_FORMATS
 
     weights = dict(config.reward.weights)
 
     s = config.sample
-    for field in ("data.num_frames", "data.size"):
-        section, name = field.split(".")
-        _require(isinstance(config[section][name], int) and config[section][name] >= 1,
-                 f"{field} must be a positive integer, got {config[section][name]!r}")
+    for field in ("data.num_frames", "data.size", "data.conditions_per_scene", "data.height", "data.width",
+                  "data.frame_interval", "data.num_heldout_scenes"):
+        value = _get(config, field)
+        _require(_is_int(value) and value >= 1, f"{field} must be a positive integer, got {value!r}")
+    check_int(config, "data.cache_size", 0, why="decoded conditions kept per process")
+    _require(isinstance(config.data.source_cams, str),
+             f"data.source_cams must be a comma-separated string like 'cam01,cam02', got {config.data.source_cams!r}")
+    check_nonempty_str(config, "model.pretrained")
     _require(s.sde_type in FLOW_STEPS, f"sample.sde_type must be one of {sorted(FLOW_STEPS)}, got {s.sde_type!r}")
-    _require(s.noise_level > 0, f"sample.noise_level must be > 0 for a stochastic policy, got {s.noise_level}")
+    check_number(config, "sample.shift", 0, None, low_open=True, why="sigma schedule time shift; 1 = linear sigmas")
+    if s.sde_type == "cps":
+        check_number(config, "sample.noise_level", 0, 1, low_open=True,
+                     why="coefficients-preserving sampling needs a in (0, 1]: its noise angle is a x pi / 2")
+    else:
+        check_number(config, "sample.noise_level", 0, None, low_open=True,
+                     why=f"sample.sde_type={s.sde_type!r} needs noise for a stochastic policy")
     unknown = sorted(set(weights) - set(known_rewards()))
-    _require(not unknown, f"reward.weights names unknown rewards {unknown}; known: {sorted(known_rewards())}")
+    _require(not unknown, f"reward.weights.{unknown[0] if unknown else ''} is not a registered reward; "
+             f"known: {sorted(known_rewards())}")
     unknown = sorted(set(eval_report_rewards(config)) - set(known_rewards()))
     _require(not unknown, f"eval.report_rewards names unknown rewards {unknown}; known: {sorted(known_rewards())}")
+    check_choice(config, "reward.unified.prompt_format", PROMPT_FORMATS)
+    base_url = config.reward.unified.base_url
+    _require(isinstance(base_url, str) and base_url.startswith(("http://", "https://")),
+             f"reward.unified.base_url must start with http:// or https://, got {base_url!r}")
+    check_nonempty_str(config, "reward.unified.model")
+    _require(isinstance(config.reward.unified.api_key_env, str),
+             f"reward.unified.api_key_env must be a string, got {config.reward.unified.api_key_env!r}")
+    for field in ("num_frames", "frame_size", "max_concurrency"):
+        check_int(config, f"reward.unified.{field}", 1)
+    check_int(config, "reward.unified.max_retries", 0)
+    check_number(config, "reward.unified.timeout_s", 0, None, low_open=True)
+    check_bool(config, ("reward.unified.check_model", "reward.discriminator.adaptive_temperature"))
+    for field in ("lr", "temperature", "reg_threshold"):
+        check_number(config, f"reward.discriminator.{field}", 0, None, low_open=True)
+    check_number(config, "reward.discriminator.reg_weight", 0)
+    check_int(config, "reward.discriminator.steps_per_epoch", 0, why="critic updates per epoch")
     e = config.eval
     scored_at_eval = {k for k, w in weights.items() if w > 0} | set(eval_report_rewards(config))
     for field in ("select_by", "select_guard"):  # real data has no validation split: there the last epoch reports
@@ -204,15 +363,11 @@ def validate_camera(config: ml_collections.ConfigDict, conds_per_batch: int) -> 
             f"data.num_train_conditions={d.num_train_conditions} is smaller than the "
             f"{conds_per_batch} unique conditions one sampling batch needs",
         )
+        _require(d.num_heldout_conditions >= 1,
+                 f"data.num_heldout_conditions must be >= 1 (the held-out evaluation), got {d.num_heldout_conditions}")
     else:
         _require(isinstance(d.root, str) and d.root != "",
                  "data.source='recammaster' needs data.root, the folder holding the scene folders")
-        for field in ("height", "width", "frame_interval", "num_heldout_scenes"):
-            _require(isinstance(d[field], int) and d[field] >= 1,
-                     f"data.{field} must be a positive integer, got {d[field]!r}")
-        for field in ("num_train_conditions", "num_heldout_conditions", "cache_size"):
-            _require(isinstance(d[field], int) and d[field] >= 0,
-                     f"data.{field} must be an integer >= 0, got {d[field]!r}")
         _require(d.num_train_conditions == 0 or d.num_train_conditions >= conds_per_batch,
                  f"data.num_train_conditions={d.num_train_conditions} is smaller than the {conds_per_batch} unique "
                  "conditions one sampling batch needs (0 = every condition)")
@@ -312,6 +467,42 @@ def validate_camera_files(config: ml_collections.ConfigDict) -> None:
         config_file = _transformer_config_file(config)
         _require(config_file is not None and config_file.is_file(),
                  f"model.pretrained={m.pretrained!r}: no config.json there (model.format={m.format!r})")
-        in_channels = json.loads(config_file.read_text()).get("in_channels")
+        model_config = json.loads(config_file.read_text())
+        in_channels = model_config.get("in_channels")
+        check_sample_shape(model_config, config)
     if in_channels is not None:
         check_in_channels(int(in_channels), config)
+
+
+def check_sample_shape(model_config: dict, config: ml_collections.ConfigDict) -> None:
+    """The frames the data gives, in the space the policy samples in, against the checkpoint's own config.json:
+    each of (F, H, W) divisible by its patch_size, and the (2F, H, W) patches (source and target are joined along
+    frames) within its rope_max_seq_len; the transformer would otherwise fail at its first forward.
+
+    The checkpoint's config.json does not record the frame size it was trained at (checkpoints/recam_tiny_base
+    has patch_size and rope_max_seq_len only), so a size the base never saw that fits these limits passes."""
+    d, m = config.data, config.model
+    patch, rope = model_config.get("patch_size"), model_config.get("rope_max_seq_len")
+    if not (isinstance(patch, (list, tuple)) and len(patch) == 3):
+        return
+    size_field = "data.height/data.width" if d.source == "recammaster" else "data.size"
+    f, h, w = (d.num_frames, d.height, d.width) if d.source == "recammaster" else (d.num_frames, d.size, d.size)
+    space = "pixels"
+    if m.vae:
+        vae = _vae_config(m.vae)
+        t, sp = vae.get("scale_factor_temporal") or 4, vae.get("scale_factor_spatial") or 8
+        f, h, w, space = 1 + (f - 1) // t, h // sp, w // sp, "VAE latents"
+    p_t, p_h, p_w = (int(x) for x in patch)
+    ckpt = f"the config.json of model.pretrained={m.pretrained!r}"
+    _require(f % p_t == 0, f"data.num_frames={d.num_frames} must give a frame count ({f} in {space}) divisible by "
+             f"the temporal patch size {p_t} (patch_size {list(patch)} in {ckpt})")
+    size = f"{d.height}x{d.width}" if d.source == "recammaster" else str(d.size)
+    _require(h % p_h == 0 and w % p_w == 0,
+             f"{size_field}={size} must give frames ({h}x{w} in {space}) divisible by the patch size {p_h}x{p_w} "
+             f"(patch_size {list(patch)} in {ckpt})")
+    if isinstance(rope, int):
+        patches = (2 * f // p_t, h // p_h, w // p_w)
+        _require(patches[0] <= rope, f"data.num_frames={d.num_frames} must give at most {rope} frame patches for "
+                 f"source + target (rope_max_seq_len in {ckpt}), got 2F = {patches[0]}")
+        _require(max(patches[1:]) <= rope, f"{size_field}={size} must give at most {rope} patches per side "
+                 f"(rope_max_seq_len in {ckpt}), got {patches[1]}x{patches[2]}")

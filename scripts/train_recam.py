@@ -11,8 +11,11 @@ health guard), 2 for an invalid config.
 
 from __future__ import annotations
 
+import difflib
 import gc
 import json
+import os
+import re
 import sys
 from pathlib import Path
 
@@ -24,7 +27,7 @@ from absl import app, flags  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from config.validate import eval_report_rewards, validate, validate_files  # noqa: E402
+from config.validate import ConfigError, eval_report_rewards, validate, validate_files  # noqa: E402
 from recam.engine.domain import build_domain  # noqa: E402
 from recam.engine.trainer import GRPOTrainer  # noqa: E402
 from recam.infra import runlog  # noqa: E402
@@ -34,14 +37,70 @@ FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", "config/grpo.py:tiny_cpu", "Preset file:name plus overrides.")
 
 
+def config_error(message: str) -> None:
+    """An invalid config: one line on stderr, exit status 2, no traceback."""
+    print(f"config error: {' '.join(str(message).split())}", file=sys.stderr)
+    sys.exit(2)
+
+
+def unknown_override(argv: list[str]) -> str:
+    """The first --config.<path> override whose path the preset does not have, named with what it does have."""
+    flag = FLAGS["config"]
+    preset = flag.default
+    for i, arg in enumerate(argv):  # --config=file:name or --config file:name
+        if re.match(r"^--?config=", arg):
+            preset = arg.split("=", 1)[1]
+        elif re.match(r"^--?config$", arg) and i + 1 < len(argv):
+            preset = argv[i + 1]
+    try:
+        config = flag.parser.parse(preset) if isinstance(preset, str) else preset
+    except Exception as e:  # the preset itself does not load: say that
+        return f"--config={preset} does not load: {e}"
+    for arg in argv:
+        match = re.match(r"^--?config\.([^=]+)", arg)
+        if not match:
+            continue
+        node, done = config, []
+        for part in match.group(1).split("."):
+            if not hasattr(node, "keys") or part not in node:
+                where = ".".join(done) or "the config"
+                known = sorted(node.keys()) if hasattr(node, "keys") else []
+                close = difflib.get_close_matches(part, known, n=1)
+                return (f"{match.group(1)} is not a config field: {where} has no {part!r}"
+                        + (f" (did you mean {'.'.join([*done, close[0]])}?)" if close else "")
+                        + (f"; it has {known}" if known else ""))
+            node, done = node[part], [*done, part]
+    return "an override names no config field"
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's parsing, with a bad --config override reported by `config_error` instead of a traceback."""
+    try:
+        return FLAGS(argv)
+    except flags.Error as e:  # a value that does not parse as the field's type
+        config_error(str(e))
+    except (AttributeError, KeyError):  # ml_collections: an override of a field the preset does not have
+        config_error(unknown_override(argv))
+
+
 def main(_):
     config = FLAGS.config
+    # Validation comes first, before the Accelerator or any model: the process count is the launcher's WORLD_SIZE.
+    num_processes = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    try:
+        derived = validate(config, num_processes)
+        validate_files(config)  # paths, in_channels and sample shape against the checkpoint's config.json headers
+    except ConfigError as e:
+        config_error(str(e))
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     use_cpu_if_no_accelerator()
     accelerator = Accelerator(mixed_precision=config.mixed_precision)
-    derived = validate(config, accelerator.num_processes)  # before any model is built
-    validate_files(config)  # paths, and in_channels against the codec's channels, from config.json headers
+    if accelerator.num_processes != num_processes:  # a launcher that sets no WORLD_SIZE: check the real count
+        try:
+            derived = validate(config, accelerator.num_processes)
+        except ConfigError as e:
+            config_error(str(e))
     log = runlog.RunLog(Path(config.run_dir), config, enabled=accelerator.is_main_process)
     log.info(f"derived numbers: {json.dumps(derived)}")
     torch.manual_seed(config.seed)
@@ -64,4 +123,4 @@ def main(_):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -32,6 +32,10 @@ def test_recam_8npu_arithmetic():
     (lambda c: setattr(c.advantage, "std_mode", "batch"), "advantage.std_mode"),
     (lambda c: setattr(c, "expected_num_processes", 8), "expected_num_processes"),
     (lambda c: setattr(c.train, "batch_size", 3), "train.batch_size"),
+    (lambda c: setattr(c.advantage, "eps", -1.0), "advantage.eps"),  # would invert every advantage's sign
+    (lambda c: setattr(c.eval, "freq", 0), "eval.freq"),  # was a ZeroDivisionError after the first epoch
+    (lambda c: setattr(c, "save_freq", 0), "save_freq"),
+    (lambda c: setattr(c.sample, "eval_num_steps", 0), "sample.eval_num_steps"),
 ])
 def test_broken_config_names_the_field(mutate, field):
     c = grpo.get_config("tiny_cpu")

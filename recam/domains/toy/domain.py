@@ -21,6 +21,7 @@ from recam.engine.scheduler import DDIMScheduler
 from recam.infra.lora import adapter_disabled
 
 PREDICTION_TYPES = ("epsilon", "sample")
+BETA_SCHEDULES = ("linear", "scaled_linear", "squaredcos_cap_v2", "sigmoid", "laplace")  # diffusers DDPMScheduler
 
 
 def training_alphas_cumprod(toy_config) -> torch.Tensor:
@@ -56,7 +57,7 @@ def check_config(config, conditions_per_batch: int, require) -> None:
     report = [n.strip() for n in e.report_rewards.split(",") if n.strip()]
     known = sorted(TOY_REWARDS)
     unknown = sorted(set(weights) - set(known))
-    require(not unknown, f"reward.weights names rewards {unknown} that the toy domain does not have; known: {known}")
+    require(not unknown, f"reward.weights.{unknown[0] if unknown else ''} is not a toy reward; known: {known}")
     unknown = sorted(set(report) - set(known))
     require(not unknown, f"eval.report_rewards names rewards {unknown} that the toy domain does not have; "
             f"known: {known}")
@@ -73,6 +74,12 @@ def check_config(config, conditions_per_batch: int, require) -> None:
     require(t.prediction_type in PREDICTION_TYPES,
             f"toy.prediction_type={t.prediction_type!r} unknown; use one of {list(PREDICTION_TYPES)}")
     require(0 < t.eta <= 1, f"toy.eta must be in (0, 1] for stochastic DDIM rollouts, got {t.eta}")
+    require(t.beta_schedule in BETA_SCHEDULES,
+            f"toy.beta_schedule={t.beta_schedule!r} unknown; use one of {list(BETA_SCHEDULES)}")
+    for field in ("model_seed", "num_side_modes"):
+        require(isinstance(t[field], int) and not isinstance(t[field], bool) and t[field] >= 0,
+                f"toy.{field} must be an integer >= 0, got {t[field]!r}")
+    require(t.mode_offset >= 0, f"toy.mode_offset must be >= 0 (ring radius of the side modes), got {t.mode_offset}")
     require(isinstance(t.num_train_timesteps, int) and t.num_train_timesteps >= config.sample.num_steps
             and t.num_train_timesteps >= config.sample.eval_num_steps,
             f"toy.num_train_timesteps={t.num_train_timesteps} must be an integer >= sample.num_steps "

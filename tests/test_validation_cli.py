@@ -1,0 +1,185 @@
+"""Every bad override is refused at start, before any model is built, in one line naming the field (issue 16).
+
+The full list runs in process through validate() + validate_files() (fast); a handful also run through the real
+entry point, scripts/train_recam.py, to show exit status 2, one stderr line, no traceback and no run folder.
+"""
+
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from config import grpo
+from config.validate import ConfigError, validate, validate_files
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (overrides, field the one-line message must name); applied to the smoke preset.
+BAD = [
+    ({"advantage.eps": -1.0}, "advantage.eps"),
+    ({"advantage.eps": 0.0}, "advantage.eps"),
+    ({"eval.freq": 0}, "eval.freq"),
+    ({"save_freq": 0}, "save_freq"),
+    ({"seed": -1}, "seed"),
+    ({"num_threads": -2}, "num_threads"),
+    ({"keep_checkpoints": -1}, "keep_checkpoints"),
+    ({"expected_num_processes": -1}, "expected_num_processes"),
+    ({"eval.batch_size": 0}, "eval.batch_size"),
+    ({"eval.seed": -1}, "eval.seed"),
+    ({"eval.num_videos": -1}, "eval.num_videos"),
+    ({"sample.eval_num_steps": 0}, "sample.eval_num_steps"),
+    ({"sample.shift": -1.0}, "sample.shift"),
+    ({"sample.noise_level": -0.5}, "sample.noise_level"),
+    ({"sample.sde_type": "cps", "sample.noise_level": 1.5}, "sample.noise_level"),
+    ({"reward.weights.foo": 1.0}, "reward.weights.foo"),
+    ({"reward.weights.fidelity": -1.0}, "reward.weights.fidelity"),
+    ({"reward.max_retries": -1}, "reward.max_retries"),
+    ({"reward.retry_backoff_s": -1.0}, "reward.retry_backoff_s"),
+    ({"reward.constraint_lr": -1.0}, "reward.constraint_lr"),
+    ({"reward.failure_policy": "ignore"}, "reward.failure_policy"),
+    ({"reward.unified.prompt_format": "stars"}, "reward.unified.prompt_format"),
+    ({"reward.unified.timeout_s": 0.0}, "reward.unified.timeout_s"),
+    ({"reward.unified.base_url": "localhost:30000"}, "reward.unified.base_url"),
+    ({"reward.discriminator.lr": 0.0}, "reward.discriminator.lr"),
+    ({"reward.discriminator.steps_per_epoch": -1}, "reward.discriminator.steps_per_epoch"),
+    ({"debug.fail_reward_slots": "8"}, "debug.fail_reward_slots"),  # smoke: 1 process x 8 samples = slots 0..7
+    ({"debug.fail_reward_slots": "a,b"}, "debug.fail_reward_slots"),
+    ({"train.gradient_weighting_num_probes": -1}, "train.gradient_weighting_num_probes"),
+    ({"train.adam_beta1": 1.0}, "train.adam_beta1"),
+    ({"train.adam_beta2": -0.1}, "train.adam_beta2"),
+    ({"train.adam_epsilon": 0.0}, "train.adam_epsilon"),
+    ({"train.adam_weight_decay": -1.0}, "train.adam_weight_decay"),
+    ({"train.max_grad_norm": 0.0}, "train.max_grad_norm"),
+    ({"train.adv_clip_max": -1.0}, "train.adv_clip_max"),
+    ({"train.ema_decay": 1.0}, "train.ema_decay"),
+    ({"model.lora_rank": -1}, "model.lora_rank"),
+    ({"model.lora_alpha": 0.0}, "model.lora_alpha"),
+    ({"health.max_rollbacks": -1}, "health.max_rollbacks"),
+    ({"health.rollback_lr_factor": 0.0}, "health.rollback_lr_factor"),
+    ({"health.action": "explode"}, "health.action"),
+    ({"mixed_precision": "fp8"}, "mixed_precision"),
+    ({"logging.wandb_mode": "cloud"}, "logging.wandb_mode"),
+    ({"data.seed": -1}, "data.seed"),
+    ({"data.conditions_per_scene": 0}, "data.conditions_per_scene"),
+    ({"data.num_heldout_conditions": 0}, "data.num_heldout_conditions"),
+    ({"data.cache_size": -1}, "data.cache_size"),
+    ({"data.size": 30}, "data.size"),  # not a multiple of the checkpoint's 4 x 4 patches (its config.json)
+    ({"data.size": 512}, "data.size"),  # 128 patches per side > the checkpoint's rope_max_seq_len 64
+    ({"data.num_frames": 40}, "data.num_frames"),  # 2F = 80 frame patches > rope_max_seq_len 64
+]
+
+
+def _set(config, path: str, value) -> None:
+    *parents, name = path.split(".")
+    node = config
+    for p in parents:
+        node = node[p]
+    node[name] = value
+
+
+def _check(config) -> None:
+    validate(config, 1)
+    validate_files(config)
+
+
+def test_the_list_is_long_enough():
+    assert len(BAD) >= 30
+    assert len({tuple(o.items()) for o, _ in BAD}) == len(BAD)
+
+
+@pytest.mark.parametrize("overrides,field", BAD, ids=[",".join(f"{k}={v}" for k, v in o.items()) for o, _ in BAD])
+def test_bad_override_is_refused_in_one_line_naming_the_field(overrides, field):
+    c = grpo.get_config("smoke")
+    for path, value in overrides.items():
+        _set(c, path, value)
+    with pytest.raises(ConfigError) as err:
+        _check(c)
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert re.search(rf"(?<![\w.]){re.escape(field)}(?![\w])", msg), msg  # the field itself, not a longer one
+    assert re.search(r"must|use one of|known", msg), msg  # and what it may be
+
+
+def test_advantage_eps_message_says_why():
+    c = grpo.get_config("smoke")
+    c.advantage.eps = -1.0
+    with pytest.raises(ConfigError, match="inverts the sign"):
+        validate(c, 1)
+
+
+def test_fail_reward_slots_bound_grows_with_processes():
+    c = grpo.get_config("smoke")
+    c.debug.fail_reward_slots = "8,15"
+    with pytest.raises(ConfigError, match=r"\[0, 8\)"):
+        validate(c, 1)
+    validate(c, 2)  # 2 processes x 8 = slots 0..15
+
+
+def test_edges_of_the_ranges_pass():
+    c = grpo.get_config("smoke")
+    for path, value in {"advantage.eps": 1e-12, "keep_checkpoints": 0, "num_threads": 0, "seed": 0,
+                        "eval.num_videos": 0, "train.gradient_weighting_num_probes": 0,
+                        "train.gradient_weighting_temperature": float("inf"), "sample.sde_type": "cps",
+                        "sample.noise_level": 1.0, "debug.fail_reward_slots": "0,7", "debug.sigkill_at_step": -1,
+                        "data.size": 64, "eval.freq": 1, "save_freq": 1}.items():
+        _set(c, path, value)
+    _check(c)
+
+
+@pytest.mark.parametrize("path,value,field", [
+    ("toy.beta_schedule", "cosine", "toy.beta_schedule"),
+    ("toy.model_seed", -1, "toy.model_seed"),
+    ("toy.num_side_modes", -1, "toy.num_side_modes"),
+    ("toy.mode_offset", -0.5, "toy.mode_offset"),
+    ("reward.weights.foo", 1.0, "reward.weights.foo"),
+    ("sample.eval_num_steps", 0, "sample.eval_num_steps"),
+])
+def test_toy_domain_fields_are_named(path, value, field):
+    c = grpo.get_config("toy")
+    _set(c, path, value)
+    with pytest.raises(ConfigError, match=re.escape(field)):
+        validate(c, 1)
+
+
+# Through the real entry point: the headline cases of the issue, a value that does not parse as its field's type,
+# a field the preset does not have (refused by the flag parser) and the checkpoint-vs-data shape (validate_files).
+CLI = [
+    ("--config.advantage.eps=-1", "advantage.eps"),
+    ("--config.eval.freq=0", "eval.freq"),
+    ("--config.reward.weights.foo=1.0", "reward.weights.foo"),
+    ("--config.seed=-1.5", "config.seed"),
+    ("--config.data.size=30", "data.size"),
+]
+
+
+def _launch(override: str, run_dir: Path) -> tuple[subprocess.CompletedProcess, float]:
+    cmd = [sys.executable, "scripts/train_recam.py", "--config", "config/grpo.py:smoke", override,
+           f"--config.run_dir={run_dir}"]
+    start = time.monotonic()
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    return p, time.monotonic() - start
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """Each CLI case run once, two at a time (each start is mostly importing torch)."""
+    root = tmp_path_factory.mktemp("cli")
+    run_dirs = {o: root / f"run{i}" for i, (o, _) in enumerate(CLI)}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = dict(zip(run_dirs, pool.map(lambda o: _launch(o, run_dirs[o]), run_dirs), strict=True))
+    return {o: (*results[o], run_dirs[o]) for o in run_dirs}
+
+
+@pytest.mark.parametrize("override,field", CLI)
+def test_entry_point_exits_2_with_one_line_and_builds_nothing(override, field, launched):
+    p, elapsed, run_dir = launched[override]
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("config error: ") and field in lines[0], p.stderr[-2000:]
+    assert "Traceback" not in p.stderr + p.stdout
+    assert not run_dir.exists()  # no run folder, so no checkpoint, log or model
+    assert elapsed < 10, f"{elapsed:.1f} s"
