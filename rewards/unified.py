@@ -27,7 +27,12 @@ wrong (bad model name, payload too large) and are reported at once.
 The registered reward is a `UnifiedReward` object built from config.reward.unified by `build_unifiedscore`; it
 holds its UnifiedConfig and HTTP client. Building it runs `health_check(config)`, which raises
 `UnifiedServerError` naming the URL and the cause when the server cannot be reached, so a run does not discover a
-dead judge after its first rollout.
+dead judge after its first rollout. UnifiedServerError is a `recam.infra.reward_runner.RewardServerDown` with a
+one-line message, so an entry point can report it as such (exit status 3) rather than as a traceback.
+
+A judge that dies mid-run is not an exception here: every request of a batch fails after its retries, so every
+score is NaN with a reason. The AsyncRewardRunner turns a batch with no valid sample left after its own retries
+into RewardServerDown, and the trainer stops cleanly on it (the last checkpoint is kept as it is).
 """
 
 from __future__ import annotations
@@ -48,13 +53,19 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from recam.infra.reward_runner import RewardServerDown
+
 PROMPT_FORMATS = ("final_score", "alignment_physics_style")
 APS_KEYS = ("alignment", "physics", "style")
 SCORE_MIN, SCORE_MAX = 1.0, 5.0
 
 
-class UnifiedServerError(RuntimeError):
-    """The UnifiedReward server cannot be used (unreachable, wrong model, bad status)."""
+class UnifiedServerError(RewardServerDown):
+    """The UnifiedReward server cannot be used (unreachable, wrong model, bad status).
+
+    A RewardServerDown, so that an entry point handles a judge that is down when the run starts like one that dies
+    mid-run: one line naming the URL and the cause, and exit status 3, instead of a traceback. Its message is one
+    line."""
 
 
 class UnifiedParseError(ValueError):
@@ -421,12 +432,15 @@ def health_check(config: UnifiedConfig, check_model: bool = True) -> list[str]:
     sglang accepts any, so pass check_model=False if its served name differs). Returns the served ids.
     """
     url = config.models_url
+    hint = "; start the judge or fix config.reward.unified.base_url"
     try:
         resp = httpx.get(url, headers=config.headers(), timeout=min(config.timeout_s, 10.0))
     except httpx.TimeoutException as e:
-        raise UnifiedServerError(f"UnifiedReward server at {url} did not answer in time ({type(e).__name__})") from e
+        raise UnifiedServerError(f"UnifiedReward server at {url} did not answer in time ({type(e).__name__})"
+                                 f"{hint}") from e
     except httpx.TransportError as e:
-        raise UnifiedServerError(f"UnifiedReward server at {url} is unreachable ({type(e).__name__}: {e})") from e
+        raise UnifiedServerError(f"UnifiedReward server at {url} is unreachable ({type(e).__name__}: "
+                                 f"{_short(str(e))}){hint}") from e
     if resp.status_code != 200:
         raise UnifiedServerError(f"UnifiedReward server at {url} answered HTTP {resp.status_code}: {_short(resp.text)}")
     try:

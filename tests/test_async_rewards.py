@@ -244,3 +244,84 @@ def test_group_policy_advantages_and_all_excluded():
     assert (adv == 0).all() and excluded.all() and stats["trained_prompt_num"].item() == 0
     with pytest.raises(ValueError, match="non-finite"):
         masked_group_advantages(GROUP_REWARDS, GROUPS, torch.ones(12, dtype=torch.bool))
+
+
+# ----------------------------------------------------------------------------------------------------
+# a whole outage: every sample of a batch failed after the retries -> RewardServerDown, whatever the form
+
+
+def _all_failed(form):
+    """A reward that answers nothing: NaN with a `failed` flag and a reason (UnifiedReward's form), or bare NaN."""
+    calls = []
+
+    def reward(videos, conditions):
+        calls.append(len(conditions))
+        scores = torch.full((len(conditions),), float("nan"))
+        if form == "bare_nan":
+            return {"judge": scores, "avg": scores.clone()}, {}
+        failed = torch.ones(len(conditions), dtype=torch.bool)
+        return scores, {"judge/failed": failed,
+                        "judge/failure_reason": ["gave up after 1 attempts: HTTP 500: injected"] * len(conditions)}
+
+    return reward, calls
+
+
+@pytest.mark.parametrize("form", ["nan_with_reason", "bare_nan"])
+@pytest.mark.parametrize("policy,calls_expected", [("wait", [4, 4, 4]), ("drop_group", [4])])
+def test_batch_with_no_valid_sample_after_retries_is_server_down(policy, calls_expected, form):
+    reward, calls = _all_failed(form)
+    sleeps = []
+    runner = AsyncRewardRunner(reward, failure_policy=policy, max_retries=2, retry_backoff_s=0.1, sleep=sleeps.append)
+    runner.submit("b3", *make_batch(0))
+    with pytest.raises(RewardServerDown) as err:
+        runner.collect()
+    runner.close()
+    assert calls == calls_expected  # "wait" retries the whole outage before calling the server down
+    assert sleeps == ([0.1, 0.2] if policy == "wait" else [])
+    message = str(err.value)
+    assert "\n" not in message and "every one of the 4 samples of batch b3 failed" in message
+    assert ("HTTP 500: injected" if form == "nan_with_reason" else "non-finite reward") in message
+    assert err.value.batch_id == "b3" and len(err.value.reasons) == 4 and all(err.value.reasons)
+
+
+def test_outage_that_recovers_within_the_retries_is_not_server_down():
+    calls = []
+
+    def recovering(videos, conditions):
+        calls.append(len(conditions))
+        scores = videos[:, 0, 0, 0, 0].clone()
+        if len(calls) == 1:
+            scores[:] = float("nan")  # the judge was restarting
+        elif len(calls) == 2:
+            scores[0] = float("nan")  # back, but one request still lost
+        return scores, {}
+
+    with AsyncRewardRunner(recovering, failure_policy="wait", max_retries=1, sleep=lambda s: None) as runner:
+        runner.submit(0, *make_batch(0))
+        (r,) = runner.collect()
+    assert calls == [4, 4]
+    assert r.valid.tolist() == [False, True, True, True]  # one sample excluded, the run goes on
+    assert r.scores[1:].tolist() == [1.0, 2.0, 3.0]
+
+
+def test_one_batch_down_among_healthy_ones_raises_after_every_job_finished():
+    finished = []
+
+    def by_batch(videos, conditions):
+        batch = int(videos[0, 0, 0, 0, 0]) // 100
+        time.sleep(0.02 * (3 - batch))
+        finished.append(batch)
+        scores = videos[:, 0, 0, 0, 0].clone()
+        if batch == 1:
+            scores[:] = float("nan")
+        elif batch == 2:
+            scores[0] = float("nan")  # partial: excluded, never server down
+        return scores, {}
+
+    runner = AsyncRewardRunner(by_batch, max_workers=3, failure_policy="drop_group")
+    for b in range(3):
+        runner.submit(b, *make_batch(b))
+    with pytest.raises(RewardServerDown, match="batch 1"):
+        runner.collect()
+    runner.close()
+    assert sorted(finished) == [0, 1, 2]  # no job left running behind the exception

@@ -452,3 +452,68 @@ def test_register_hands_the_factory_to_the_registry():
     seen = {}
     unified.register(lambda name: (lambda factory: seen.setdefault(name, factory)))
     assert seen == {"unifiedscore": build_unifiedscore} and REWARDS["unifiedscore"] is build_unifiedscore
+
+
+# ----------------------------------------------------------------------------------------------------
+# a judge that is down: at the start a one-line RewardServerDown, mid-run RewardServerDown from the runner
+
+
+def _dead_url():
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()  # nothing listens there now
+    return f"http://127.0.0.1:{port}"
+
+
+def test_judge_down_at_start_is_a_one_line_reward_server_down():
+    from recam.infra.reward_runner import RewardServerDown
+
+    url = _dead_url()
+    with pytest.raises(RewardServerDown) as err:  # what an entry point catches for a clean exit
+        build_reward("unifiedscore", run_config(url))
+    assert isinstance(err.value, UnifiedServerError)
+    message = str(err.value)
+    assert "\n" not in message and f"{url}/v1/models" in message and "unreachable" in message
+    assert "reward.unified.base_url" in message  # says what to fix
+
+
+@pytest.mark.parametrize("failure", ["http_500", "connection_refused", "timeout", "dropped"])
+def test_judge_failing_every_request_mid_run_is_server_down_not_nan(judge_factory, failure):
+    """UnifiedReward answers NaN (+ reason) for each request that fails after its retries; the runner must turn a
+    batch with no valid sample into RewardServerDown, so the trainer stops instead of training on nothing."""
+    from recam.infra.reward_runner import AsyncRewardRunner, RewardServerDown
+
+    if failure == "connection_refused":
+        url = _dead_url()
+    else:
+        action = {"http_500": ("status", 500), "timeout": ("sleep", 1.0), "dropped": ("drop",)}[failure]
+        url = judge_factory(default=action).url
+    reward = UnifiedReward(config(url, max_retries=1, timeout_s=0.3), check_health=False)
+    runner = AsyncRewardRunner(reward, failure_policy="wait", max_retries=1, sleep=lambda s: None)
+    try:
+        runner.submit(7, videos(3), [Cond(c) for c in captions(3)])
+        with pytest.raises(RewardServerDown) as err:
+            runner.collect()
+    finally:
+        runner.close()
+        reward.close()
+    message = str(err.value)
+    assert "every one of the 3 samples of batch 7 failed after 2 reward call(s)" in message and "\n" not in message
+    want = {"http_500": "HTTP 500", "connection_refused": "connection error", "timeout": "timeout",
+            "dropped": "connection error"}[failure]
+    assert want in message and "gave up after 2 attempts" in message
+
+
+def test_a_flaky_judge_is_not_server_down(judge_factory):
+    """Some requests fail for good: those samples are excluded (NaN + reason), the batch is not a server outage."""
+    from recam.infra.reward_runner import AsyncRewardRunner
+
+    judge = judge_factory(script={1: [("status", 500)]})
+    reward = UnifiedReward(config(judge.url, max_retries=0), check_health=False)
+    with AsyncRewardRunner(reward, failure_policy="wait", max_retries=1, sleep=lambda s: None) as runner:
+        runner.submit(0, videos(3), captions(3))
+        (r,) = runner.collect()
+    reward.close()
+    assert r.valid.tolist() == [True, False, True] and math.isnan(r.scores[1].item())
+    assert "HTTP 500" in r.reasons[1] and judge.attempts[1] == 2  # first call + one runner retry

@@ -23,8 +23,18 @@ Failure policies (what the runner does when some samples of a batch failed):
   - "drop_group": no retry; any group with a failed sample is excluded whole (exclusion policy "group"),
     so no group is trained on a biased subset of its k samples;
   - "stop": raise RewardServerDown, which the trainer catches to checkpoint and stop.
-If the reward function raises on every attempt there is nothing to score with, so every policy raises
-RewardServerDown.
+
+A whole outage is RewardServerDown under every policy, whatever form the failure takes:
+  - the reward function raises on every attempt (connection refused, a bug): nothing was scored;
+  - every sample of a batch is still invalid after the policy's retries (the "wait" rounds; none under
+    "drop_group"), i.e. the reward answered only NaN / `failed`: a judge that answers nothing is down, whether
+    its client raises or returns NaN (UnifiedReward returns NaN for HTTP 5xx, refused connections and timeouts
+    once its own retries are spent). Excluding the whole batch instead would train on nothing and let the run
+    carry on as if it were learning.
+Since every batch of an epoch is collected before the trainer moves on, an epoch in which every sample failed
+always raises. The trainer catches RewardServerDown from collect(), keeps the last checkpoint as it is and
+stops (scripts/train_recam.py exits 3). Partial failures are excluded sample by sample (or group by group) as
+above and the run goes on.
 
 The reward function may return scores as one (B,) tensor or as a dict of (B,) tensors (MultiReward's
 per-reward scores plus their weighted "avg"); both are kept in that form.
@@ -265,9 +275,9 @@ class AsyncRewardRunner:
                 last_error = e
                 logger.warning("reward batch %s: reward function raised %s: %s", batch_id, type(e).__name__, e)
                 if self.failure_policy is FailurePolicy.STOP or attempts > self.max_retries:
+                    reason = _first_reason([f"{type(e).__name__}: {e}"])
                     raise RewardServerDown(f"reward function failed on batch {batch_id} after {attempts} "
-                                           f"call(s): {type(e).__name__}: {e}", batch_id,
-                                           [f"{type(e).__name__}: {e}"] * size) from e
+                                           f"call(s): {reason}", batch_id, [reason] * size) from e
                 self._sleep(self.retry_backoff_s * 2 ** (attempts - 1))
         if _batch_size(scores) != size:
             raise ValueError(f"reward function returned {_batch_size(scores)} scores for {size} samples")
@@ -276,7 +286,7 @@ class AsyncRewardRunner:
 
         if not bool(valid.all()) and self.failure_policy is FailurePolicy.STOP:
             raise RewardServerDown(f"{int((~valid).sum())} of {size} rewards failed on batch {batch_id}: "
-                                   f"{next(r for r in reasons if r)}", batch_id, reasons)
+                                   f"{_first_reason(reasons)}", batch_id, reasons)
         if self.failure_policy is FailurePolicy.WAIT:
             for round_ in range(self.max_retries):
                 if bool(valid.all()):
@@ -299,10 +309,19 @@ class AsyncRewardRunner:
                 reasons = sample_reasons(valid, details)
         if last_error is not None and not bool(valid.all()):
             reasons = [r if r is None else f"{r} (last error: {type(last_error).__name__})" for r in reasons]
+        if size and not bool(valid.any()):
+            raise RewardServerDown(f"every one of the {size} samples of batch {batch_id} failed after {attempts} "
+                                   f"reward call(s): {_first_reason(reasons)}", batch_id, reasons)
         if not bool(valid.all()):
             logger.warning("reward batch %s: %d of %d samples failed and will be excluded", batch_id,
                            int((~valid).sum()), size)
         return RewardResult(batch_id, scores, valid, details, reasons, call_seconds, attempts)
+
+
+def _first_reason(reasons: list[str | None]) -> str:
+    """The first failure reason, on one line and short enough for a log line."""
+    text = " ".join(str(next((r for r in reasons if r), "no reason given")).split())
+    return text if len(text) <= 300 else text[:300] + "..."
 
 
 def concat_results(results: list[RewardResult]) -> tuple[Scores, torch.Tensor]:
