@@ -55,6 +55,12 @@ def _last_step_line(records: list[dict]) -> str:
     return f"last step {last.get('step', '?')} (epoch {last.get('epoch', '?')}): {shown}"
 
 
+def _exclusions(records: list[dict]) -> tuple[int, int, int]:
+    """(excluded samples, samples, epochs with an exclusion) over the epoch records that say."""
+    counts = [c for r in records if r.get("type") == "epoch" and (c := health.excluded_count(r)) is not None]
+    return sum(e for e, _ in counts), sum(n for _, n in counts), sum(1 for e, _ in counts if e)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("path", help="run directory, metrics.jsonl, or a JSON/JSONL file of metric dicts")
@@ -72,8 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         findings = [health.Finding("diagnosis_error", "critical", {"error": f"{type(e).__name__}: {e}"},
                                    "The metrics could not be diagnosed; some record is malformed.",
                                    ["inspect the records named in the error"])]
+    excluded, samples, epochs_hit = _exclusions(records)
     if args.json:
         print(json.dumps({"source": str(source), "unreadable_lines": [u.line for u in unreadable],
+                          "excluded_samples": excluded, "samples": samples,
                           "healthy": health.is_healthy(findings), "worst": health.worst_severity(findings),
                           "findings": [f.__dict__ for f in findings]}, indent=1, default=str))
     else:
@@ -81,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
         n_epochs = sum(1 for r in records if r.get("type") == "epoch")
         print(f"# Diagnosis of {source}\n")
         print(f"{n_steps} step records, {n_epochs} epoch records; {_last_step_line(records)}")
+        if excluded:
+            print(f"excluded samples: {excluded} of {samples} in {epochs_hit} epoch(s) (failed rewards, kept out of "
+                  "the advantages; the reward statistics below ignore them)")
         for u in unreadable:
             print(f"could not read line {u.line}: {u.reason}")
         print(f"\nverdict: {'HEALTHY' if health.is_healthy(findings) else 'CRITICAL'} "

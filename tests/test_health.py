@@ -172,3 +172,84 @@ def test_diagnose_script_exit_codes_and_torn_file(tmp_path, capsys):
     assert parsed["healthy"] is False and parsed["worst"] == "critical"
 
     assert diagnose_script.main([str(tmp_path / "missing.jsonl")]) == 1
+
+
+# ----------------------------------------------------------------------------------------------------------
+# excluded samples (failed rewards): statistics ignore them, the count is reported, nothing false alarms
+
+
+def _flaky_epoch(e, step, failed=(), all_excluded=False):
+    """An epoch record as the trainer writes it when the judge failed on the samples at `failed` (NaN rewards,
+    excluded); with all_excluded, drop_group excluded every group and no optimizer step was taken."""
+    avg = [0.3 + 0.05 * (i % 4) for i in range(8)]
+    judge = [0.5 + 0.1 * (i % 3) for i in range(8)]
+    for i in failed:
+        avg[i] = judge[i] = math.nan
+    excluded = [all_excluded or i in failed for i in range(8)]
+    finite = [x for x in avg if x == x]
+    rec = {"type": "epoch", "epoch": e, "step": step, "dataset_indices": [i // 4 for i in range(8)],
+           "rewards/avg": [[x] * 2 for x in avg], "rewards/unifiedscore": judge,
+           "reward_avg": sum(finite) / len(finite) if finite else math.nan,
+           "reward_unifiedscore": (sum(x for x in judge if x == x) / len(finite)) if finite else math.nan,
+           "zero_std_ratio": math.nan if all_excluded else 0.0, "reward_std_mean": math.nan if all_excluded else 0.05,
+           "group_size": 0.0 if all_excluded else (8 - len(failed)) / 2,
+           "trained_prompt_num": 0.0 if all_excluded else 2.0,
+           "first_step_ratio_deviation": None if all_excluded else 1e-5, "excluded": excluded,
+           "excluded_samples": sum(excluded), "failed_samples": len(failed),
+           "excluded_groups": 2 if all_excluded else 0, "affected_groups": len({i // 4 for i in failed})}
+    return rec
+
+
+def test_reward_std_ignores_failed_rewards_and_reports_the_excluded_count():
+    rec = _flaky_epoch(0, 0, failed=(1, 6))
+    m = health.epoch_metrics(rec)  # statistics.pstdev over a NaN used to raise AttributeError ('numerator')
+    finite = [0.3 + 0.05 * (i % 4) for i in range(8) if i not in (1, 6)]
+    mean = sum(finite) / len(finite)
+    assert m["std_reward"] == pytest.approx(math.sqrt(sum((x - mean) ** 2 for x in finite) / len(finite)))
+    assert (m["excluded_samples"], m["samples"], m["failed_samples"]) == (2, 8, 2)
+    findings = health.diagnose_epoch(rec)
+    assert health.is_healthy(findings) and rules(findings) == {"excluded_samples"}
+    f = findings[0]
+    assert f.severity == "info" and f.numbers["excluded_samples"] == 2 and "2 of 8 samples" in f.explanation
+
+
+def test_epoch_that_kept_nothing_is_a_warning_not_a_nan_blowup():
+    rec = _flaky_epoch(1, 2, failed=(0, 5), all_excluded=True)
+    findings = health.diagnose_epoch(rec, [_flaky_epoch(0, 0)])
+    assert health.is_healthy(findings)
+    assert [(f.rule, f.severity) for f in findings] == [("excluded_samples", "warn")]
+    # every sample's reward failed: the means are over nothing, missing rather than a numerical blow-up
+    dead = _flaky_epoch(1, 2, failed=tuple(range(8)), all_excluded=True)
+    assert [(f.rule, f.severity) for f in health.diagnose_epoch(dead)] == [("excluded_samples", "warn")]
+
+
+def test_nan_that_exclusions_do_not_explain_is_still_critical():
+    rec = _flaky_epoch(0, 0, failed=(1,))
+    rec["zero_std_ratio"] = math.nan  # groups were kept, so this NaN is a bug, not a missing value
+    assert rules(health.diagnose_epoch(rec), "critical") == {"non_finite"}
+    rec = _flaky_epoch(0, 0)
+    rec["reward_unifiedscore"] = math.nan  # every sample has a finite score, yet the mean is NaN
+    assert rules(health.diagnose_epoch(rec), "critical") == {"non_finite"}
+
+
+def test_diagnose_script_on_a_run_with_excluded_samples_is_healthy(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    records = []
+    for e in range(3):
+        n_steps = 0 if e == 1 else 2
+        for _ in range(n_steps):
+            step = len([r for r in records if r["type"] == "step"]) + 1
+            m = healthy(step, epoch=e)
+            del m["zero_std_ratio"], m["mean_reward"], m["std_reward"]
+            records.append({"type": "step", **m})
+        step0 = len([r for r in records if r["type"] == "step"]) - n_steps
+        records.append(_flaky_epoch(e, step0, failed=(2,) if e != 1 else (0, 4), all_excluded=e == 1))
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert diagnose_script.main([str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "HEALTHY" in out and "excluded samples: 10 of 24 in 3 epoch(s)" in out
+    assert "diagnosis_error" not in out and "excluded_samples" in out
+    assert diagnose_script.main([str(run), "--json"]) == 0
+    parsed = json.loads(capsys.readouterr().out)
+    assert parsed["healthy"] is True and parsed["excluded_samples"] == 10 and parsed["samples"] == 24

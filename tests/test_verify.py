@@ -12,6 +12,7 @@ from recam import verify
 from recam.engine.advantages import broadcast_over_timesteps, group_advantages
 from recam.engine.sampler import global_batch_indices
 from recam.infra import runlog
+from recam.infra.reward_runner import exclusion_mask, masked_group_advantages
 
 P, BS, NB, K, T = 2, 4, 2, 4, 3  # 16 samples = 4 conditions x k=4 per epoch
 N = P * BS * NB
@@ -53,19 +54,28 @@ def _step_metrics(step):
             "mean_advantage": 1e-9, "grad_norm": 0.4, "learning_rate": 1e-4}
 
 
-def make_epoch(epoch, step):
-    """A correct epoch record, built with the trainer's own functions; one group has all-equal rewards."""
+def make_epoch(epoch, step, failed=(), policy="sample"):
+    """A correct epoch record, built with the trainer's own functions; one group has all-equal rewards.
+
+    failed: sample positions whose judge reward failed (NaN, so avg is NaN too), excluded as the trainer excludes
+    them (exclusion_mask with `policy`, then masked_group_advantages)."""
     idx = _gathered_indices(epoch)
     gen = torch.Generator().manual_seed(epoch)
     cam = torch.rand(N, generator=gen)
     fid = torch.rand(N, generator=gen)
+    judge = torch.rand(N, generator=gen)
     cam[idx == idx[0]] = 0.5
     fid[idx == idx[0]] = 0.25
-    rewards = {"avg": (cam + 0.5 * fid) / 1.5, "cam_score": cam, "fidelity": fid}
-    adv, stats = group_advantages(rewards["avg"], idx)
+    judge[idx == idx[0]] = 0.75
+    judge[list(failed)] = float("nan")
+    rewards = {"avg": (cam + 0.5 * fid + judge) / 2.5, "cam_score": cam, "fidelity": fid, "unifiedscore": judge}
+    keep, exclusion = exclusion_mask(torch.isfinite(rewards["avg"]), idx, policy)
+    adv, _, stats = masked_group_advantages(rewards["avg"], idx, keep)
     ids = [f"scene{i // 4:03d}/traj{i % 4}" for i in idx.tolist()]
     rec = runlog.epoch_record(epoch, step, _derived(), ids, idx, rewards, broadcast_over_timesteps(adv, T), stats,
                               0.1)
+    rec["excluded"] = (~keep).tolist()
+    rec.update(exclusion)
     return {"type": "epoch", **rec}
 
 
@@ -828,3 +838,167 @@ def test_multiline_debug_log_cut_anywhere_never_raises():
             verify.render_markdown(report)
         else:
             assert report.status == verify.FAIL
+
+
+# ---------------------------------------------------------------------------------------------------------
+# excluded samples (a failed reward): checks over the kept samples, never a false alarm, never a blind pass
+
+
+def records_with(failures: dict, policy="sample", epochs=EPOCHS):
+    """make_records with failed judge rewards at the given sample positions of some epochs; an epoch that keeps
+    nothing takes no optimizer step, as in the trainer."""
+    out, step = [], 0
+    out.append({"type": "eval", "tag": "start", "step": 0, "eval/cam_score": 0.4})
+    for e in range(epochs):
+        rec = make_epoch(e, step, failures.get(e, ()), policy)
+        steps = []
+        for _ in range(STEPS_PER_EPOCH if not all(rec["excluded"]) else 0):
+            step += 1
+            m = _step_metrics(step)
+            out.append({"type": "step", "step": step, "epoch": e, **m})
+            steps.append(m)
+        rec["optimizer_steps"] = steps
+        rec["first_step_ratio_deviation"] = 2e-4 if steps else None
+        rec["epoch_seconds"] = 1.5
+        out.append(rec)
+    return out
+
+
+def _positions_in_distinct_groups(epoch, n):
+    idx = _gathered_indices(epoch).tolist()
+    seen, out = set(), []
+    for pos, i in enumerate(idx):
+        if i not in seen and i != idx[0]:  # not the all-equal group: its kept copies stay all equal either way
+            seen.add(i)
+            out.append(pos)
+    return out[:n]
+
+
+def test_excluded_samples_pass_every_check_and_warn_with_their_count():
+    failed = _positions_in_distinct_groups(1, 2)
+    records = records_with({1: failed})
+    rec = epoch_rec(records, 1)
+    assert rec["group_size"] == pytest.approx((N - 2) / (N // K))  # 3.5: the trainer's stats are over kept samples
+    report = report_of(records)
+    assert report.failing() == []
+    warned = [(c.name, c.epoch) for c in report.checks if c.status == verify.WARN]
+    assert warned == [("excluded_samples", 1)]  # the only warning: the run trained on fewer samples than it drew
+    ex = status(report, "excluded_samples", 1)
+    assert ex.numbers["excluded_samples"] == 2 and ex.numbers["failed_samples"] == 2 and ex.numbers["groups_short"] == 2
+    assert "2 of 16 samples excluded" in ex.detail
+    gs = status(report, "group_size", 1)
+    assert gs.status == verify.PASS and gs.numbers["mean_kept_copies"] == pytest.approx(3.5)
+    assert gs.numbers["excluded_samples"] == 2
+    cpc = status(report, "count_per_condition", 1)
+    assert cpc.status == verify.PASS and cpc.numbers["min_kept"] == 3 and "not a missing copy" in cpc.detail
+    finite = status(report, "reward_finite", 1)
+    assert finite.status == verify.PASS and finite.numbers["failed_samples"] == 2
+    assert status(report, "excluded_samples", 0).status == verify.PASS  # nothing excluded there
+
+
+def test_a_whole_group_excluded_is_not_a_missing_prompt():
+    idx = _gathered_indices(2).tolist()
+    group = [p for p, i in enumerate(idx) if i == idx[-1]]
+    records = records_with({2: group[:1]}, policy="group")  # drop_group: one failure takes its whole group
+    report = report_of(records)
+    assert report.failing() == []
+    tpn = status(report, "trained_prompt_num", 2)
+    assert tpn.status == verify.PASS and tpn.numbers["groups_kept"] == N // K - 1
+    assert tpn.numbers["groups_excluded_whole"] == 1
+    ex = status(report, "excluded_samples", 2)
+    assert ex.status == verify.WARN and ex.numbers["excluded_samples"] == K and ex.numbers["failed_samples"] == 1
+
+
+def test_a_genuinely_missing_copy_still_fails_when_samples_are_also_excluded():
+    failed = _positions_in_distinct_groups(1, 1)
+    records = records_with({1: failed})
+    rec = epoch_rec(records, 1)
+    victim = rec["dataset_indices"][-1]
+    rec["dataset_indices"][-1] = 999  # one copy of `victim` was never drawn
+    rec["condition_ids"][-1] = "scene999/traj0"
+    report = report_of(records)
+    assert status(report, "count_per_condition", 1).status == verify.FAIL
+    gs = status(report, "group_size", 1)
+    assert gs.status == verify.FAIL and f"{victim}: 3" in gs.detail
+
+
+def test_exclusion_bookkeeping_that_disagrees_fails():
+    failed = _positions_in_distinct_groups(0, 2)
+    records = records_with({0: failed})
+    epoch_rec(records, 0)["excluded_samples"] = 1
+    c = status(report_of(records), "excluded_samples", 0)
+    assert c.status == verify.FAIL and "excluded_samples=1" in c.detail
+    records = records_with({0: failed})
+    rec = epoch_rec(records, 0)
+    rec["advantages"][failed[0]] = [0.5] * T  # an excluded sample that was trained on
+    report = report_of(records)
+    assert status(report, "excluded_samples", 0).status == verify.FAIL
+    assert status(report, "advantage_recompute", 0).status == verify.FAIL
+    records = records_with({0: failed})
+    epoch_rec(records, 0)["excluded"][failed[0]] = False  # a NaN reward on a kept sample
+    assert status(report_of(records), "reward_finite", 0).status == verify.FAIL
+
+
+def test_wrong_group_size_with_exclusions_fails():
+    records = records_with({1: _positions_in_distinct_groups(1, 2)})
+    epoch_rec(records, 1)["group_size"] = 4.0  # k, but two samples were excluded: 3.5 is what the kept ones give
+    c = status(report_of(records), "group_size", 1)
+    assert c.status == verify.FAIL and "mean kept copies per group is 3.5" in c.detail
+
+
+def test_epoch_that_kept_nothing_warns_and_fails_nothing():
+    # drop_group with a failure in every group: nothing kept, no optimizer step, NaN group statistics
+    idx = _gathered_indices(1).tolist()
+    one_per_group = [idx.index(i) for i in dict.fromkeys(idx)]
+    records = records_with({1: one_per_group}, policy="group")
+    rec = epoch_rec(records, 1)
+    assert all(rec["excluded"]) and rec["optimizer_steps"] == [] and rec["zero_std_ratio"] != rec["zero_std_ratio"]
+    report = report_of(records)
+    assert report.failing() == []
+    assert status(report, "advantage_per_condition", 1).status == verify.WARN  # nothing to check is not a pass
+    assert status(report, "excluded_samples", 1).status == verify.WARN
+    assert status(report, "zero_std_groups", 1).status == verify.PASS
+    assert status(report, "trained_prompt_num", 1).numbers["groups_kept"] == 0
+
+
+def test_a_log_without_an_exclusion_mask_warns():
+    records = make_records()
+    for r in records:
+        r.pop("excluded", None)
+    c = status(report_of(records), "excluded_samples", 0)
+    assert c.status == verify.WARN and "no exclusion mask" in c.detail
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the run log prints a missing value as n/a
+
+
+def test_epoch_line_prints_missing_values_as_na():
+    records = records_with({1: [_gathered_indices(1).tolist().index(i) for i in dict.fromkeys(
+        _gathered_indices(1).tolist())]}, policy="group")
+    rec = epoch_rec(records, 1)  # no optimizer step: first_step_ratio_deviation None, zero_std_ratio NaN
+    line = runlog.epoch_line(rec)
+    assert "first-step |ratio-1| n/a" in line and "zero_std_ratio n/a" in line and "loss n/a" in line
+    assert f"kept 0/{N} samples" in line
+    rec["reward_unifiedscore"] = float("nan")
+    assert "reward_unifiedscore n/a" in runlog.epoch_line(rec)
+    ok = runlog.epoch_line(epoch_rec(records, 0))
+    assert "n/a" not in ok and "first-step |ratio-1| 2.00e-04" in ok and f"kept {N}/{N} samples" in ok
+
+
+def test_summarise_eval_leaves_missing_values_out_and_summary_prints_na(tmp_path):
+    rows = [{"index": 0, "reward_cam_score": 0.5, "reward_unifiedscore": float("nan")},
+            {"index": 1, "reward_cam_score": 0.7, "reward_unifiedscore": 0.25},
+            {"index": 2, "reward_cam_score": None, "reward_unifiedscore": float("nan")}]
+    out = runlog.summarise_eval(rows, "eval")
+    assert out["eval/num_conditions"] == 3
+    assert out["eval/cam_score"] == pytest.approx(0.6) and out["eval/unifiedscore"] == pytest.approx(0.25)
+    none = runlog.summarise_eval([{"index": 0, "reward_unifiedscore": float("nan")}], "val")
+    assert none["val/unifiedscore"] != none["val/unifiedscore"]  # NaN: no value at all
+    log = runlog.RunLog(tmp_path, get_config(), enabled=False)
+    log.run_dir = tmp_path
+    text = log.summary({"eval/cam_score": 0.5, "eval/unifiedscore": float("nan")},
+                       {"eval/cam_score": 0.75, "eval/unifiedscore": 0.5},
+                       rows=(("cam_score", "eval/cam_score"), ("judge", "eval/unifiedscore"), ("gone", "eval/x")))
+    assert "| cam_score | 0.5000 | 0.7500 | +0.2500 |" in text
+    assert "| judge | n/a | 0.5000 | n/a |" in text and "gone" not in text

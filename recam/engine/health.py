@@ -355,19 +355,63 @@ def diagnose_step(metrics: dict, history=(), *, thresholds: Thresholds | None = 
     return _sorted(out)
 
 
-def _epoch_reward_std(record: dict) -> float | None:
-    avg = record.get("rewards/avg")
-    if not isinstance(avg, list) or not avg:
+def _per_sample(record: dict, key: str) -> list[float] | None:
+    """rewards/<name> of an epoch record as one float per sample (the first timestep of (N, T) rows); NaN where the
+    reward failed. None when absent or malformed."""
+    values = record.get(key)
+    if not isinstance(values, list) or not values:
         return None
     try:
-        vals = [float(r[0]) if isinstance(r, list) else float(r) for r in avg]
+        return [float(r[0]) if isinstance(r, list) else float(r) for r in values]
     except (TypeError, ValueError, IndexError):
         return None
-    return statistics.pstdev(vals) if len(vals) > 1 else None
+
+
+def excluded_count(record: dict) -> tuple[int, int] | None:
+    """(excluded samples, samples) of an epoch record: samples the trainer kept out of the advantages (a failed
+    reward, or its group under the drop_group policy). None when the record does not say."""
+    excluded = record.get("excluded")
+    if isinstance(excluded, list) and excluded:
+        return sum(bool(x) for x in excluded), len(excluded)
+    n = _num(record, "excluded_samples")
+    total = record.get("dataset_indices")
+    if n is not None and isinstance(total, list):
+        return int(n), len(total)
+    return None
+
+
+def _epoch_reward_std(record: dict) -> float | None:
+    """Population std of the epoch's rewards/avg over the samples that were scored: a failed (NaN) reward is an
+    excluded sample, not a value, so it takes no part (and never turns the whole statistic into NaN)."""
+    vals = _per_sample(record, "rewards/avg")
+    if vals is None:
+        return None
+    vals = [v for v in vals if math.isfinite(v)]
+    if len(vals) < 2:
+        return None
+    mean = math.fsum(vals) / len(vals)
+    return math.sqrt(math.fsum((v - mean) ** 2 for v in vals) / len(vals))
+
+
+def _missing_by_exclusion(record: dict, key: str) -> bool:
+    """A non-finite epoch scalar that only says "no sample to compute it over": the mean of a reward that failed on
+    every sample, or the advantage statistics of an epoch whose every sample was excluded. It is missing, not a
+    numerical blow-up, and rule_exclusions reports why."""
+    if key in ("zero_std_ratio", "reward_std_mean", "group_size", "trained_prompt_num"):
+        counts = excluded_count(record)
+        return counts is not None and counts[0] == counts[1]
+    if key.startswith("reward_"):
+        vals = _per_sample(record, "rewards/" + key[len("reward_"):])
+        return vals is not None and not any(math.isfinite(v) for v in vals)
+    return False
 
 
 def epoch_metrics(record: dict) -> dict:
-    """The health-relevant scalars of an epoch record, under the names the step rules read."""
+    """The health-relevant scalars of an epoch record, under the names the step rules read.
+
+    Statistics over rewards ignore excluded samples (NaN rewards); a scalar that is NaN only because no sample was
+    left to compute it over is left out (see _missing_by_exclusion), and the number of excluded samples is kept
+    as excluded_samples / samples for rule_exclusions."""
     m = {k: record[k] for k in ("epoch", "step", "zero_std_ratio", "first_step_ratio_deviation") if k in record}
     reward = _num(record, "reward_avg")
     if reward is not None:
@@ -378,7 +422,38 @@ def epoch_metrics(record: dict) -> dict:
     for k, v in record.items():
         if (k.startswith("reward_") or k in ("group_size", "trained_prompt_num")) and isinstance(v, float):
             m.setdefault(k, v)
+    for k in list(m):
+        x = _num(m, k)
+        if x is not None and not math.isfinite(x) and _missing_by_exclusion(record, "reward_avg" if k == "mean_reward"
+                                                                              else k):
+            del m[k]
+    counts = excluded_count(record)
+    if counts is not None:
+        m["excluded_samples"], m["samples"] = counts
+        for k in ("failed_samples", "excluded_groups"):
+            if _num(record, k) is not None:
+                m[k] = int(_num(record, k))
     return m
+
+
+def rule_exclusions(m: dict, history, th: Thresholds, run_dir: str) -> list[Finding]:
+    """Samples the trainer kept out of the advantages because their reward failed. Expected with a flaky judge and
+    handled (group statistics over the kept samples), so it is information; an epoch that kept nothing trained on
+    nothing, which is worth a warning."""
+    excluded, n = _num(m, "excluded_samples"), _num(m, "samples")
+    if not excluded or not n:
+        return []
+    nums = {**_where(m), "excluded_samples": int(excluded), "samples": int(n)}
+    nums.update({k: m[k] for k in ("failed_samples", "excluded_groups") if k in m})
+    actions = ["check the reward servers (e.g. the UnifiedReward judge) for errors and timeouts",
+               "raise `reward.max_retries` / `reward.unified.max_retries` if the failures are transient"]
+    if excluded >= n:
+        return [Finding("excluded_samples", "warn", nums,
+                        f"Every one of the {int(n)} samples was excluded from the advantages, so this epoch took no "
+                        "optimizer step.", actions)]
+    return [Finding("excluded_samples", "info", nums,
+                    f"{int(excluded)} of {int(n)} samples were excluded from the advantages (their reward failed); "
+                    "group statistics use the kept samples only.", actions)]
 
 
 def diagnose_epoch(record: dict, earlier_epochs=(), *, thresholds: Thresholds | None = None,
@@ -388,7 +463,8 @@ def diagnose_epoch(record: dict, earlier_epochs=(), *, thresholds: Thresholds | 
     m = epoch_metrics(record)
     history = [epoch_metrics(r) for r in earlier_epochs]
     out = []
-    for rule in (rule_non_finite, rule_advantage_signal, rule_reward, rule_reward_term, rule_first_step_ratio):
+    for rule in (rule_non_finite, rule_advantage_signal, rule_reward, rule_reward_term, rule_first_step_ratio,
+                 rule_exclusions):
         out += rule(m, history, th, run_dir)
     return _sorted(out)
 
@@ -426,7 +502,8 @@ def diagnose_run(records: list[dict], *, thresholds: Thresholds | None = None,
     """
     th = thresholds or DEFAULT
     epochs = [r for r in records if isinstance(r, dict) and r.get("type") == "epoch"]
-    zero_std = {r.get("epoch"): r["zero_std_ratio"] for r in epochs if "zero_std_ratio" in r}
+    zero_std = {r.get("epoch"): r["zero_std_ratio"] for r in epochs
+                if _ok(_num(r, "zero_std_ratio"))}  # NaN: nothing was kept, and no step was taken
     collected: list[tuple[Finding, dict]] = []
     history: deque = deque(maxlen=max(th.median_window, th.kl_window))
     for r in records:

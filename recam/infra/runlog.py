@@ -124,19 +124,26 @@ class RunLog:
         """The before/after table. With `selected` (the evaluation record of the checkpoint chosen on validation
         conditions) the run reports that checkpoint, and the last epoch stays beside it for comparison.
         rows: the domain's (label, metric key) pairs, e.g. ("cam_score", "eval/cam_score")."""
+        def f4(x):  # a missing value (absent, None, NaN) prints as "n/a"
+            return fmt_or_na(x, ".4f")
+
+        def diff(x, y):
+            return "n/a" if "n/a" in (f4(x), f4(y)) else fmt_or_na(x - y, "+.4f")
+
         if selected is None:
             lines = ["| held-out metric | base | after GRPO | change |", "|---|---|---|---|"]
             for name, key in rows:
-                if key in before and key in after:
-                    lines.append(f"| {name} | {before[key]:.4f} | {after[key]:.4f} | {after[key] - before[key]:+.4f} |")
+                if key in before or key in after:
+                    b, a = before.get(key), after.get(key)
+                    lines.append(f"| {name} | {f4(b)} | {f4(a)} | {diff(a, b)} |")
         else:
             sel = selected["checkpoint"]
             lines = [f"| held-out metric | base | last epoch | selected ({sel}) | change (selected) | change (last) |",
                      "|---|---|---|---|---|---|"]
             for name, key in rows:
-                if key in before and key in after and key in selected:
-                    b, a, s = before[key], after[key], selected[key]
-                    lines.append(f"| {name} | {b:.4f} | {a:.4f} | {s:.4f} | {s - b:+.4f} | {a - b:+.4f} |")
+                if key in before or key in after or key in selected:
+                    b, a, s = before.get(key), after.get(key), selected.get(key)
+                    lines.append(f"| {name} | {f4(b)} | {f4(a)} | {f4(s)} | {diff(s, b)} | {diff(a, b)} |")
         lines.append("")
         lines.append(f"conditions evaluated: {after.get('eval/num_conditions')} (held-out, ODE sampling, fixed noise)")
         if selected is not None:
@@ -213,14 +220,27 @@ def epoch_record(epoch, step, derived, condition_ids, g_index, g_rewards, g_adv_
     return rec
 
 
+def fmt_or_na(value, spec: str) -> str:
+    """`value` formatted with `spec`, or "n/a" when it is missing: None (e.g. first_step_ratio_deviation of an epoch
+    that took no optimizer step because every sample was excluded), NaN (a mean over no sample), or not a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+        return "n/a"
+    return format(value, spec)
+
+
 def epoch_line(rec: dict) -> str:
+    """One line per epoch for the console; a missing value (None, NaN) prints as "n/a", never as a crash."""
     steps = rec.get("optimizer_steps") or [{}]
     # every reward that was computed this run, in the order the weights name them
-    per_reward = "".join(f"{k} {v:.4f} " for k, v in reward_terms(rec).items())
-    return (f"epoch {rec['epoch']} step {rec['step']}: reward_avg {rec['reward_avg']:.4f} {per_reward}"
-            f"zero_std_ratio {rec['zero_std_ratio']:.2f} first-step |ratio-1| {rec['first_step_ratio_deviation']:.2e} "
-            f"loss {steps[-1].get('loss', float('nan')):.4g} kl {steps[-1].get('kl_penalty', float('nan')):.3g} "
-            f"({rec['epoch_seconds']:.1f}s)")
+    per_reward = "".join(f"{k} {fmt_or_na(v, '.4f')} " for k, v in reward_terms(rec).items())
+    excluded = rec.get("excluded")
+    n = len(excluded) if isinstance(excluded, list) else 0
+    kept = f"kept {n - sum(bool(x) for x in excluded)}/{n} samples " if n else ""
+    return (f"epoch {rec['epoch']} step {rec['step']}: reward_avg {fmt_or_na(rec.get('reward_avg'), '.4f')} "
+            f"{per_reward}{kept}zero_std_ratio {fmt_or_na(rec.get('zero_std_ratio'), '.2f')} "
+            f"first-step |ratio-1| {fmt_or_na(rec.get('first_step_ratio_deviation'), '.2e')} "
+            f"loss {fmt_or_na(steps[-1].get('loss'), '.4g')} kl {fmt_or_na(steps[-1].get('kl_penalty'), '.3g')} "
+            f"({fmt_or_na(rec.get('epoch_seconds'), '.1f')}s)")
 
 
 def mean_over_processes(metrics: dict, accelerator) -> dict:
@@ -238,16 +258,20 @@ def mean_over_processes(metrics: dict, accelerator) -> dict:
 
 
 def summarise_eval(rows: list[dict], prefix: str = "eval") -> dict:
-    """Mean metrics (<prefix>/<name>, eval/ for held-out, val/ for validation) from per-condition rows."""
+    """Mean metrics (<prefix>/<name>, eval/ for held-out, val/ for validation) from per-condition rows.
+
+    A missing value (None or NaN: a reward that failed on that condition) is left out of its mean, never averaged
+    as a number; a metric with no value at all is NaN."""
     out = {f"{prefix}/num_conditions": len(rows)}
-    for key in rows[0]:
+    for key in dict.fromkeys(k for r in rows for k in r):
         if key == "index":
             continue
-        vals = np.array([r[key] for r in rows], dtype=np.float64)
+        vals = np.array([np.nan if r.get(key) is None else r[key] for r in rows], dtype=np.float64)
         # reward_<name> -> <name> (reward_avg keeps its prefix); details keep their last path part
         short = key.removeprefix("reward_") if key.startswith("reward_") and key != "reward_avg" else key
         name = f"{prefix}/{short.split('/')[-1]}"
-        out[name] = float(np.nanmean(vals)) if np.isfinite(vals).any() else float("nan")
+        finite = vals[np.isfinite(vals)]
+        out[name] = float(finite.mean()) if finite.size else float("nan")
     return out
 
 

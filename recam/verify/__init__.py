@@ -44,6 +44,7 @@ from recam.verify.checks_metrics import (
     check_config_arithmetic,
     check_count_per_condition,
     check_epoch_steps,
+    check_excluded_samples,
     check_group_size,
     check_reward_finite,
     check_reward_gathered,
@@ -99,8 +100,8 @@ __all__ = [
     "check_condition_ids", "check_batch_groups", "check_reward_shapes", "check_reward_gathered",
     "check_reward_finite", "check_advantage_shape", "check_advantage_per_condition", "check_advantage_recompute",
     "check_advantage_summary", "check_zero_std_groups", "check_reward_means", "check_group_size",
-    "check_trained_prompt_num", "check_reward_std_mean", "check_step_records", "check_epoch_steps",
-    "verify_metrics",
+    "check_trained_prompt_num", "check_reward_std_mean", "check_excluded_samples", "check_step_records",
+    "check_epoch_steps", "verify_metrics",
     "check_debug_sampling_facts", "check_debug_counts", "check_debug_unique", "check_debug_shape",
     "check_debug_condition_samples", "check_debug_advantages", "check_debug_ranks", "verify_debug_log",
     # report and plots

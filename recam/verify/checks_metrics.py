@@ -53,7 +53,14 @@ class EpochView:
         self.adv = _array(rec.get("advantages"))
         excluded = rec.get("excluded")
         self.keep = (~np.asarray(excluded, dtype=bool) if isinstance(excluded, list) and len(excluded) == (self.N or -1)
+                     and all(isinstance(x, bool) for x in excluded)
                      else None)  # samples the trainer kept in the advantages (a failed reward excludes one)
+        # copies of each condition drawn (every gathered sample) and kept (what the group statistics are over): an
+        # excluded sample is a copy that was drawn and not trained on, never a missing copy
+        self.drawn = Counter(self.indices) if self.indices is not None else None
+        self.kept = (Counter(i for i, k in zip(self.indices, self.keep.tolist(), strict=True) if k)
+                     if self.keep is not None else self.drawn)
+        self.excluded = int((~self.keep).sum()) if self.keep is not None else 0
         avg = self.rewards.get("avg")
         self.r0 = None
         if avg is not None and avg.ndim in (1, 2) and avg.shape[0] == (self.N or -1):
@@ -160,16 +167,23 @@ def check_count_per_condition(v: EpochView, s: Settings) -> Check:
         return _not_logged(name, ["dataset_indices"])
     if v.k is None:
         return _not_logged(name, ["k"])
-    counts = Counter(v.indices)
+    counts = v.drawn
     offenders = {i: c for i, c in sorted(counts.items()) if c != v.k}
     ids = _ids_by_index(v)
     nums = {"k": v.k, "conditions": len(counts), "min_count": min(counts.values(), default=0),
             "max_count": max(counts.values(), default=0), "offenders": len(offenders)}
+    if v.excluded:
+        kept = [v.kept.get(i, 0) for i in counts]
+        nums.update({"excluded_samples": v.excluded, "min_kept": min(kept), "max_kept": max(kept)})
     if offenders:
         listed = [f"{i}{' (' + ids[i] + ')' if i in ids else ''}: {c}" for i, c in offenders.items()]
         nums["offender_counts"] = {str(i): c for i, c in offenders.items()}
         return Check(name, FAIL, nums, f"conditions without exactly k={v.k} copies: {_short(listed)}")
-    return Check(name, PASS, nums, f"every one of {len(counts)} conditions has exactly k={v.k} copies")
+    note = ""
+    if v.excluded:
+        note = (f"; {v.excluded} excluded sample(s) (failed rewards) leave {nums['min_kept']}..{nums['max_kept']} "
+                "kept copies per condition, which is not a missing copy")
+    return Check(name, PASS, nums, f"every one of {len(counts)} conditions has exactly k={v.k} copies drawn{note}")
 
 
 def check_condition_ids(v: EpochView, s: Settings) -> Check:
@@ -288,14 +302,28 @@ def check_reward_finite(v: EpochView, s: Settings) -> Check:
             if n:
                 bad[key] = n
     for key, x in v.rec.items():
-        if key.startswith("reward_") and isinstance(x, float) and not math.isfinite(x):
+        if key.startswith("reward_") and isinstance(x, float) and not math.isfinite(x) \
+                and not _undefined_by_exclusion(v, key):
             bad[key] = 1
     if bad:
         return Check(name, FAIL, {"non_finite": bad}, f"NaN/Inf values: {bad}")
     if excused:
-        return Check(name, WARN, {"non_finite": 0, "failed_and_excluded": excused},
-                     f"{excused} reward values failed (NaN) on samples the trainer excluded from the advantages")
+        # not a warning of its own: check_excluded_samples reports (and warns about) the exclusions
+        failed = int((~np.isfinite(v.r0) & ~v.keep).sum()) if v.r0 is not None and v.keep is not None else None
+        return Check(name, PASS, {"non_finite": 0, "failed_and_excluded_values": excused, "failed_samples": failed},
+                     "no NaN or Inf on kept samples; the rewards that failed (NaN) are all on samples the trainer "
+                     "excluded from the advantages")
     return Check(name, PASS, {"non_finite": 0}, "no NaN or Inf in rewards or advantages")
+
+
+def _undefined_by_exclusion(v: EpochView, key: str) -> bool:
+    """An epoch scalar that is NaN because nothing was left to compute it over: the mean of a reward that failed
+    on every sample, or the group statistics of an epoch whose every sample was excluded."""
+    if key in ("reward_std_mean", "zero_std_ratio"):
+        return v.keep is not None and not v.keep.any()
+    arr = v.rewards.get(key[len("reward_"):])
+    return (arr is not None and arr.size > 0 and not np.isfinite(arr).any() and v.keep is not None
+            and arr.shape[0] == len(v.keep) and not v.keep.any())
 
 
 def check_advantage_shape(v: EpochView, s: Settings) -> Check:
@@ -347,6 +375,9 @@ def check_advantage_per_condition(v: EpochView, s: Settings) -> Check:
         else:
             row["status"], row["note"] = FAIL, f"std {std:.4f} is not 1"
         rows.append(row)
+    if not rows:
+        return Check(name, WARN, {"conditions": 0, "excluded_samples": v.excluded},
+                     "no condition kept a sample (every one was excluded): there is no advantage to check")
     tally = Counter(r["status"] for r in rows)
     live = [r for r in rows if r["note"] != "zero-std group: all 0"]
     nums = {"conditions": len(rows), "pass": tally[PASS], "warn": tally[WARN], "fail": tally[FAIL],
@@ -430,6 +461,14 @@ def check_zero_std_groups(v: EpochView, s: Settings) -> Check:
         if nonzero:
             problems.append(f"zero-std groups with non-zero advantages: {_short(nonzero)}")
     logged = _float(v.rec.get("zero_std_ratio"))
+    if not groups:
+        # every sample excluded: the ratio is over no group, so the trainer logs NaN
+        nums["zero_std_ratio"] = None
+        if logged is None or not math.isnan(logged):
+            problems.append(f"no group kept a sample, so zero_std_ratio is undefined, but {logged} is logged")
+        if problems:
+            return Check(name, FAIL, nums, "; ".join(problems))
+        return Check(name, PASS, nums, "no group kept a sample: zero_std_ratio is undefined and logged as NaN")
     if logged is None:
         problems.append("zero_std_ratio not logged")
     elif not abs(logged - ratio) <= s.tol:
@@ -454,8 +493,11 @@ def check_reward_means(v: EpochView, s: Settings) -> Check:
             problems.append(f"rewards/{key} not logged or unreadable, cannot check reward_{key}")
             continue
         # failed (NaN) rewards are excluded from training and from the logged mean
-        mean = float(np.nanmean(arr)) if arr.size and np.isfinite(arr).any() else float("nan")
+        finite = arr[np.isfinite(arr)]
+        mean = float(finite.mean()) if finite.size else float("nan")
         nums[key] = {"logged": claimed, "array_mean": mean}
+        if math.isnan(mean) and math.isnan(claimed) and arr.size:
+            continue  # the reward failed on every sample: a mean over no value is NaN, and NaN is logged
         if not _close(claimed, mean, s.tol):
             problems.append(f"reward_{key}={claimed:.6g} but the mean of rewards/{key} is {mean:.6g}")
     if problems:
@@ -464,34 +506,62 @@ def check_reward_means(v: EpochView, s: Settings) -> Check:
 
 
 def check_group_size(v: EpochView, s: Settings) -> Check:
+    """group_size is the mean number of kept copies over the groups that kept any (the trainer's statistics are
+    over kept samples): k when nothing was excluded, less when failed rewards were. Short groups pass when every
+    group drew its k copies and only exclusions shortened it; a copy that was never drawn fails."""
     name = "group_size"
     logged = _float(v.rec.get("group_size"))
     if logged is None or v.k is None:
         return _not_logged(name, [k for k in ("group_size", "k") if _float(v.rec.get(k)) is None])
     nums = {"logged_group_size": logged, "k": v.k}
-    if v.indices:
-        nums["mean_copies"] = len(v.indices) / len(set(v.indices))
-    if not abs(logged - v.k) <= s.tol:
-        return Check(name, FAIL, nums, f"group_size {logged:g} is not k={v.k}")
+    if not v.indices:
+        return _not_logged(name, ["dataset_indices"])
+    kept = [c for c in v.kept.values() if c > 0]
+    expected = sum(kept) / len(kept) if kept else 0.0
+    missing = {i: c for i, c in sorted(v.drawn.items()) if c != v.k}
+    nums.update({"mean_copies": len(v.indices) / len(v.drawn), "mean_kept_copies": expected,
+                 "excluded_samples": v.excluded, "groups_short_by_exclusion": sum(1 for c in kept if c < v.k)})
+    problems = []
+    if missing:
+        problems.append(f"conditions drawn without k={v.k} copies: {_short([f'{i}: {c}' for i, c in missing.items()])}")
+    if not abs(logged - expected) <= s.tol:
+        over = f"the mean kept copies per group is {expected:g}" if v.excluded else f"k={v.k}"
+        problems.append(f"group_size {logged:g} is not {over}")
+    if problems:
+        return Check(name, FAIL, nums, "; ".join(problems))
+    if v.excluded:
+        return Check(name, PASS, nums, f"group_size {logged:g} = mean kept copies over {len(kept)} groups; every group "
+                                       f"drew k={v.k} copies and {v.excluded} excluded sample(s) shortened "
+                                       f"{nums['groups_short_by_exclusion']} of them")
     return Check(name, PASS, nums, f"group_size = k = {v.k}")
 
 
 def check_trained_prompt_num(v: EpochView, s: Settings) -> Check:
+    """trained_prompt_num counts the groups that kept a sample: m when nothing was excluded, less when a failed
+    reward excluded a whole group."""
     name = "trained_prompt_num"
     logged = _float(v.rec.get("trained_prompt_num"))
     if logged is None:
         return _not_logged(name, ["trained_prompt_num"])
-    nums = {"logged": logged, "expected_m": v.m,
-            "unique_in_indices": len(set(v.indices)) if v.indices is not None else None}
+    unique = len(v.drawn) if v.drawn is not None else None
+    kept = sum(1 for c in v.kept.values() if c > 0) if v.kept is not None else None
+    nums = {"logged": logged, "expected_m": v.m, "unique_in_indices": unique, "groups_kept": kept,
+            "groups_excluded_whole": unique - kept if unique is not None else None}
     problems = []
     if v.m is None:
         problems.append("m unknown (config arithmetic not logged)")
-    elif logged != v.m:
-        problems.append(f"trained_prompt_num {logged:g} is not m={v.m}")
-    if nums["unique_in_indices"] is not None and logged != nums["unique_in_indices"]:
-        problems.append(f"trained_prompt_num {logged:g} but {nums['unique_in_indices']} unique indices logged")
+    elif unique is not None and unique != v.m:
+        problems.append(f"{unique} unique conditions drawn, not m={v.m}")
+    if kept is None:
+        problems.append("dataset_indices not logged: the groups cannot be counted")
+    elif logged != kept:
+        why = f" ({unique - kept} of {unique} excluded whole)" if unique != kept else ""
+        problems.append(f"trained_prompt_num {logged:g} but {kept} groups kept a sample{why}")
     if problems:
         return Check(name, FAIL, nums, "; ".join(problems))
+    if kept != unique:
+        return Check(name, PASS, nums, f"trained_prompt_num {logged:g} = m={v.m} less {unique - kept} group(s) whose "
+                                       "every sample was excluded")
     return Check(name, PASS, nums, f"trained_prompt_num = m = {v.m}")
 
 
@@ -503,11 +573,59 @@ def check_reward_std_mean(v: EpochView, s: Settings) -> Check:
     if v.r0 is None:
         return _not_logged(name, ["rewards/avg"])
     _, groups = recompute_advantages(v.r0, np.asarray(v.indices), s.std_mode, s.eps, v.keep)
-    mean_std = float(np.mean([g.std for g in groups.values()])) if groups else 0.0
+    if not groups:
+        nums = {"logged": logged, "recomputed": None, "excluded_samples": v.excluded}
+        if math.isnan(logged):
+            return Check(name, PASS, nums, "no group kept a sample: the mean group std is undefined, logged as NaN")
+        return Check(name, FAIL, nums, f"no group kept a sample, so the mean group std is undefined, but {logged:.5g} "
+                                       "is logged")
+    mean_std = float(np.mean([g.std for g in groups.values()]))
     nums = {"logged": logged, "recomputed": mean_std}
     if not _close(logged, mean_std, s.tol):
         return Check(name, FAIL, nums, f"logged {logged:.5g}, recomputed mean group std {mean_std:.5g}")
     return Check(name, PASS, nums, "mean per-group reward std matches")
+
+
+def check_excluded_samples(v: EpochView, s: Settings) -> Check:
+    """The trainer's exclusions (samples whose reward failed, kept out of the advantages) agree with its counts, and
+    every excluded sample has advantage 0. Exclusions warn: the run handled them, but it trained on fewer samples
+    than it drew, which is worth a look at the reward servers."""
+    name = "excluded_samples"
+    if "excluded" not in v.rec:
+        return Check(name, WARN, {}, "no exclusion mask (`excluded`) logged: every sample is taken as kept, which "
+                                     "the reward and advantage checks then verify")
+    if v.N is None:
+        return _not_logged(name, ["dataset_indices"])
+    if v.keep is None:
+        return Check(name, FAIL, {"samples": v.N}, f"`excluded` is not a list of {v.N} booleans")
+    empty = sorted(i for i in v.drawn if v.kept.get(i, 0) == 0)
+    short = sum(1 for i in v.drawn if 0 < v.kept.get(i, 0) < v.drawn[i])
+    nums = {"excluded_samples": v.excluded, "samples": v.N, "groups_short": short, "groups_excluded_whole": len(empty)}
+    problems = []
+    for key, want in (("excluded_samples", v.excluded), ("excluded_groups", len(empty))):
+        if key in v.rec:
+            got = _int(v.rec.get(key))
+            nums[f"logged_{key}"] = v.rec.get(key)
+            if got != want:
+                problems.append(f"logged {key}={v.rec.get(key)} but the `excluded` mask gives {want}")
+    failed = _int(v.rec.get("failed_samples"))
+    if failed is not None:
+        nums["failed_samples"] = failed
+        if failed > v.excluded:
+            problems.append(f"{failed} samples failed but only {v.excluded} were excluded")
+    if v.a0 is not None and v.excluded:
+        trained = [i for i, a in zip(np.flatnonzero(~v.keep).tolist(), np.asarray(v.adv)[~v.keep], strict=True)
+                   if np.any(a != 0)]
+        if trained:
+            problems.append(f"excluded samples with a non-zero advantage: {_short(trained)}")
+    if problems:
+        return Check(name, FAIL, nums, "; ".join(problems))
+    if not v.excluded:
+        return Check(name, PASS, nums, "no sample excluded: every reward was scored")
+    why = f"{failed} failed reward(s)" if failed is not None else "failed rewards"
+    return Check(name, WARN, nums, f"{v.excluded} of {v.N} samples excluded from the advantages ({why}): {short} "
+                                   f"group(s) trained on fewer than k copies, {len(empty)} not at all; group "
+                                   "statistics and the checks above use the kept samples")
 
 
 EPOCH_CHECKS = (
@@ -515,7 +633,7 @@ EPOCH_CHECKS = (
     check_count_per_condition, check_condition_ids, check_batch_groups, check_reward_shapes, check_reward_gathered,
     check_reward_finite, check_advantage_shape, check_advantage_per_condition, check_advantage_recompute,
     check_advantage_summary, check_zero_std_groups, check_reward_means, check_group_size, check_trained_prompt_num,
-    check_reward_std_mean,
+    check_reward_std_mean, check_excluded_samples,
 )
 
 
