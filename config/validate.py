@@ -139,6 +139,10 @@ BOOL_FIELDS = ("resume", "model.gradient_checkpointing", "train.ema", "train.use
                "train.use_temporal_decay", "train.temporal_decay_normalize", "train.use_asymmetric_clipping",
                "advantage.filter_zero_std")
 
+# Free-form strings ('' allowed); their contents are checked where they are read (domains, validate_files).
+STR_FIELDS = ("data.root", "model.vae", "model.lora_targets", "eval.report_rewards", "eval.select_by",
+              "eval.select_guard", "reward.constraint", "debug.fail_reward_slots")
+
 
 def fail_reward_slots(config: ml_collections.ConfigDict, num_processes: int) -> tuple[int, ...]:
     """debug.fail_reward_slots parsed: each slot an integer in [0, num_processes x sample.batch_size)."""
@@ -214,6 +218,8 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
     for field, low, high, low_open, high_open, allow_inf in NUMBER_FIELDS:
         check_number(config, field, low, high, low_open, high_open, allow_inf)
     check_bool(config, BOOL_FIELDS)
+    for field in STR_FIELDS:
+        _require(isinstance(_get(config, field), str), f"{field} must be a string, got {_get(config, field)!r}")
     check_number(config, "advantage.eps", 0, None, low_open=True,
                  why="it is added to the std that divides the centred rewards: 0 divides equal-reward groups by "
                  "zero, a negative eps inverts the sign of every advantage whose group std is below -eps; "
