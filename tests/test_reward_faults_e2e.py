@@ -1,5 +1,6 @@
 """The trainer against a local OpenAI-compatible judge that fails, and against one that is down."""
 
+import importlib.util
 import json
 import random
 import socket
@@ -10,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / "checkpoints" / "recam_tiny_base"
@@ -20,11 +22,14 @@ class FlakyJudge:
     """Answers "Final Score: 2..5" (never the score that maps to 0); every `fail_every`-th POST gets HTTP 500.
 
     Failing a fixed share of requests (rather than at random) makes the count in every phase of the run exact.
+    From the first POST at which `dies()` is true (or past max_requests) it answers every request with HTTP 500:
+    a judge that died mid-run.
     """
 
-    def __init__(self, fail_every: int, seed: int = 0, max_requests: int = 2000):
+    def __init__(self, fail_every: int, seed: int = 0, max_requests: int = 2000, dies=lambda: False):
         rng = random.Random(seed)
         self.posts = self.failures = 0
+        self.dead = False
         lock = threading.Lock()
         judge = self
 
@@ -39,7 +44,8 @@ class FlakyJudge:
                 self.rfile.read(int(self.headers["Content-Length"]))
                 with lock:
                     judge.posts += 1
-                    fail = judge.posts % fail_every == 0 or judge.posts > max_requests
+                    judge.dead = judge.dead or judge.posts > max_requests or bool(dies())
+                    fail = judge.posts % fail_every == 0 or judge.dead
                     judge.failures += fail
                     score = rng.choice([2, 3, 4, 5])
                 if fail:
@@ -67,33 +73,110 @@ class FlakyJudge:
         self.server.server_close()
 
 
-def train(run_dir, url, *extra):
+def train(run_dir, url, *extra, epochs=1):
     cmd = [sys.executable, "scripts/train_recam.py", "--config=config/grpo.py:smoke", f"--config.run_dir={run_dir}",
-           "--config.logging.wandb_mode=disabled", "--config.num_epochs=1", "--config.eval.freq=100",
+           "--config.logging.wandb_mode=disabled", f"--config.num_epochs={epochs}", "--config.eval.freq=100",
+           "--config.data.num_heldout_conditions=2", "--config.eval.select_by=", "--config.eval.select_guard=",
+           "--config.eval.num_videos=0",
            "--config.reward.weights.unifiedscore=1.0", f"--config.reward.unified.base_url={url}",
            "--config.reward.unified.max_retries=0", "--config.reward.unified.timeout_s=5",
            "--config.reward.retry_backoff_s=0.05", *extra]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=400)
 
 
-def test_smoke_run_with_a_judge_failing_20_percent_counts_failures_and_never_scores_zero(tmp_path):
+def epoch_records(run_dir):
+    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["type"] == "epoch"]
+
+
+def _script(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def verify_and_diagnose(run_dir, tmp_path, capsys):
+    """scripts/verify_grpo_log.py and scripts/diagnose.py on the run directory, as a user runs them (in this process,
+    to spare two interpreter starts): (verifier exit code, its report, diagnosis exit code, diagnosis text)."""
+    verify_script, diagnose_script = _script("verify_grpo_log"), _script("diagnose")
+    capsys.readouterr()
+    v = verify_script.main([str(run_dir), "--out", str(tmp_path / "check" / "verification.md"), "--no-plots"])
+    report, _ = verify_script.build_report(run_dir, 1e-3)
+    d = diagnose_script.main([str(run_dir)])
+    return v, report, d, capsys.readouterr().out
+
+
+def test_smoke_run_with_a_judge_failing_20_percent_excludes_failures_and_verifies(tmp_path, capsys):
+    """A flaky judge end to end: failures are excluded (never scored 0), the run ends normally, the verifier finds
+    no failing check (it warns, per epoch, that samples were excluded) and the diagnosis is healthy."""
     judge = FlakyJudge(fail_every=5)  # 20% of requests
     try:
-        p = train(tmp_path, judge.url, "--config.reward.max_retries=0")
+        p = train(tmp_path, judge.url, "--config.reward.max_retries=0", epochs=2)
     finally:
         judge.close()
     assert p.returncode == 0, p.stderr[-3000:]
     assert judge.failures == judge.posts // 5 > 0
-    epoch = next(json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
-                 if json.loads(line)["type"] == "epoch")
-    scores = epoch["rewards/unifiedscore"]
-    failed = [s for s in scores if s != s]  # NaN marks a sample the judge never scored
-    assert 0.0 not in scores  # every answer was >= 2/5, so a 0 could only be a failure passed off as a score
-    assert len(failed) > 0 and epoch["failed_samples"] == len(failed)
-    assert sum(epoch["excluded"]) >= len(failed)
-    for s, a in zip(scores, epoch["advantages"], strict=True):
-        if s != s:
-            assert set(a) == {0.0}  # excluded from the groups, not trained on
+    epochs = epoch_records(tmp_path)
+    assert len(epochs) == 2
+    for epoch in epochs:
+        scores = epoch["rewards/unifiedscore"]
+        failed = [s for s in scores if s != s]  # NaN marks a sample the judge never scored
+        assert 0.0 not in scores  # every answer was >= 2/5, so a 0 could only be a failure passed off as a score
+        assert len(failed) > 0 and epoch["failed_samples"] == len(failed) == sum(epoch["excluded"])
+        for s, a in zip(scores, epoch["advantages"], strict=True):
+            if s != s:
+                assert set(a) == {0.0}  # excluded from the groups, not trained on
+        assert epoch["group_size"] < 4  # over the kept samples
+    assert f"kept {8 - sum(epochs[0]['excluded'])}/8 samples" in p.stdout
+
+    v, report, d, out = verify_and_diagnose(tmp_path, tmp_path, capsys)
+    assert v == 0, out
+    assert report.failing() == []
+    # WARN, not PASS: the only warnings say how many samples each epoch excluded
+    assert report.status == "warn"
+    warned = [(c.name, c.epoch) for c in report.checks if c.status == "warn"]
+    assert warned == [("excluded_samples", 0), ("excluded_samples", 1)]
+    for c in report.checks:
+        if c.name == "excluded_samples":
+            assert c.numbers["excluded_samples"] == sum(epochs[c.epoch]["excluded"])
+    assert d == 0, out
+    assert "verdict: HEALTHY" in out and "diagnosis_error" not in out
+    assert f"excluded samples: {sum(sum(e['excluded']) for e in epochs)} of 16" in out
+    # the trainer's own summary says the same
+    assert "grpo_verification.md (WARN)" in p.stdout and "diagnosis.md (healthy)" in p.stdout
+
+
+def test_a_judge_that_dies_mid_run_stops_cleanly_with_the_last_checkpoint_intact(tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    first = tmp_path / "checkpoints" / "epoch_0001" / "state.json"
+    judge = FlakyJudge(fail_every=10**9, dies=first.exists)  # every request fails once epoch 0 is checkpointed
+    try:
+        p = train(tmp_path, judge.url, epochs=3)
+    finally:
+        judge.close()
+    assert p.returncode == 3, p.stderr[-3000:]  # documented: stopped early (reward server down)
+    assert "Traceback" not in p.stderr
+    stops = [line for line in p.stdout.splitlines() if "reward server down" in line and line.startswith("[recam]")]
+    assert len(stops) == 1, p.stdout  # one clear message
+    assert stops[0].startswith("[recam] reward server down at epoch 1: every one of the 8 samples")
+    assert "HTTP 500" in stops[0] and "checkpoints/epoch_0001 is intact" in stops[0]
+    assert "stopped early: reward server down at epoch 1" in p.stdout  # the summary repeats why
+
+    # the last good checkpoint is the one `latest` names, whole and loadable
+    ckpt_root = tmp_path / "checkpoints"
+    assert (ckpt_root / "latest").read_text().strip() == "epoch_0001"
+    assert not (ckpt_root / "epoch_0002").exists()
+    state = json.loads(first.read_text())
+    assert state["epoch"] == 1 and state["healthy"] is True
+    trainer_state = torch.load(ckpt_root / "epoch_0001" / "trainer.pt", map_location="cpu", weights_only=False)
+    assert trainer_state["optimizer"]["state"]
+    weights = load_file(str(next((ckpt_root / "epoch_0001" / "model").glob("*.safetensors"))))
+    assert weights and all(torch.isfinite(t).all() for t in weights.values())
+    epochs = epoch_records(tmp_path)
+    assert [e["epoch"] for e in epochs] == [0] and state["global_step"] == len(epochs[0]["optimizer_steps"])
+    v, report, d, out = verify_and_diagnose(tmp_path, tmp_path, capsys)
+    assert v == 0 and report.failing() == [] and d == 0, out
 
 
 def test_a_judge_that_is_down_fails_before_any_sampling(tmp_path):
