@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from recam.engine.advantages import broadcast_over_timesteps, nonzero_group_mask
 from recam.engine.containers import EpochResult, Groups, Rollouts, Scores, StepStats
-from recam.engine.health import SAMPLE_RULES, diagnose_step
+from recam.engine.health import SAMPLE_RULES, Finding, diagnose_step
 from recam.engine.hooks import ConstraintHook, FaultInjectionHook
 from recam.engine.objective import OBJECTIVES, MicroBatch
 from recam.engine.rollout import deterministic_sample, per_sample_noise, rollout
@@ -26,13 +26,18 @@ from recam.engine.sampler import KRepeatBatchSampler
 from recam.engine.selection import select_checkpoint
 from recam.infra import runlog
 from recam.infra.checkpoint import (
+    BASE_EVAL,
     SELECTED,
+    Checkpoint,
+    ResumeMismatch,
+    apply_model_weights,
     checkpoint_before,
+    epoch_of,
     latest_checkpoint,
-    load_trainer_state,
+    nonfinite_tensors,
     point,
     point_latest,
-    read_model_into,
+    read_intact,
     save_checkpoint,
     set_rng_state,
 )
@@ -115,8 +120,7 @@ class GRPOTrainer:
     def train(self) -> str | None:
         """Run to config.num_epochs (or a stop); returns why the run stopped early, or None."""
         cfg = self.config
-        self.resume_or_start()
-        eval_before = self.log.read_eval("start") or self.evaluate("start", "epoch_0000")
+        eval_before = self.resume_or_start()  # the base's evaluation: made once, then read from the checkpoint
         self.eval_missed_at_resume()
         self.selected = self.selected_eval()  # its checkpoint is never pruned
         while self.epoch < cfg.num_epochs:
@@ -145,7 +149,11 @@ class GRPOTrainer:
             for h in self.hooks:
                 h.epoch_done(groups)
             self.epoch += 1
-            self.checkpoint()                                        # 6. checkpoint, 7. evaluate
+            verdict = self.checkpoint()                              # 6. checkpoint, 7. evaluate
+            if verdict == "stop":
+                break
+            if verdict != "saved":  # the state was not finite: rolled back (or, "warn", kept but never saved)
+                continue
             if self.epoch % cfg.eval.freq == 0 and self.epoch != cfg.num_epochs:
                 self.evaluate(f"epoch_{self.epoch:04d}", f"epoch_{self.epoch:04d}")
                 self.selected = self.selected_eval()
@@ -309,7 +317,7 @@ class GRPOTrainer:
 
     def guard(self, critical: list) -> str:
         """Stop, or roll back to the last healthy checkpoint at a lower learning rate, as health.action says;
-        returns "stop" or "continue"."""
+        returns "stop" or "continue". A checkpoint that fails its checks is skipped for the intact one below it."""
         cfg, acc = self.config, self.accelerator
         self.log.info("health guard: " + "; ".join(f"{f.rule} ({f.severity})" for f in critical))
         healthy = latest_checkpoint(self.ckpt_root)
@@ -327,27 +335,39 @@ class GRPOTrainer:
         h = cfg.health
         if h.action == "stop" or (h.action == "rollback" and self.rollbacks >= h.max_rollbacks):
             self.stopped_by = f"health guard, {critical[0].rule} at step {self.global_step}"
-            self.load(healthy)
+            healthy = self.load(healthy).path
             self.log.info(f"stopped; weights restored from the last healthy checkpoint {healthy}")
             return "stop"
         if h.action == "rollback":
             self.rollbacks += 1
-            self.epoch, self.global_step = self.load(healthy, lr_factor=h.rollback_lr_factor ** self.rollbacks)
+            ckpt = self.load(healthy, lr_factor=h.rollback_lr_factor ** self.rollbacks)
+            self.epoch, self.global_step = ckpt.state["epoch"], ckpt.state["global_step"]
             self.log.archive_after(self.epoch, reason=f"rollback {self.rollbacks}: {critical[0].rule}")
             self.selected = self.selected_eval()  # the rolled-back evaluations are no longer candidates
             self.history.clear()
-            self.log.info(f"rolled back to {healthy} (epoch {self.epoch}, step {self.global_step}), "
+            self.log.info(f"rolled back to {ckpt.path} (epoch {self.epoch}, step {self.global_step}), "
                           f"learning rate now {self.optimizer.param_groups[0]['lr']:.3g}")
             return "continue"
         self.epoch += 1  # action "warn": keep going, but this state is never saved as a checkpoint
         return "continue"
 
-    def checkpoint(self) -> None:
+    def checkpoint(self) -> str:
+        """Save the state at an epoch boundary. A state holding NaN or inf is never saved: it goes to the guard as a
+        critical finding. Returns "saved" (also when save_freq skips this epoch), or the guard's verdict."""
         acc, cfg = self.accelerator, self.config
+        # every process checks its own copy, so that all of them take the guard's path together
+        bad = nonfinite_tensors(self.model, self.optimizer, self.ema)
+        if bad:
+            self.epoch -= 1  # the guard judges the epoch whose update produced this state
+            finding = Finding("nonfinite_state", "critical", {"tensors": bad[:5], "count": len(bad)},
+                              "the optimizer step left NaN or inf in the weights or optimizer state")
+            self.log.health_record(self.global_step, self.epoch, [finding])
+            return self.guard([finding])
         acc.wait_for_everyone()
         if acc.is_main_process and (self.epoch % cfg.save_freq == 0 or self.epoch == cfg.num_epochs):
             self.save(self.epoch, protect=(self.selected["checkpoint"],) if self.selected else ())
         acc.wait_for_everyone()
+        return "saved"
 
     @torch.no_grad()
     def evaluate_split(self, dataset, tag: str, prefix: str, examples_dir: Path | None) -> dict:
@@ -387,17 +407,80 @@ class GRPOTrainer:
     # ------------------------------------------------------------------------------------------------------
     # state: resume, checkpoints, selection, report
 
-    def resume_or_start(self) -> None:
-        """Resume from `latest`, or save the base once as the first healthy checkpoint."""
-        ckpt = latest_checkpoint(self.ckpt_root) if self.config.resume else None
-        self.resumed_from = ckpt
-        if ckpt is not None:
-            self.epoch, self.global_step = self.load(ckpt)
-            self.log.truncate_after(self.epoch)
-            self.log.info(f"resumed from {ckpt} at epoch {self.epoch}, global step {self.global_step}")
-        elif self.accelerator.is_main_process:
-            self.save(0)
+    def resume_or_start(self) -> dict:
+        """Resume from `latest` (or, when it is corrupt, the newest intact checkpoint below it), or evaluate the base
+        and save it as the first healthy checkpoint with that evaluation sealed in; returns the base's evaluation,
+        which a resumed run reads from its checkpoint and never recomputes from weights that are not the base."""
+        newest = latest_checkpoint(self.ckpt_root) if self.config.resume else None
+        self.resumed_from = None
+        if newest is None:
+            summary = self.evaluate("start", "epoch_0000")
+            self.base_record = {"type": "eval", "tag": "start", "step": self.global_step, "epoch": -1,
+                                "checkpoint": "epoch_0000", **summary}
+            if self.accelerator.is_main_process:
+                self.save(0)
+            self.accelerator.wait_for_everyone()
+            return summary
+        ckpt = self.load(newest)
+        self.check_resume(ckpt)
+        self.epoch, self.global_step = ckpt.state["epoch"], ckpt.state["global_step"]
+        self.resumed_from = ckpt.path
+        self.base_record = self.base_evaluation(ckpt)
+        self.log.truncate_after(self.epoch, base_record=self.base_record)
+        self.log.info(f"resumed from {ckpt.path} at epoch {self.epoch}, global step {self.global_step}")
         self.accelerator.wait_for_everyone()
+        return {k: v for k, v in self.base_record.items() if k not in ("type", "tag", "step", "epoch", "checkpoint")}
+
+    def base_evaluation(self, ckpt: Checkpoint) -> dict:
+        """The base's "start" evaluation record: sealed in the checkpoint, or (a checkpoint from before that) the
+        log's; evaluating now would measure the resumed weights and call them the base, so without either the
+        resume is refused."""
+        logged = next((r for r in runlog.read_records(self.log.path)
+                       if r.get("type") == "eval" and r.get("tag") == "start"), None)
+        if ckpt.base_eval is not None:
+            if logged is not None and logged != ckpt.base_eval:
+                self.log.info(f"{self.log.path}'s start evaluation differs from {ckpt.path / BASE_EVAL}; the summary "
+                              "uses the checkpoint's")
+            return ckpt.base_eval
+        if logged is not None:
+            return logged
+        if ckpt.state["epoch"] == 0:  # the weights in memory are the base's
+            summary = self.evaluate("start", ckpt.path.name)
+            return {"type": "eval", "tag": "start", "step": self.global_step, "epoch": -1,
+                    "checkpoint": ckpt.path.name, **summary}
+        raise ResumeMismatch(f"refusing to resume from {ckpt.path}: neither it (no {BASE_EVAL}) nor {self.log.path} "
+                             "holds the base's evaluation, and the resumed weights are not the base's")
+
+    def check_resume(self, ckpt: Checkpoint) -> None:
+        """Refuse a resume whose state.json disagrees with the checkpoint's own name and sampler position, or with the
+        training that metrics.jsonl records before it."""
+        state, source = ckpt.state, ckpt.path / "state.json"
+        epoch, step = state["epoch"], state["global_step"]
+        problems = []
+        named = epoch_of(ckpt.path)
+        if named is not None and named != epoch:
+            problems.append(f"it says epoch {epoch} in folder {ckpt.path.name}")
+        per_epoch = self.config.sample.num_batches_per_epoch
+        if state.get("sampler_position", epoch * per_epoch) != epoch * per_epoch:
+            problems.append(f"its sampler_position {state['sampler_position']} is not epoch {epoch} x {per_epoch} "
+                            "batches per epoch")
+        trained = [r for r in runlog.read_records(self.log.path) if r.get("type") in ("epoch", "step")
+                   and isinstance(r.get("epoch"), int) and r["epoch"] < epoch]
+        if trained:
+            last_epoch = max(r["epoch"] for r in trained)
+            last_step = max((r["step"] for r in trained if r["type"] == "step" and isinstance(r.get("step"), int)),
+                            default=0)
+            if last_epoch != epoch - 1:
+                problems.append(f"it says {epoch} epochs are done, {self.log.path} records training up to epoch "
+                                f"{last_epoch}")
+            if last_step != step:
+                problems.append(f"it says global step {step}, {self.log.path} records step {last_step} before epoch "
+                                f"{epoch}")
+        elif epoch > 0:
+            self.log.info(f"{self.log.path} records no training before epoch {epoch}: the resume is checked against "
+                          f"{ckpt.path.name} alone")
+        if problems:
+            raise ResumeMismatch(f"refusing to resume from {source}: " + "; ".join(problems))
 
     def eval_missed_at_resume(self) -> None:
         """The run died between a checkpoint and its evaluation: evaluate it now."""
@@ -407,7 +490,8 @@ class GRPOTrainer:
             self.evaluate(f"epoch_{e:04d}", ckpt.name)
 
     def save(self, epoch: int, protect: tuple[str, ...] = ()) -> None:
-        """Checkpoint at an epoch boundary: only healthy states get here; `protect`: never pruned."""
+        """Checkpoint at an epoch boundary: only healthy states get here; `protect`: never pruned. Every checkpoint
+        carries the base's evaluation, so that pruning epoch_0000 does not lose it."""
         state = {"epoch": epoch, "global_step": self.global_step,
                  "sampler_position": epoch * self.config.sample.num_batches_per_epoch,
                  "learning_rate": self.optimizer.param_groups[0]["lr"], "healthy": True}
@@ -415,22 +499,26 @@ class GRPOTrainer:
             if h.state_key:
                 state[h.state_key] = h.state_dict()
         save_checkpoint(self.ckpt_root, f"epoch_{epoch:04d}", self.model, self.optimizer, self.ema, state,
-                        keep=self.config.keep_checkpoints, protect=protect)
+                        keep=self.config.keep_checkpoints, protect=protect, side_files={BASE_EVAL: self.base_record})
 
-    def load(self, ckpt: Path, lr_factor: float = 1.0) -> tuple[int, int]:
-        """Restore weights, optimizer, EMA, RNG and hook state from a checkpoint; returns (epoch, global step)."""
-        state, trainer = load_trainer_state(ckpt)
+    def load(self, newest: Path, lr_factor: float = 1.0) -> Checkpoint:
+        """Restore weights, optimizer, EMA, RNG and hook state from checkpoint `newest`, or, when it fails its
+        checks, from the newest intact one below it (`latest` then points there); returns the checkpoint read."""
+        ckpt = read_intact(self.ckpt_root, newest, self.model, self.log.info)
+        if ckpt.path != newest and self.accelerator.is_main_process:
+            point_latest(self.ckpt_root, ckpt.path.name)  # a crash from here on resumes from the intact one
+        state, trainer = ckpt.state, ckpt.trainer
         for h in self.hooks:
             if h.state_key and h.state_key in state:
                 h.load_state_dict(state[h.state_key])
-        read_model_into(self.model, ckpt / "model")
+        apply_model_weights(self.model, ckpt.weights, ckpt.weights_path)
         self.optimizer.load_state_dict(trainer["optimizer"])
         for group in self.optimizer.param_groups:
             group["lr"] = state["learning_rate"] * lr_factor
         if self.ema is not None and trainer["ema"] is not None:
             self.ema.load_state_dict(trainer["ema"])
         set_rng_state(trainer["rng"])
-        return state["epoch"], state["global_step"]
+        return ckpt
 
     def selected_eval(self) -> dict | None:
         """The evaluation record the run reports (eval.select_by on val/...), or None when it reports its end."""

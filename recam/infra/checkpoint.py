@@ -1,16 +1,31 @@
-"""Crash-safe checkpoints: written to a temporary folder, renamed into place, then `latest` is repointed.
+"""Crash-safe, verified checkpoints: written to a temporary folder, sealed with a manifest of checksums, renamed
+into place, then `latest` is repointed.
 
 A crash at any moment leaves the previous checkpoint and the `latest` pointer intact. A checkpoint holds the
-policy (diffusers layout, safetensors), optimizer, optional EMA, and a JSON state (epoch, global step, sampler
-position, RNG states, health flag).
+policy (diffusers layout, safetensors), optimizer, optional EMA and RNG states (trainer.pt), a JSON state
+(epoch, global step, sampler position, health flag), optional JSON side files (base_eval.json: the base's
+evaluation, so a resumed run never has to recompute it from other weights), and manifest.json:
+
+    {"format": 1, "algorithm": "sha256",
+     "files": {"state.json": {"bytes": 212, "sha256": "9f2c..."}, "model/config.json": {...}, ...}}
+
+Every other file of the folder is listed with its size and SHA-256; the manifest is written last, so a folder
+is either sealed whole or (a crash before the rename) never appears. Reading checks the manifest first, so a
+truncated, garbled, or swapped file is named before any of its bytes are trusted (torch.load checks no CRC,
+and a plausible float is still a float). Folders written before manifests existed still load, unverified.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import random
+import re
 import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +33,22 @@ import torch
 
 LATEST = "latest"
 SELECTED = "selected"  # the checkpoint a run reports (chosen on validation conditions, see recam.engine.selection)
+MANIFEST = "manifest.json"
+BASE_EVAL = "base_eval.json"
+MANIFEST_FORMAT = 1
+FULL_WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
+
+
+class CheckpointCorrupt(ValueError):
+    """A checkpoint file is missing, altered, unreadable or non-finite; the message names the file."""
+
+
+class ResumeMismatch(ValueError):
+    """A checkpoint's state disagrees with itself or with the run's log: resuming would continue the wrong run."""
+
+
+class NonFiniteState(ValueError):
+    """The state to be saved holds NaN or inf: it is never written as a healthy checkpoint."""
 
 
 def rng_state() -> dict:
@@ -40,31 +71,175 @@ def write_model(model, directory: Path) -> None:
         model.save_pretrained(directory, safe_serialization=True)
 
 
-def read_model_into(model, directory: Path) -> None:
-    """Load weights written by `write_model` into a live model of the same layout, in place."""
-    from safetensors.torch import load_file
-
+def model_weights_file(model, directory: Path) -> Path:
+    """Where `write_model` puts the weights of this model's layout (adapter or whole model)."""
     from recam.infra.lora import ADAPTER_WEIGHTS_NAME, has_lora
 
-    name = ADAPTER_WEIGHTS_NAME if has_lora(model) else "diffusion_pytorch_model.safetensors"
-    path = directory / name
+    path = directory / (ADAPTER_WEIGHTS_NAME if has_lora(model) else FULL_WEIGHTS_NAME)
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: the checkpoint does not match this run's model "
                                 f"({'LoRA' if has_lora(model) else 'full fine-tuning'})")
-    state = load_file(str(path))
+    return path
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file, every one finite, or CheckpointCorrupt naming the file."""
+    from safetensors.torch import load
+
+    try:
+        tensors = load(path.read_bytes())
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error types, and a short read others
+        raise CheckpointCorrupt(f"{path} is not a readable safetensors file ({type(e).__name__}: {e})") from e
+    bad = nonfinite_names(tensors.items())
+    if bad:
+        raise CheckpointCorrupt(f"{path} holds non-finite values in {_few(bad)}")
+    return tensors
+
+
+def apply_model_weights(model, tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """Load tensors read from `path` into a live model of the same layout, in place."""
+    from recam.infra.lora import has_lora
+
     if has_lora(model):
         from peft import set_peft_model_state_dict
 
-        result = set_peft_model_state_dict(model, state)
+        result = set_peft_model_state_dict(model, tensors)
         if result.unexpected_keys:
             raise ValueError(f"{path}: unexpected adapter keys {list(result.unexpected_keys)[:5]}")
     else:
-        model.load_state_dict(state)
+        try:
+            model.load_state_dict(tensors)
+        except RuntimeError as e:
+            raise ValueError(f"{path} does not fit this run's model: {str(e).splitlines()[0]}") from e
+
+
+def read_model_into(model, directory: Path) -> None:
+    """Load weights written by `write_model` into a live model of the same layout, in place."""
+    path = model_weights_file(model, directory)
+    apply_model_weights(model, read_weights(path), path)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# finiteness
+
+
+def nonfinite_names(named_tensors) -> list[str]:
+    """Names of the floating-point tensors holding NaN or inf, from (name, tensor) pairs."""
+    named = [(n, t) for n, t in named_tensors if torch.is_tensor(t) and t.is_floating_point() and t.numel()]
+    if not named:
+        return []
+    finite = torch.stack([torch.isfinite(t).all() for _, t in named]).cpu()  # one device sync for all of them
+    return [n for (n, _), ok in zip(named, finite.tolist(), strict=True) if not ok]
+
+
+def _optimizer_tensors(optimizer_state: dict):
+    for pid, per_param in optimizer_state.get("state", {}).items():
+        for key, value in per_param.items():
+            yield f"optimizer.state.{pid}.{key}", value
+
+
+def nonfinite_tensors(model, optimizer=None, ema=None) -> list[str]:
+    """Names of the model parameters/buffers, optimizer state and EMA tensors holding NaN or inf."""
+    named = [(f"model.{n}", t.detach()) for n, t in model.state_dict().items()]
+    if optimizer is not None:
+        named += list(_optimizer_tensors(optimizer.state_dict()))
+    if ema is not None:
+        named += [(f"ema.shadow_params.{i}", t) for i, t in enumerate(ema.shadow_params)]
+    return nonfinite_names(named)
+
+
+def _few(names: list[str], n: int = 3) -> str:
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# manifest
+
+
+def _files(folder: Path) -> list[str]:
+    """Every file under `folder` but its manifest, as posix paths relative to it."""
+    rels = (p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    return sorted(rel for rel in rels if rel != MANIFEST)
+
+
+def _digest(path: Path, sync: bool = False) -> tuple[int, str]:
+    h = hashlib.sha256()
+    size = 0
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+            size += len(chunk)
+        if sync:  # the rename that publishes the folder must not outrun the bytes it publishes
+            os.fsync(f.fileno())
+    return size, h.hexdigest()
+
+
+def write_manifest(folder: Path) -> Path:
+    """Seal `folder`: list every file in it with its size and SHA-256, in manifest.json (written atomically)."""
+    files = {}
+    for rel in _files(folder):
+        size, sha = _digest(folder / rel, sync=True)
+        files[rel] = {"bytes": size, "sha256": sha}
+    manifest = {"format": MANIFEST_FORMAT, "algorithm": "sha256", "files": files}
+    tmp = folder / f".{MANIFEST}.tmp"
+    with tmp.open("w") as f:
+        f.write(json.dumps(manifest, indent=1))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, folder / MANIFEST)
+    return folder / MANIFEST
+
+
+def verify_checkpoint(ckpt: Path) -> bool:
+    """Check every file of checkpoint folder `ckpt` against its manifest. True: verified; False: an older checkpoint
+    without a manifest (only parsing can check it). Raises CheckpointCorrupt naming the file and what is wrong."""
+    path = ckpt / MANIFEST
+    if not path.exists():
+        state = ckpt / "state.json"
+        try:
+            sealed = "checkpoint_format" in json.loads(state.read_bytes())
+        except (OSError, ValueError):
+            sealed = False  # parsing state.json reports what is wrong with it
+        if sealed:
+            raise CheckpointCorrupt(f"{path} is missing, though {state} was written with one")
+        return False
+    try:
+        manifest = json.loads(path.read_bytes())
+        files = manifest["files"]
+        if manifest.get("format") != MANIFEST_FORMAT or manifest.get("algorithm") != "sha256" \
+                or not isinstance(files, dict):
+            raise ValueError(f"format {manifest.get('format')!r}, algorithm {manifest.get('algorithm')!r}")
+        expected = {rel: (int(e["bytes"]), str(e["sha256"])) for rel, e in files.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CheckpointCorrupt(f"{path} is not a readable manifest ({type(e).__name__}: {e})") from e
+    for rel, (size, sha) in sorted(expected.items()):
+        f = ckpt / rel
+        if not f.is_file():
+            raise CheckpointCorrupt(f"{f} is missing (listed in {path})")
+        got_size = f.stat().st_size
+        if got_size != size:
+            raise CheckpointCorrupt(f"{f} is {got_size} bytes, {path} says {size} (truncated or overwritten)")
+        if _digest(f)[1] != sha:
+            raise CheckpointCorrupt(f"{f} does not match its SHA-256 in {path} (its bytes were altered)")
+    unlisted = [rel for rel in _files(ckpt) if rel not in expected]
+    if unlisted:
+        raise CheckpointCorrupt(f"{ckpt / unlisted[0]} is not listed in {path} (the folder was altered after sealing)")
+    return True
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# writing
 
 
 def save_checkpoint(ckpt_root: Path, name: str, model, optimizer, ema, state: dict, keep: int = 2,
-                    protect: tuple[str, ...] = ()) -> Path:
-    """Write checkpoint `name` under ckpt_root atomically and point `latest` at it; prune old ones."""
+                    protect: tuple[str, ...] = (), side_files: dict[str, dict] | None = None) -> Path:
+    """Write checkpoint `name` under ckpt_root atomically and point `latest` at it; prune old ones.
+
+    side_files: extra JSON files (e.g. BASE_EVAL) sealed with the rest. Raises NonFiniteState, writing nothing,
+    when the model, optimizer or EMA holds NaN or inf."""
+    bad = nonfinite_tensors(model, optimizer, ema)
+    if bad:
+        raise NonFiniteState(f"not saving checkpoint {ckpt_root / name}: non-finite values in {_few(bad)}")
     ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / name
     tmp = ckpt_root / f".tmp-{name}"
@@ -72,13 +247,26 @@ def save_checkpoint(ckpt_root: Path, name: str, model, optimizer, ema, state: di
     write_model(model, tmp / "model")
     torch.save({"optimizer": optimizer.state_dict(), "ema": ema.state_dict() if ema is not None else None,
                 "rng": rng_state()}, tmp / "trainer.pt")
-    (tmp / "state.json").write_text(json.dumps(state, indent=1))
+    # the marker tells a reader that a missing manifest was lost, not never written
+    (tmp / "state.json").write_text(json.dumps({**state, "checkpoint_format": MANIFEST_FORMAT}, indent=1))
+    for file_name, content in (side_files or {}).items():
+        (tmp / file_name).write_text(json.dumps(content, indent=1))
+    write_manifest(tmp)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
+    _sync_dir(ckpt_root)
     point_latest(ckpt_root, name)
     _prune(ckpt_root, keep, protect=(name, *protect))
     return final
+
+
+def _sync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def point(ckpt_root: Path, pointer: str, name: str) -> None:
@@ -93,11 +281,17 @@ def point_latest(ckpt_root: Path, name: str) -> None:
     point(ckpt_root, LATEST, name)
 
 
+def epoch_of(folder: Path) -> int | None:
+    """NNNN of a folder named epoch_NNNN, else None."""
+    m = re.fullmatch(r"epoch_(\d+)", folder.name)
+    return int(m.group(1)) if m else None
+
+
 def checkpoint_before(ckpt_root: Path, epoch: int) -> Path | None:
-    """The newest intact epoch_NNNN folder with NNNN < epoch (epoch_NNNN holds the weights that sample epoch
-    NNNN), or None."""
+    """The newest complete epoch_NNNN folder with NNNN < epoch (epoch_NNNN holds the weights that sample epoch
+    NNNN), or None. Its files are checked when it is read (`read_intact`)."""
     older = [p for p in ckpt_root.glob("epoch_*") if p.is_dir() and (p / "state.json").exists()
-             and (n := p.name.removeprefix("epoch_")).isdigit() and int(n) < epoch]
+             and (n := epoch_of(p)) is not None and n < epoch]
     return max(older, default=None)
 
 
@@ -120,14 +314,79 @@ def latest_checkpoint(ckpt_root: Path) -> Path | None:
     return target
 
 
-def load_trainer_state(ckpt: Path) -> tuple[dict, dict]:
-    """(state.json contents, trainer.pt contents) of a checkpoint folder, with errors naming the file."""
+# ---------------------------------------------------------------------------------------------------------------
+# reading
+
+
+@dataclass
+class Checkpoint:
+    """Everything a checkpoint folder holds, read and checked, not yet applied to a live run."""
+
+    path: Path
+    state: dict
+    trainer: dict
+    weights: dict[str, torch.Tensor]
+    weights_path: Path
+    base_eval: dict | None
+    verified: bool  # False: an older checkpoint without a manifest, checked only by parsing
+
+
+def _read_json(path: Path) -> dict:
     try:
-        state = json.loads((ckpt / "state.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{ckpt / 'state.json'} is unreadable: {e}") from e
+        value = json.loads(path.read_bytes())
+    except (OSError, ValueError) as e:  # ValueError covers bad UTF-8 as well as bad JSON
+        raise CheckpointCorrupt(f"{path} is unreadable ({type(e).__name__}: {e})") from e
+    if not isinstance(value, dict):
+        raise CheckpointCorrupt(f"{path} holds a JSON {type(value).__name__}, not an object")
+    return value
+
+
+def read_checkpoint(ckpt: Path, model) -> Checkpoint:
+    """Read checkpoint folder `ckpt` for a run with this model's layout: the manifest first, then every file parsed
+    and every tensor checked finite. Raises CheckpointCorrupt naming the first file that fails."""
+    verified = verify_checkpoint(ckpt)
+    state = _read_json(ckpt / "state.json")
+    for key, kind in (("epoch", int), ("global_step", int), ("learning_rate", (int, float))):
+        if not isinstance(state.get(key), kind) or isinstance(state.get(key), bool):
+            raise CheckpointCorrupt(f"{ckpt / 'state.json'} has no valid {key!r} (got {state.get(key)!r})")
+    path = ckpt / "trainer.pt"
     try:
-        trainer = torch.load(ckpt / "trainer.pt", map_location="cpu", weights_only=False)
+        # pickle, so only after the manifest vouched for these bytes (or, for an older checkpoint, as before)
+        trainer = torch.load(io.BytesIO(path.read_bytes()), map_location="cpu", weights_only=False)
     except Exception as e:  # noqa: BLE001 - any unpickling failure means the same thing to the user
-        raise ValueError(f"{ckpt / 'trainer.pt'} is unreadable: {e}") from e
-    return state, trainer
+        raise CheckpointCorrupt(f"{path} is unreadable ({type(e).__name__}: {e})") from e
+    if not isinstance(trainer, dict) or not {"optimizer", "ema", "rng"} <= set(trainer):
+        raise CheckpointCorrupt(f"{path} does not hold the optimizer, EMA and RNG states")
+    bad = nonfinite_names(_optimizer_tensors(trainer["optimizer"]))
+    if trainer["ema"] is not None:
+        bad += nonfinite_names((f"ema.shadow_params.{i}", t) for i, t in enumerate(trainer["ema"]["shadow_params"]))
+    if bad:
+        raise CheckpointCorrupt(f"{path} holds non-finite values in {_few(bad)}")
+    try:
+        weights_path = model_weights_file(model, ckpt / "model")
+    except FileNotFoundError as e:
+        raise CheckpointCorrupt(str(e)) from e
+    weights = read_weights(weights_path)
+    base_eval = _read_json(ckpt / BASE_EVAL) if (ckpt / BASE_EVAL).exists() else None
+    return Checkpoint(ckpt, state, trainer, weights, weights_path, base_eval, verified)
+
+
+def read_intact(ckpt_root: Path, newest: Path, model, say: Callable[[str], None]) -> Checkpoint:
+    """`newest` read, or when it is corrupt the newest epoch_NNNN folder below it that reads intact. say() gets one
+    line per skipped folder (which, and why) and one for an older, unverified checkpoint. Raises CheckpointCorrupt
+    when none is intact."""
+    top = epoch_of(newest)
+    older = sorted((p for p in ckpt_root.glob("epoch_*") if p.is_dir() and p != newest
+                    and (n := epoch_of(p)) is not None and top is not None and n < top), reverse=True)
+    reasons = []
+    for ckpt in [newest, *older]:
+        try:
+            found = read_checkpoint(ckpt, model)
+        except CheckpointCorrupt as e:
+            reasons.append(str(e))
+            say(f"skipping corrupt checkpoint {ckpt.name}: {e}")
+            continue
+        if not found.verified:
+            say(f"{ckpt} has no {MANIFEST} (written before checkpoints were checksummed): loaded unverified")
+        return found
+    raise CheckpointCorrupt(f"no intact checkpoint under {ckpt_root}: " + "; ".join(reasons))

@@ -95,18 +95,30 @@ class RunLog:
             if f.severity != "info":
                 print(f"[recam] health {f.severity}: {f.rule} {f.numbers}", flush=True)
 
-    def truncate_after(self, epoch: int, archive_reason: str | None = None) -> None:
+    def truncate_after(self, epoch: int, archive_reason: str | None = None, base_record: dict | None = None) -> None:
         """Drop records of epochs >= `epoch`: written by a run killed before checkpointing them, or rolled back.
 
         With `archive_reason` the dropped records are appended to rolled_back.jsonl instead of discarded, so a
         rollback stays auditable while metrics.jsonl describes exactly the training that produced the weights.
+        Lines that are not UTF-8 JSON objects (a torn last line, stray bytes) are counted, moved verbatim to
+        metrics.unreadable, and left out. `base_record`: the base's "start" evaluation record, put first when the
+        log has lost it (readers take the first evaluation as the base).
         """
-        if not self.enabled or not self.path.exists():
+        if not self.enabled or not (self.path.exists() or base_record):
             return
-        records = read_records(self.path)
+        unreadable: list[bytes] = []
+        records = read_records(self.path, unreadable)
+        if unreadable:
+            with (self.run_dir / "metrics.unreadable").open("ab") as f:
+                f.write(b"".join(line + b"\n" for line in unreadable))
+            self.info(f"{self.path}: skipped {len(unreadable)} line(s) that are not UTF-8 JSON records (kept in "
+                      f"{self.run_dir / 'metrics.unreadable'})")
         dropped = [r for r in records
                    if r.get("epoch", -1) >= epoch or (r.get("type") == "eval" and r.get("tag") == "final")]
         kept = [r for r in records if not any(r is d for d in dropped)]
+        if base_record is not None and not any(r.get("type") == "eval" and r.get("tag") == "start" for r in kept):
+            kept.insert(0, base_record)
+            self.info(f"{self.path} had lost the base evaluation: restored from the base checkpoint's record")
         if archive_reason and dropped:
             with (self.run_dir / "rolled_back.jsonl").open("a") as f:
                 for r in dropped:
@@ -185,16 +197,23 @@ def write_reports(run_dir: Path) -> dict:
             "diagnosis": f"{diagnosis} ({'healthy' if d.returncode == 0 else 'NOT healthy'})"}
 
 
-def read_records(path: Path) -> list[dict]:
-    """Records of a metrics.jsonl, skipping a torn last line (a run killed mid-write)."""
+def read_records(path: Path, unreadable: list[bytes] | None = None) -> list[dict]:
+    """Records of a metrics.jsonl. A line that is not a UTF-8 JSON object (a torn last line of a run killed
+    mid-write, stray bytes) is skipped, and appended to `unreadable` when given; it never stops the reading."""
     out = []
     if not path.exists():
         return out
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
+    for line in path.read_bytes().splitlines():
+        if not line.strip():
             continue
+        try:
+            rec = json.loads(line.decode("utf-8"))
+        except ValueError:  # UnicodeDecodeError and JSONDecodeError alike
+            rec = None
+        if isinstance(rec, dict):
+            out.append(rec)
+        elif unreadable is not None:
+            unreadable.append(line)
     return out
 
 

@@ -1,0 +1,364 @@
+"""Checkpoints are verified before they are trusted, and a resume checks what it resumes (issue 16, parts 1-2).
+
+File-level tests use a tiny in-process model with AdamW; the end-to-end tests share one short smoke run and
+resume copies of it."""
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from diffusers import ConfigMixin, ModelMixin
+from diffusers.configuration_utils import register_to_config
+from diffusers.training_utils import EMAModel
+from safetensors.torch import load_file, save_file
+
+from recam.infra.checkpoint import (
+    BASE_EVAL,
+    MANIFEST,
+    CheckpointCorrupt,
+    NonFiniteState,
+    latest_checkpoint,
+    read_checkpoint,
+    read_intact,
+    save_checkpoint,
+)
+from recam.infra.runlog import RunLog, read_records
+
+ROOT = Path(__file__).resolve().parents[1]
+WEIGHTS = "model/diffusion_pytorch_model.safetensors"
+BASE = {"type": "eval", "tag": "start", "step": 0, "epoch": -1, "checkpoint": "epoch_0000", "eval/cam_score": 0.25}
+
+
+class Tiny(ModelMixin, ConfigMixin):
+    @register_to_config
+    def __init__(self, width: int = 6):
+        super().__init__()
+        self.lin = torch.nn.Linear(width, width)
+
+    def forward(self, x):
+        return self.lin(x)
+
+
+def _trained(seed=0):
+    """A model and AdamW (with EMA) after two steps, so the optimizer state holds real tensors."""
+    torch.manual_seed(seed)
+    model = Tiny()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ema = EMAModel(model.parameters(), decay=0.9)
+    for _ in range(2):
+        model(torch.randn(3, 6)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        ema.step(model.parameters())
+    return model, opt, ema
+
+
+def _save(root, epoch, model, opt, ema, keep=0):
+    state = {"epoch": epoch, "global_step": 2 * epoch, "sampler_position": epoch, "learning_rate": 1e-2,
+             "healthy": True}
+    return save_checkpoint(root, f"epoch_{epoch:04d}", model, opt, ema, state, keep=keep,
+                           side_files={BASE_EVAL: BASE})
+
+
+def _sha(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _reseal(ckpt):
+    """Rewrite the manifest from the files as they are now: a checkpoint whose bytes agree with their checksums
+    but whose contents were changed (the case the resume's cross-check exists for)."""
+    files = {p.relative_to(ckpt).as_posix(): p for p in ckpt.rglob("*") if p.is_file() and p.name != MANIFEST}
+    manifest = {"format": 1, "algorithm": "sha256",
+                "files": {rel: {"bytes": p.stat().st_size, "sha256": _sha(p)} for rel, p in files.items()}}
+    (ckpt / MANIFEST).write_text(json.dumps(manifest))
+
+
+def test_manifest_lists_every_file_with_its_size_and_sha256(tmp_path):
+    model, opt, ema = _trained()
+    ckpt = _save(tmp_path, 1, model, opt, ema)
+    manifest = json.loads((ckpt / MANIFEST).read_text())
+    on_disk = {p.relative_to(ckpt).as_posix() for p in ckpt.rglob("*") if p.is_file()} - {MANIFEST}
+    assert set(manifest["files"]) == on_disk == {WEIGHTS, "model/config.json", "trainer.pt", "state.json", BASE_EVAL}
+    for rel, entry in manifest["files"].items():
+        assert entry == {"bytes": (ckpt / rel).stat().st_size, "sha256": _sha(ckpt / rel)}
+    got = read_checkpoint(ckpt, model)
+    assert got.verified and got.base_eval == BASE and got.state["epoch"] == 1
+    assert all(torch.equal(got.weights[k], v) for k, v in model.state_dict().items())
+    assert latest_checkpoint(tmp_path) == ckpt and not list(tmp_path.glob(".tmp-*"))
+
+
+def _truncate(path):
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _garble(path):
+    # 4 KiB (or the whole file) of pseudo-random bytes in the middle, length unchanged
+    data = bytearray(path.read_bytes())
+    n = min(4096, len(data))
+    start = (len(data) - n) // 2
+    data[start:start + n] = torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(1),
+                                          dtype=torch.uint8).numpy().tobytes()
+    path.write_bytes(bytes(data))
+
+
+def _swap(path):
+    """Other valid, finite contents of the same shape: what no parser can tell from the real thing."""
+    if path.suffix == ".safetensors":
+        save_file({k: v * 1.5 + 0.01 for k, v in load_file(path).items()}, path)
+    elif path.suffix == ".pt":
+        trainer = torch.load(path, weights_only=False)
+        for per_param in trainer["optimizer"]["state"].values():
+            per_param["exp_avg"] = per_param["exp_avg"] * 0.5
+        buf = io.BytesIO()
+        torch.save(trainer, buf)
+        path.write_bytes(buf.getvalue())
+    else:
+        obj = json.loads(path.read_text())
+        key = next(k for k, v in obj.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
+        obj[key] = obj[key] + 1
+        path.write_text(json.dumps(obj, indent=1))
+
+
+@pytest.mark.parametrize("damage", [_truncate, _garble, _swap], ids=["truncated", "garbled", "swapped"])
+@pytest.mark.parametrize("rel", [WEIGHTS, "model/config.json", "trainer.pt", "state.json", BASE_EVAL])
+def test_a_damaged_file_is_named_in_one_line_and_never_loaded(tmp_path, rel, damage):
+    model, opt, ema = _trained()
+    ckpt = _save(tmp_path, 1, model, opt, ema)
+    before = (ckpt / rel).read_bytes()
+    damage(ckpt / rel)
+    assert (ckpt / rel).read_bytes() != before
+    with pytest.raises(CheckpointCorrupt) as e:
+        read_checkpoint(ckpt, model)
+    message = str(e.value)
+    assert str(ckpt / rel) in message and "\n" not in message
+    # a size that differs is reported as such (before hashing); same-size damage by its checksum
+    assert "bytes, " in message if damage is _truncate else ("SHA-256" in message or "bytes, " in message)
+
+
+def test_resume_choice_skips_a_corrupt_checkpoint_for_the_intact_one_below_it(tmp_path):
+    model, opt, ema = _trained()
+    _save(tmp_path, 1, model, opt, ema)
+    model2, opt2, ema2 = _trained(seed=1)
+    newest = _save(tmp_path, 2, model2, opt2, ema2)
+    _garble(newest / WEIGHTS)
+    lines = []
+    got = read_intact(tmp_path, newest, model, lines.append)
+    assert got.path.name == "epoch_0001" and got.verified
+    assert all(torch.equal(got.weights[k], v) for k, v in model.state_dict().items())
+    assert len(lines) == 1 and "epoch_0002" in lines[0] and WEIGHTS in lines[0]
+    _truncate(tmp_path / "epoch_0001" / "trainer.pt")
+    with pytest.raises(CheckpointCorrupt, match="no intact checkpoint"):
+        read_intact(tmp_path, newest, model, lines.append)
+
+
+def test_a_checkpoint_that_lost_its_manifest_or_gained_a_file_is_corrupt(tmp_path):
+    model, opt, ema = _trained()
+    ckpt = _save(tmp_path, 1, model, opt, ema)
+    (ckpt / "model" / "stray.bin").write_bytes(b"x")
+    with pytest.raises(CheckpointCorrupt, match="stray.bin is not listed"):
+        read_checkpoint(ckpt, model)
+    (ckpt / "model" / "stray.bin").unlink()
+    (ckpt / MANIFEST).unlink()
+    with pytest.raises(CheckpointCorrupt, match="manifest.json is missing"):
+        read_checkpoint(ckpt, model)
+
+
+def _legacy(ckpt):
+    """The layout written before manifests: no manifest.json, no format marker in state.json, no base_eval.json."""
+    (ckpt / MANIFEST).unlink()
+    (ckpt / BASE_EVAL).unlink()
+    state = json.loads((ckpt / "state.json").read_text())
+    del state["checkpoint_format"]
+    (ckpt / "state.json").write_text(json.dumps(state))
+
+
+def test_an_older_checkpoint_without_manifest_loads_with_one_line_and_damage_still_names_the_file(tmp_path):
+    model, opt, ema = _trained()
+    ckpt = _save(tmp_path, 1, model, opt, ema)
+    _legacy(ckpt)
+    lines = []
+    got = read_intact(tmp_path, ckpt, model, lines.append)
+    assert not got.verified and got.base_eval is None
+    assert all(torch.equal(got.weights[k], v) for k, v in model.state_dict().items())
+    assert len(lines) == 1 and "no manifest.json" in lines[0]
+    for damage, rel in ((_truncate, WEIGHTS), (_garble, WEIGHTS), (_truncate, "trainer.pt"), (_garble, "state.json")):
+        fresh = tmp_path / f"case-{damage.__name__}-{rel.replace('/', '_')}"
+        shutil.copytree(ckpt, fresh)
+        damage(fresh / rel)
+        with pytest.raises(CheckpointCorrupt) as e:  # not the library's traceback
+            read_checkpoint(fresh, model)
+        assert str(fresh / rel) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_an_older_checkpoint_with_a_non_finite_weight_is_corrupt(tmp_path):
+    model, opt, ema = _trained()
+    ckpt = _save(tmp_path, 1, model, opt, ema)
+    _legacy(ckpt)
+    tensors = load_file(ckpt / WEIGHTS)
+    tensors["lin.bias"][2] = float("inf")
+    save_file(tensors, ckpt / WEIGHTS)
+    with pytest.raises(CheckpointCorrupt, match=r"non-finite values in lin\.bias"):
+        read_checkpoint(ckpt, model)
+
+
+@pytest.mark.parametrize("where", ["weight", "optimizer", "ema"])
+def test_a_non_finite_state_is_never_saved(tmp_path, where):
+    model, opt, ema = _trained()
+    _save(tmp_path, 1, model, opt, ema)
+    with torch.no_grad():
+        if where == "weight":
+            model.lin.weight[0, 0] = float("nan")
+        elif where == "optimizer":
+            opt.state[model.lin.bias]["exp_avg_sq"][1] = float("inf")
+        else:
+            ema.shadow_params[0][0, 1] = float("nan")
+    with pytest.raises(NonFiniteState, match="non-finite"):
+        _save(tmp_path, 2, model, opt, ema)
+    assert not (tmp_path / "epoch_0002").exists() and not list(tmp_path.glob(".tmp-*"))
+    assert latest_checkpoint(tmp_path).name == "epoch_0001"
+
+
+def test_metrics_lines_that_are_not_utf8_json_are_skipped_counted_and_kept(tmp_path, capsys):
+    good = [{"type": "epoch", "epoch": 0, "step": 0}, {"type": "step", "step": 1, "epoch": 0}]
+    noise = bytes(range(236, 256))  # 20 bytes, not UTF-8
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(json.dumps(good[0]).encode() + b"\n" + noise + b"\n" + json.dumps(good[1]).encode() + b"\n"
+                     + b'{"type": "st')  # and a torn last line
+    unreadable = []
+    assert read_records(path, unreadable) == good
+    assert unreadable == [noise, b'{"type": "st']
+    log = RunLog.__new__(RunLog)
+    log.enabled, log.run_dir, log.path = True, tmp_path, path
+    log.truncate_after(5, base_record=BASE)
+    assert "skipped 2 line(s)" in capsys.readouterr().out
+    assert read_records(path) == [BASE, *good]  # the lost base evaluation goes first, where readers look for it
+    assert (tmp_path / "metrics.unreadable").read_bytes() == noise + b"\n" + b'{"type": "st\n'
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# end to end: one short smoke run, resumed from damaged copies
+
+TRAIN = [sys.executable, str(ROOT / "scripts" / "train_recam.py"), "--config", "config/grpo.py:smoke",
+         "--config.logging.wandb_mode=disabled", "--config.num_threads=2", "--config.num_epochs=2",
+         "--config.eval.freq=100", "--config.data.num_heldout_conditions=2", "--config.eval.select_by=",
+         "--config.eval.select_guard=", "--config.eval.num_videos=0"]
+needs_base = pytest.mark.skipif(not (ROOT / "checkpoints" / "recam_tiny_base" / "config.json").exists(),
+                                reason="base checkpoint checkpoints/recam_tiny_base not present")
+
+
+def _run(run_dir, *extra, prefix=()):
+    cmd = [sys.executable, *prefix, *TRAIN[1:], f"--config.run_dir={run_dir}", *extra]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=400,
+                          env={**os.environ, "OMP_NUM_THREADS": "2"})
+
+
+def _records(run_dir, kind):
+    return [r for r in read_records(Path(run_dir) / "metrics.jsonl") if r["type"] == kind]
+
+
+def _base_column(run_dir):
+    rows = (Path(run_dir) / "summary.md").read_text().split("\n")
+    return {r.split("|")[1].strip(): float(r.split("|")[2]) for r in rows[2:] if r.startswith("| ")}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("finished")
+    p = _run(run_dir)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return run_dir
+
+
+def _copy(finished, tmp_path):
+    shutil.copytree(finished, tmp_path / "run")
+    return tmp_path / "run"
+
+
+@needs_base
+def test_resume_skips_a_corrupt_latest_and_retrains_exactly_what_the_uninterrupted_run_did(finished, tmp_path):
+    run = _copy(finished, tmp_path)
+    _garble(run / "checkpoints" / "epoch_0002" / "trainer.pt")  # torch.load alone would accept these bytes
+    with (run / "metrics.jsonl").open("ab") as f:
+        f.write(os.urandom(20).replace(b"\n", b"x") + b"\n")
+    p = _run(run)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"skipping corrupt checkpoint epoch_0002: {run / 'checkpoints' / 'epoch_0002' / 'trainer.pt'}" in p.stdout
+    assert "skipped 1 line(s)" in p.stdout and "resumed from" in p.stdout and "epoch_0001 at epoch 1" in p.stdout
+    for kind, keys in (("epoch", ("rewards/avg", "advantages", "dataset_indices")),
+                       ("step", ("loss", "mean_ratio", "kl_penalty", "grad_norm"))):
+        a, b = _records(finished, kind), _records(run, kind)
+        assert len(a) == len(b) and a
+        for ra, rb in zip(a, b, strict=True):
+            assert {k: ra[k] for k in keys} == {k: rb[k] for k in keys}, kind
+    final = [r for r in _records(finished, "eval") if r["tag"] == "final"]
+    assert final == [r for r in _records(run, "eval") if r["tag"] == "final"]  # the same weights, bit for bit
+    assert _sha(run / "checkpoints" / "epoch_0002" / WEIGHTS) == _sha(finished / "checkpoints" / "epoch_0002" / WEIGHTS)
+
+
+@needs_base
+def test_resume_with_an_emptied_log_reads_the_base_evaluation_from_the_checkpoint(finished, tmp_path):
+    run = _copy(finished, tmp_path)
+    (run / "metrics.jsonl").write_bytes(b"")
+    p = _run(run)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert _base_column(run) == _base_column(finished)
+    start = [r for r in _records(finished, "eval") if r["tag"] == "start"]
+    assert [r for r in _records(run, "eval") if r["tag"] == "start"] == start
+    assert _records(run, "eval")[0] == start[0]
+
+
+@needs_base
+def test_resume_refuses_a_state_json_that_disagrees_with_its_checkpoint_and_the_log(finished, tmp_path):
+    run = _copy(finished, tmp_path)
+    ckpt = run / "checkpoints" / "epoch_0002"
+    state = json.loads((ckpt / "state.json").read_text())
+    (ckpt / "state.json").write_text(json.dumps({**state, "epoch": 99}))
+    _reseal(ckpt)  # checksums agree: only the cross-check can tell
+    log_before = (run / "metrics.jsonl").read_bytes()
+    p = _run(run)
+    assert p.returncode != 0
+    last = p.stderr.strip().splitlines()[-1]
+    assert f"refusing to resume from {ckpt / 'state.json'}" in last
+    assert "epoch 99 in folder epoch_0002" in last and "records training up to epoch 1" in last
+    assert (run / "metrics.jsonl").read_bytes() == log_before  # nothing trained, nothing rewritten
+
+
+NAN_AT_FIRST_STEP = """
+import runpy, sys, torch
+step = torch.optim.AdamW.step
+def poisoned(self, *a, **k):
+    out = step(self, *a, **k)
+    with torch.no_grad():  # the update leaves a NaN in one weight
+        self.param_groups[0]["params"][0].view(-1)[0] = float("nan")
+    torch.optim.AdamW.step = step
+    return out
+torch.optim.AdamW.step = poisoned
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@needs_base
+def test_a_nan_written_by_the_optimizer_step_is_never_saved_as_healthy(finished, tmp_path):
+    run = _copy(finished, tmp_path)
+    ckpts = run / "checkpoints"
+    shutil.rmtree(ckpts / "epoch_0002")  # as if killed during epoch 1: the resume trains it again
+    (ckpts / "latest").write_text("epoch_0001")
+    p = _run(run, "--config.health.action=stop", prefix=("-c", NAN_AT_FIRST_STEP))
+    assert p.returncode == 3, p.stderr[-3000:]
+    assert (ckpts / "latest").read_text() == "epoch_0001" and not (ckpts / "epoch_0002").exists()
+    critical = [(h["epoch"], f["rule"]) for h in _records(run, "health") for f in h["findings"]
+                if f["severity"] == "critical"]
+    assert critical == [(1, "nonfinite_state")]
+    final = [r for r in _records(run, "eval") if r["tag"] == "final"]
+    # the stop restored epoch_0001's weights, so the final evaluation is epoch_0001's, and finite
+    assert len(final) == 1 and final[0]["checkpoint"] == "epoch_0001"
+    assert all(v == v for k, v in final[0].items() if k.startswith("eval/"))
