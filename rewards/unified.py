@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import base64
 import io
+import logging
 import math
 import os
 import re
@@ -372,6 +373,8 @@ class UnifiedClient:
 
     def __init__(self, config: UnifiedConfig):
         self.config = config
+        # httpx logs every request at INFO (hundreds of lines in a small run); failures reach the run log anyway
+        logging.getLogger("httpx").setLevel(max(logging.getLogger("httpx").level, logging.WARNING))
         limits = httpx.Limits(max_connections=config.max_concurrency, max_keepalive_connections=config.max_concurrency)
         self._http = httpx.Client(limits=limits, timeout=config.timeout_s)
 

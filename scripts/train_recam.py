@@ -5,8 +5,8 @@
 Per epoch: sample k copies of each condition with log-probs -> score with the rewards -> gather across
 processes -> group-relative advantages -> clipped-ratio policy updates with a KL pull toward the frozen
 reference -> health guard -> checkpoint -> evaluate held-out conditions with deterministic sampling
-(recam/engine/trainer.py). Exit status: 0 when the run ends, 3 when it stopped early (reward server down, or the
-health guard), 2 for an invalid config.
+(recam/engine/trainer.py). Exit status: 0 when the run ends, 3 when it stopped early (reward server down, at
+start or mid-run, or the health guard), 2 for an invalid config.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -32,9 +33,11 @@ from recam.engine.domain import build_domain  # noqa: E402
 from recam.engine.trainer import GRPOTrainer  # noqa: E402
 from recam.infra import runlog  # noqa: E402
 from recam.infra.distributed import use_cpu_if_no_accelerator  # noqa: E402
+from recam.infra.reward_runner import RewardServerDown  # noqa: E402
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", "config/grpo.py:tiny_cpu", "Preset file:name plus overrides.")
+# absolute, so the default preset loads from any working directory
+config_flags.DEFINE_config_file("config", f"{ROOT / 'config' / 'grpo.py'}:tiny_cpu", "Preset file:name plus overrides.")
 
 
 def config_error(message: str) -> None:
@@ -83,8 +86,20 @@ def parse_flags(argv: list[str]) -> list[str]:
         config_error(unknown_override(argv))
 
 
+def resolve_repo_paths(config) -> None:
+    """Relative model and data paths that do not exist from the working directory but do from the repository
+    root (the presets' defaults, e.g. checkpoints/recam_tiny_base) are read from the root, so a run can start
+    anywhere; run_dir stays relative to where the user is."""
+    for section, name in (("model", "pretrained"), ("model", "vae"), ("data", "root")):
+        if section in config and name in config[section]:
+            value = config[section][name]
+            if value and not Path(value).is_absolute() and not Path(value).exists() and (ROOT / value).exists():
+                config[section][name] = str(ROOT / value)
+
+
 def main(_):
     config = FLAGS.config
+    resolve_repo_paths(config)
     # Validation comes first, before the Accelerator or any model: the process count is the launcher's WORLD_SIZE.
     num_processes = int(os.environ.get("WORLD_SIZE", "1") or 1)
     try:
@@ -106,8 +121,13 @@ def main(_):
     torch.manual_seed(config.seed)
     np.random.seed(config.seed)
 
-    domain = build_domain(config, accelerator.device, log)
-    trainer = GRPOTrainer(config, domain, accelerator, log, derived, eval_report_rewards(config))
+    try:
+        domain = build_domain(config, accelerator.device, log)
+        trainer = GRPOTrainer(config, domain, accelerator, log, derived, eval_report_rewards(config))
+    except RewardServerDown as e:  # e.g. the UnifiedReward judge is unreachable: nothing was trained
+        print(f"[recam] reward server down before training started: {e}", file=sys.stderr, flush=True)
+        log.close()
+        sys.exit(3)
     stopped_by = trainer.train()
 
     log.close()
