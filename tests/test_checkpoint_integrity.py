@@ -154,6 +154,10 @@ def test_resume_choice_skips_a_corrupt_checkpoint_for_the_intact_one_below_it(tm
     assert got.path.name == "epoch_0001" and got.verified
     assert all(torch.equal(got.weights[k], v) for k, v in model.state_dict().items())
     assert len(lines) == 1 and "epoch_0002" in lines[0] and WEIGHTS in lines[0]
+    newest = _save(tmp_path, 2, model2, opt2, ema2)
+    (newest / "state.json").unlink()  # a folder that lost a file is skipped the same way
+    assert read_intact(tmp_path, newest, model, lines.append).path.name == "epoch_0001"
+    assert "state.json is missing" in lines[1]
     _truncate(tmp_path / "epoch_0001" / "trainer.pt")
     with pytest.raises(CheckpointCorrupt, match="no intact checkpoint"):
         read_intact(tmp_path, newest, model, lines.append)

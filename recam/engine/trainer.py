@@ -37,6 +37,7 @@ from recam.infra.checkpoint import (
     nonfinite_tensors,
     point,
     point_latest,
+    pointed_checkpoint,
     read_intact,
     save_checkpoint,
     set_rng_state,
@@ -320,7 +321,7 @@ class GRPOTrainer:
         returns "stop" or "continue". A checkpoint that fails its checks is skipped for the intact one below it."""
         cfg, acc = self.config, self.accelerator
         self.log.info("health guard: " + "; ".join(f"{f.rule} ({f.severity})" for f in critical))
-        healthy = latest_checkpoint(self.ckpt_root)
+        healthy = pointed_checkpoint(self.ckpt_root)  # load() skips it for the one below if it is damaged
         if any(f.rule in SAMPLE_RULES for f in critical):
             # the collapsed samples were drawn by the weights in `latest`: restore the checkpoint before them
             older = checkpoint_before(self.ckpt_root, self.epoch)
@@ -411,7 +412,7 @@ class GRPOTrainer:
         """Resume from `latest` (or, when it is corrupt, the newest intact checkpoint below it), or evaluate the base
         and save it as the first healthy checkpoint with that evaluation sealed in; returns the base's evaluation,
         which a resumed run reads from its checkpoint and never recomputes from weights that are not the base."""
-        newest = latest_checkpoint(self.ckpt_root) if self.config.resume else None
+        newest = pointed_checkpoint(self.ckpt_root) if self.config.resume else None
         self.resumed_from = None
         if newest is None:
             summary = self.evaluate("start", "epoch_0000")

@@ -113,12 +113,6 @@ def apply_model_weights(model, tensors: dict[str, torch.Tensor], path: Path) -> 
             raise ValueError(f"{path} does not fit this run's model: {str(e).splitlines()[0]}") from e
 
 
-def read_model_into(model, directory: Path) -> None:
-    """Load weights written by `write_model` into a live model of the same layout, in place."""
-    path = model_weights_file(model, directory)
-    apply_model_weights(model, read_weights(path), path)
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # finiteness
 
@@ -302,15 +296,18 @@ def _prune(ckpt_root: Path, keep: int, protect: tuple[str, ...]) -> None:
             shutil.rmtree(ckpt_root / old, ignore_errors=True)
 
 
+def pointed_checkpoint(ckpt_root: Path) -> Path | None:
+    """The folder `latest` names, whatever state it is in (reading it checks it), or None for a fresh run."""
+    pointer = ckpt_root / LATEST
+    return ckpt_root / pointer.read_text().strip() if pointer.exists() else None
+
+
 def latest_checkpoint(ckpt_root: Path) -> Path | None:
     """The folder `latest` points to, or None for a fresh run. A dangling pointer is an error, not a restart."""
-    pointer = ckpt_root / LATEST
-    if not pointer.exists():
-        return None
-    target = ckpt_root / pointer.read_text().strip()
-    if not (target / "state.json").exists():
-        raise FileNotFoundError(f"{pointer} points to {target}, which holds no state.json: the checkpoint is "
-                                "incomplete; point `latest` at an intact epoch_* folder or remove it")
+    target = pointed_checkpoint(ckpt_root)
+    if target is not None and not (target / "state.json").exists():
+        raise FileNotFoundError(f"{ckpt_root / LATEST} points to {target}, which holds no state.json: the checkpoint "
+                                "is incomplete; point `latest` at an intact epoch_* folder or remove it")
     return target
 
 
