@@ -29,6 +29,7 @@ from recam.infra.checkpoint import (
     read_intact,
     save_checkpoint,
 )
+from recam.infra.lora import add_lora
 from recam.infra.runlog import RunLog, read_records
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -173,6 +174,14 @@ def test_a_checkpoint_that_lost_its_manifest_or_gained_a_file_is_corrupt(tmp_pat
     (ckpt / MANIFEST).unlink()
     with pytest.raises(CheckpointCorrupt, match="manifest.json is missing"):
         read_checkpoint(ckpt, model)
+
+
+def test_a_checkpoint_of_the_other_layout_is_a_config_error_not_a_corrupt_file(tmp_path):
+    model, opt, ema = _trained()
+    ckpt = _save(tmp_path, 1, model, opt, ema)
+    add_lora(model, rank=2, alpha=2, target_modules=["lin"])
+    with pytest.raises(FileNotFoundError, match="adapter_model.safetensors is missing.*LoRA"):
+        read_intact(tmp_path, ckpt, model, print)
 
 
 def _legacy(ckpt):

@@ -359,10 +359,9 @@ def read_checkpoint(ckpt: Path, model) -> Checkpoint:
         bad += nonfinite_names((f"ema.shadow_params.{i}", t) for i, t in enumerate(trainer["ema"]["shadow_params"]))
     if bad:
         raise CheckpointCorrupt(f"{path} holds non-finite values in {_few(bad)}")
-    try:
-        weights_path = model_weights_file(model, ckpt / "model")
-    except FileNotFoundError as e:
-        raise CheckpointCorrupt(str(e)) from e
+    # a missing weights file of a sealed checkpoint was reported above; here it means LoRA vs full fine-tuning, a
+    # config mismatch that every older checkpoint shares, so it is raised as it is rather than walked past
+    weights_path = model_weights_file(model, ckpt / "model")
     weights = read_weights(weights_path)
     base_eval = _read_json(ckpt / BASE_EVAL) if (ckpt / BASE_EVAL).exists() else None
     return Checkpoint(ckpt, state, trainer, weights, weights_path, base_eval, verified)
