@@ -476,8 +476,26 @@ def validate_camera_files(config: ml_collections.ConfigDict) -> None:
         model_config = json.loads(config_file.read_text())
         in_channels = model_config.get("in_channels")
         check_sample_shape(model_config, config)
+        check_trained_sample(config_file.parent / "provenance.json", config)
     if in_channels is not None:
         check_in_channels(int(in_channels), config)
+
+
+def check_trained_sample(provenance: Path, config: ml_collections.ConfigDict) -> None:
+    """Synthetic frames of the size the base was pretrained at (provenance.json's trained_sample, written by
+    scripts/pretrain_base.py): a ReCam-Tiny base asked for other sizes runs, but on frames it never learned."""
+    d = config.data
+    if d.source != "synthetic" or config.model.vae or not provenance.is_file():
+        return
+    try:
+        trained = json.loads(provenance.read_text()).get("trained_sample") or {}
+    except (OSError, json.JSONDecodeError):
+        return
+    for field, value in (("size", d.size), ("num_frames", d.num_frames)):
+        if field in trained:
+            _require(value == trained[field], f"data.{field}={value} but model.pretrained={config.model.pretrained!r} "
+                     f"was pretrained on synthetic samples with {field} {trained[field]} ({provenance}); set "
+                     f"--config.data.{field}={trained[field]} or pretrain a base at that size")
 
 
 def check_sample_shape(model_config: dict, config: ml_collections.ConfigDict) -> None:

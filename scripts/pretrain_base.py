@@ -319,6 +319,8 @@ def main(argv: list[str] | None = None) -> dict:
         "git_commit": git_commit(),
         "wall_time_s": time.time() - t_start,
         "num_parameters": num_params,
+        # the sample shape the base learned (config/validate.py refuses synthetic data of another size)
+        "trained_sample": {"num_frames": train_world.num_frames, "size": train_world.size},
         "num_train_conditions_used": len(train_conditions),
         "skipped_train_indices": train_skipped,
         "skipped_eval_indices": eval_skipped,

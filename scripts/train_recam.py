@@ -6,7 +6,8 @@ Per epoch: sample k copies of each condition with log-probs -> score with the re
 processes -> group-relative advantages -> clipped-ratio policy updates with a KL pull toward the frozen
 reference -> health guard -> checkpoint -> evaluate held-out conditions with deterministic sampling
 (recam/engine/trainer.py). Exit status: 0 when the run ends, 3 when it stopped early (reward server down, at
-start or mid-run, or the health guard), 2 for an invalid config.
+start or mid-run, or the health guard), 2 for an invalid config, 4 when a resume finds no checkpoint it can trust
+(every one corrupt, or its state disagreeing with the metrics log); nothing is changed then.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from config.validate import ConfigError, eval_report_rewards, validate, validate
 from recam.engine.domain import build_domain  # noqa: E402
 from recam.engine.trainer import GRPOTrainer  # noqa: E402
 from recam.infra import runlog  # noqa: E402
+from recam.infra.checkpoint import CheckpointCorrupt, ResumeMismatch  # noqa: E402
 from recam.infra.distributed import use_cpu_if_no_accelerator  # noqa: E402
 from recam.infra.reward_runner import RewardServerDown  # noqa: E402
 
@@ -128,7 +130,12 @@ def main(_):
         print(f"[recam] reward server down before training started: {e}", file=sys.stderr, flush=True)
         log.close()
         sys.exit(3)
-    stopped_by = trainer.train()
+    try:
+        stopped_by = trainer.train()
+    except (CheckpointCorrupt, ResumeMismatch) as e:  # nothing to resume from that can be trusted: nothing is changed
+        print(f"[recam] cannot resume: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
+        log.close()
+        sys.exit(4)
 
     log.close()
     # The DDP reducer must die before its process group, or gloo's teardown deadlocks on the GIL at exit.

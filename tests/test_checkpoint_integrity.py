@@ -337,9 +337,10 @@ def test_resume_refuses_a_state_json_that_disagrees_with_its_checkpoint_and_the_
     _reseal(ckpt)  # checksums agree: only the cross-check can tell
     log_before = (run / "metrics.jsonl").read_bytes()
     p = _run(run)
-    assert p.returncode != 0
+    assert p.returncode == 4
+    assert "Traceback" not in p.stderr
     last = p.stderr.strip().splitlines()[-1]
-    assert f"refusing to resume from {ckpt / 'state.json'}" in last
+    assert last.startswith("[recam] cannot resume:") and f"refusing to resume from {ckpt / 'state.json'}" in last
     assert "epoch 99 in folder epoch_0002" in last and "records training up to epoch 1" in last
     assert (run / "metrics.jsonl").read_bytes() == log_before  # nothing trained, nothing rewritten
 

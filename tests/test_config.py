@@ -95,3 +95,19 @@ def test_broken_data_and_model_fields_are_named(mutate, field):
     mutate(c)
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         validate(c, 1)
+
+
+def test_synthetic_frames_of_another_size_than_the_base_learned_are_refused(monkeypatch):
+    """checkpoints/recam_tiny_base was pretrained on 8 x 32 x 32 frames (its provenance.json): 48 px would run, on
+    frames it never saw."""
+    from config.validate import validate_files
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    c = grpo.get_config("smoke")
+    validate_files(c)  # the default size passes
+    c.data.size = 48
+    with pytest.raises(ConfigError, match=r"data.size=48 .* size 32"):
+        validate_files(c)
+    c.data.size, c.data.num_frames = 32, 12
+    with pytest.raises(ConfigError, match=r"data.num_frames=12 .* num_frames 8"):
+        validate_files(c)

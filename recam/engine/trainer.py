@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import time
 from pathlib import Path
 
@@ -121,6 +122,7 @@ class GRPOTrainer:
     def train(self) -> str | None:
         """Run to config.num_epochs (or a stop); returns why the run stopped early, or None."""
         cfg = self.config
+        finished = self.log.read_eval("final")  # read before a resume drops it from the log
         eval_before = self.resume_or_start()  # the base's evaluation: made once, then read from the checkpoint
         self.eval_missed_at_resume()
         self.selected = self.selected_eval()  # its checkpoint is never pruned
@@ -159,10 +161,22 @@ class GRPOTrainer:
                 self.evaluate(f"epoch_{self.epoch:04d}", f"epoch_{self.epoch:04d}")
                 self.selected = self.selected_eval()
         self.runner.close()
-        eval_after = self.evaluate("final", latest_checkpoint(self.ckpt_root).name)  # a stopped run holds `latest`
+        eval_after = self.final_evaluation(finished)
         self.selected = self.selected_eval()
         self.report(eval_before, eval_after)
         return self.stopped_by
+
+    def final_evaluation(self, finished: dict | None) -> dict:
+        """The evaluation of the weights the run ends with (a stopped run holds those of `latest`). A run directory
+        that had already finished is not evaluated again: its final record is reported as it was, and said so."""
+        if finished is not None and self.epoch >= self.config.num_epochs and self.resumed_from is not None:
+            self.log.info(f"this run had already finished at epoch {self.epoch}: its final evaluation is reported as "
+                          "logged, not redone (raise num_epochs or use a new run_dir to train further)")
+            summary = {k: v for k, v in finished.items() if k != "checkpoint"}
+            self.log.eval_record("final", self.global_step, summary, epoch=self.epoch - 1,
+                                 checkpoint=finished.get("checkpoint", ""))
+            return summary
+        return self.evaluate("final", latest_checkpoint(self.ckpt_root).name)
 
     # ------------------------------------------------------------------------------------------------------
     # phases
@@ -193,7 +207,19 @@ class GRPOTrainer:
         return Rollouts(torch.cat(index), torch.cat(states), torch.cat(log_probs), decoded)
 
     def score(self) -> Scores:
-        results = self.runner.collect()
+        """This process's rewards. A reward server found down on any process stops every process (the others
+        would otherwise wait for it in the next gather)."""
+        down = None
+        try:
+            results = self.runner.collect()
+        except RewardServerDown as e:
+            down = e
+        if self.world_size > 1:
+            flags = self.accelerator.gather(torch.tensor([down is not None], device=self.accelerator.device))
+            if down is None and bool(flags.any()):
+                down = RewardServerDown("another process found its reward server down")
+        if down is not None:
+            raise down
         rewards, valid = concat_results(results)
         scores = Scores({k: v.float() for k, v in rewards.items()}, valid, sum(sum(r.call_seconds) for r in results))
         for h in self.hooks:
@@ -242,6 +268,9 @@ class GRPOTrainer:
         gen = torch.Generator().manual_seed(cfg.seed * 7919 + self.epoch)
         order = torch.randperm(len(rollouts.states), generator=gen)  # the same permutation on every process
         steps: list[StepStats] = []
+        per_pass = math.ceil(math.ceil(len(order) / t.batch_size) / t.gradient_accumulation_steps)
+        bar = tqdm(total=t.num_inner_epochs * per_pass, desc=f"epoch {self.epoch} training",
+                   disable=not self.log.enabled, leave=False)
         for inner in range(t.num_inner_epochs):
             micro = [order[i:i + t.batch_size] for i in range(0, len(order), t.batch_size)]
             for first in range(0, len(micro), t.gradient_accumulation_steps):
@@ -257,9 +286,12 @@ class GRPOTrainer:
                     acc_metrics += self.objective.accumulate(mb, self.backward_fn(c == len(chunk) - 1))
                 stats = self.optimizer_step(acc_metrics, signal)
                 steps.append(stats)
+                bar.update(1)
                 if not stats.applied:
+                    bar.close()
                     self.objective.end_epoch()
                     return EpochResult(steps, [f for f in stats.findings if f.severity == "critical"])
+        bar.close()
         self.objective.end_epoch()
         return EpochResult(steps)
 
@@ -376,7 +408,8 @@ class GRPOTrainer:
         cfg, acc = self.config, self.accelerator
         idx = list(range(acc.process_index, len(dataset), acc.num_processes))
         rows = []
-        for start in range(0, len(idx), cfg.eval.batch_size):
+        for start in tqdm(range(0, len(idx), cfg.eval.batch_size), desc=f"{tag} {prefix}", leave=False,
+                          disable=not self.log.enabled):
             chunk = idx[start:start + cfg.eval.batch_size]
             batch = self.domain.collate(dataset, chunk)
             noise = per_sample_noise([(cfg.eval.seed, i) for i in chunk], 1, self.sample_shape)[:, 0]

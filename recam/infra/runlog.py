@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from recam.engine.advantages import per_group_stats
 from recam.infra.schema import reward_terms
@@ -41,7 +42,7 @@ class RunLog:
 
     def info(self, msg: str) -> None:
         if self.enabled:
-            print(f"[recam] {msg}", flush=True)
+            tqdm.write(f"[recam] {msg}")  # above a progress bar, never glued onto it
 
     def _append(self, obj: dict) -> None:
         with self.path.open("a") as f:
@@ -93,7 +94,7 @@ class RunLog:
                       "findings": [{"rule": f.rule, "severity": f.severity, "numbers": f.numbers} for f in findings]})
         for f in findings:
             if f.severity != "info":
-                print(f"[recam] health {f.severity}: {f.rule} {f.numbers}", flush=True)
+                tqdm.write(f"[recam] health {f.severity}: {f.rule} {f.numbers}")
 
     def truncate_after(self, epoch: int, archive_reason: str | None = None, base_record: dict | None = None) -> None:
         """Drop records of epochs >= `epoch`: written by a run killed before checkpointing them, or rolled back.
