@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import torch
 
 from recam.engine.advantages import weighted_mean  # noqa: F401  (avg, what drives training; re-exported)
+from recam.infra.registry import registrar
 
 
 class Reward(Protocol):
@@ -33,12 +34,7 @@ REWARDS: dict[str, RewardFactory] = {}
 
 def register_reward(name: str) -> Callable[[RewardFactory], RewardFactory]:
     """Decorator adding a reward factory `factory(config) -> Reward` under `name` (duplicates are an error)."""
-    def decorator(factory: RewardFactory) -> RewardFactory:
-        if name in REWARDS:
-            raise ValueError(f"reward {name!r} is already registered")
-        REWARDS[name] = factory
-        return factory
-    return decorator
+    return registrar(REWARDS, "reward", name)
 
 
 def known_rewards() -> list[str]:

@@ -15,17 +15,14 @@ from typing import Any, Protocol
 import torch
 
 from recam.engine.containers import Batch
+from recam.infra.registry import registrar
 
 DOMAINS: dict[str, Callable[..., Domain]] = {}
 
 
 def register_domain(name: str):
-    def decorator(factory):
-        if name in DOMAINS:
-            raise ValueError(f"domain {name!r} is already registered")
-        DOMAINS[name] = factory
-        return factory
-    return decorator
+    """Decorator adding a domain class (or factory(config, device, log) -> Domain) to DOMAINS."""
+    return registrar(DOMAINS, "domain", name)
 
 
 def known_domains() -> list[str]:

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from recam.engine.sde import gaussian_kl_between_means
+from recam.infra.registry import registrar
 
 __all__ = [
     "K3_LOG_RATIO_CLAMP",
@@ -83,19 +84,6 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {}
 KL_ESTIMATORS: dict[str, KLEstimator] = {}
 
 
-def _register(table: dict, kind: str, name: str) -> Callable:
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"{kind} name must be a non-empty string, got {name!r}")
-
-    def decorator(fn: Callable) -> Callable:
-        if name in table:
-            raise ValueError(f"{kind} {name!r} is already registered")
-        table[name] = fn
-        return fn
-
-    return decorator
-
-
 def _lookup(table: dict, kind: str, name: str) -> Callable:
     if name not in table:
         raise KeyError(f"unknown {kind} {name!r}; known: {sorted(table)}")
@@ -104,7 +92,7 @@ def _lookup(table: dict, kind: str, name: str) -> Callable:
 
 def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
     """Decorator adding a policy loss to POLICY_LOSSES under `name` (duplicates are an error)."""
-    return _register(POLICY_LOSSES, "policy loss", name)
+    return registrar(POLICY_LOSSES, "policy loss", name)
 
 
 def get_policy_loss(name: str) -> PolicyLoss:
@@ -114,7 +102,7 @@ def get_policy_loss(name: str) -> PolicyLoss:
 
 def register_kl_estimator(name: str) -> Callable[[KLEstimator], KLEstimator]:
     """Decorator adding fn(cur_mean, ref_mean, std, sample) -> (N,) to KL_ESTIMATORS (see "KL estimators")."""
-    return _register(KL_ESTIMATORS, "KL estimator", name)
+    return registrar(KL_ESTIMATORS, "KL estimator", name)
 
 
 def get_kl_estimator(name: str) -> KLEstimator:

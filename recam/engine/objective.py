@@ -24,17 +24,14 @@ from recam.engine.variants import (
     log_prob_output_gradient,
     policy_gradient_norms,
 )
+from recam.infra.registry import registrar
 
 OBJECTIVES: dict[str, type] = {}
 
 
 def register_objective(name: str):
-    def decorator(cls):
-        if name in OBJECTIVES:
-            raise ValueError(f"objective {name!r} is already registered")
-        OBJECTIVES[name] = cls
-        return cls
-    return decorator
+    """Decorator adding an objective class cls(train_config, scheduler) to OBJECTIVES."""
+    return registrar(OBJECTIVES, "objective", name)
 
 
 @dataclass
