@@ -66,6 +66,25 @@ def test_smoke_run_logs_verifiable_grpo_and_checkpoints(tmp_path):
     assert f"selected ({selected})" in summary and "held-out conditions play no part" in summary
     change = summary.split("| cam_score |")[1].split("|")[3]
     assert float(change) == pytest.approx(best["eval/cam_score"] - ordered[0]["eval/cam_score"], abs=1e-4)
+    # The same command again on the finished run directory says so and redoes no evaluation: the final record
+    # is reported as it was, and nothing else in the log changes.
+    log_before = [r for r in records(tmp_path, "eval")]
+    again = run(tmp_path, "--config.num_epochs=2", "--config.train.batch_size=4", "--config.eval.freq=1",
+                "--config.keep_checkpoints=1")
+    assert "had already finished at epoch 2" in again.stdout
+    after = records(tmp_path, "eval")
+    assert [r["tag"] for r in after] == [r["tag"] for r in log_before]
+    assert after[-1] == log_before[-1] and records(tmp_path, "step")[-1]["step"] == 4
+
+
+def test_a_run_started_outside_the_repository_finds_its_preset_and_base(tmp_path):
+    """The default preset and its relative checkpoint path resolve from the repository root: from another
+    directory the run gets as far as the checkpoint-vs-data check, which reads the base's provenance.json."""
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "train_recam.py"), "--config.data.size=48",
+                        f"--config.run_dir={tmp_path / 'run'}"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert p.stderr.strip().startswith("config error: data.size=48") and "size 32" in p.stderr
 
 
 def test_sigkill_mid_epoch_then_resume_matches_uninterrupted(tmp_path):

@@ -517,3 +517,21 @@ def test_a_flaky_judge_is_not_server_down(judge_factory):
     reward.close()
     assert r.valid.tolist() == [True, False, True] and math.isnan(r.scores[1].item())
     assert "HTTP 500" in r.reasons[1] and judge.attempts[1] == 2  # first call + one runner retry
+
+
+def test_the_judges_client_keeps_httpx_request_lines_out_of_the_run_log():
+    """httpx logs every request at INFO (206 lines in a small run); a judge's client turns that off, and leaves a
+    stricter level a user set alone."""
+    import logging
+
+    logger = logging.getLogger("httpx")
+    old = logger.level
+    try:
+        logger.setLevel(logging.NOTSET)
+        UnifiedClient(config("http://127.0.0.1:1/v1")).close()
+        assert logger.getEffectiveLevel() == logging.WARNING and not logger.isEnabledFor(logging.INFO)
+        logger.setLevel(logging.ERROR)
+        UnifiedClient(config("http://127.0.0.1:1/v1")).close()
+        assert logger.level == logging.ERROR
+    finally:
+        logger.setLevel(old)
