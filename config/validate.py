@@ -300,7 +300,7 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
 def validate_camera(config: ml_collections.ConfigDict, conds_per_batch: int) -> None:
     """The camera domain's checks: the flow-matching sampler, its registered rewards (rewards.REWARDS), the video
     data and the transformer checkpoint's format."""
-    from recam.engine.scheduler import FLOW_STEPS
+    from recam.engine.scheduler import FLOW_NOISE_RANGE, FLOW_STEPS
     from rewards import known_rewards
     from rewards.unified import PROMPT_FORMATS
 
@@ -317,12 +317,8 @@ def validate_camera(config: ml_collections.ConfigDict, conds_per_batch: int) -> 
     check_nonempty_str(config, "model.pretrained")
     _require(s.sde_type in FLOW_STEPS, f"sample.sde_type must be one of {sorted(FLOW_STEPS)}, got {s.sde_type!r}")
     check_number(config, "sample.shift", 0, None, low_open=True, why="sigma schedule time shift; 1 = linear sigmas")
-    if s.sde_type == "cps":
-        check_number(config, "sample.noise_level", 0, 1, low_open=True,
-                     why="coefficients-preserving sampling needs a in (0, 1]: its noise angle is a x pi / 2")
-    else:
-        check_number(config, "sample.noise_level", 0, None, low_open=True,
-                     why=f"sample.sde_type={s.sde_type!r} needs noise for a stochastic policy")
+    low, high, why = FLOW_NOISE_RANGE[s.sde_type]
+    check_number(config, "sample.noise_level", low, high, low_open=True, why=f"sample.sde_type={s.sde_type!r}: {why}")
     unknown = sorted(set(weights) - set(known_rewards()))
     _require(not unknown, f"reward.weights.{unknown[0] if unknown else ''} is not a registered reward; "
              f"known: {sorted(known_rewards())}")

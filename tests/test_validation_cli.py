@@ -127,7 +127,7 @@ def test_edges_of_the_ranges_pass():
                         "eval.num_videos": 0, "train.gradient_weighting_num_probes": 0,
                         "train.gradient_weighting_temperature": float("inf"), "sample.sde_type": "cps",
                         "sample.noise_level": 1.0, "debug.fail_reward_slots": "0,7", "debug.sigkill_at_step": -1,
-                        "data.size": 64, "eval.freq": 1, "save_freq": 1}.items():
+                        "eval.freq": 1, "save_freq": 1}.items():
         _set(c, path, value)
     _check(c)
 

@@ -19,6 +19,9 @@ from torch import Tensor
 from recam.engine.sde import StepOutput, cps_step, ddim_step_with_logprob, flow_sde_step, flow_sigmas, ode_step
 
 FLOW_STEPS = {"sde": flow_sde_step, "cps": cps_step}
+# the noise level a each flow step accepts: (low, high), low exclusive, high inclusive (None: unbounded), and why
+FLOW_NOISE_RANGE = {"sde": (0.0, None, "the SDE needs noise for a stochastic policy"),
+                    "cps": (0.0, 1.0, "coefficients-preserving sampling needs a in (0, 1]: its angle is a pi / 2")}
 
 
 class Scheduler(Protocol):
