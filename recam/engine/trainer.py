@@ -124,6 +124,8 @@ class GRPOTrainer:
         cfg = self.config
         finished = self.log.read_eval("final")  # read before a resume drops it from the log
         eval_before = self.resume_or_start()  # the base's evaluation: made once, then read from the checkpoint
+        if self.epoch < cfg.num_epochs:
+            finished = None  # this invocation trains: its end is evaluated anew
         self.eval_missed_at_resume()
         self.selected = self.selected_eval()  # its checkpoint is never pruned
         while self.epoch < cfg.num_epochs:
@@ -168,8 +170,9 @@ class GRPOTrainer:
 
     def final_evaluation(self, finished: dict | None) -> dict:
         """The evaluation of the weights the run ends with (a stopped run holds those of `latest`). A run directory
-        that had already finished is not evaluated again: its final record is reported as it was, and said so."""
-        if finished is not None and self.epoch >= self.config.num_epochs and self.resumed_from is not None:
+        that had already finished (`finished`: its final record, None when this invocation trained) is not
+        evaluated again: its final record is reported as it was, and said so."""
+        if finished is not None and self.resumed_from is not None:
             self.log.info(f"this run had already finished at epoch {self.epoch}: its final evaluation is reported as "
                           "logged, not redone (raise num_epochs or use a new run_dir to train further)")
             summary = {k: v for k, v in finished.items() if k != "checkpoint"}

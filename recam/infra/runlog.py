@@ -204,7 +204,7 @@ def read_records(path: Path, unreadable: list[bytes] | None = None) -> list[dict
     out = []
     if not path.exists():
         return out
-    for line in path.read_bytes().splitlines():
+    for line in path.read_bytes().split(b"\n"):  # JSON lines end in \n only; stray \r bytes stay in their line
         if not line.strip():
             continue
         try:
