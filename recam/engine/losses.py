@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from recam.engine.sde import gaussian_kl_between_means
+from recam.engine.sde import checked_std, gaussian_kl_between_means
 from recam.infra.registry import registrar
 
 __all__ = [
@@ -136,15 +136,7 @@ def _kl_inputs(cur_mean: Tensor, ref_mean: Tensor, std: float | Tensor, sample: 
         )
     if cur_mean.dim() < 2:
         raise ValueError(f"means need a batch axis and at least one more, got shape {tuple(cur_mean.shape)}")
-    std_t = torch.as_tensor(std, dtype=torch.float32, device=cur_mean.device)
-    try:
-        broadcast_ok = torch.broadcast_shapes(std_t.shape, cur_mean.shape) == cur_mean.shape
-    except RuntimeError:
-        broadcast_ok = False
-    if not broadcast_ok:
-        raise ValueError(f"std of shape {tuple(std_t.shape)} does not broadcast to the means' shape")
-    if not bool((std_t > 0).all()):
-        raise ValueError("std must be > 0 everywhere: a deterministic step has no density and no finite KL")
+    std_t = checked_std(std, cur_mean)
     # The reference is frozen and the sample is data: a gradient through either would not be a KL gradient.
     return cur_mean.float(), ref_mean.detach().float(), std_t, sample.detach().float()
 
@@ -226,7 +218,8 @@ def weighted_terms(per_sample: Tensor, sample_weight: Tensor | None) -> tuple[Te
         return mean, mean.detach()
     w = sample_weight.to(per_sample.dtype)
     total = (w * per_sample).sum()
-    return total, (total / w.sum()).detach() if bool(w.sum() > 0) else torch.zeros_like(total).detach()
+    # total is exactly 0 when every weight is, so the clamp gives 0 there without a host sync per timestep
+    return total, (total / w.sum().clamp_min(torch.finfo(w.dtype).tiny)).detach()
 
 
 @register_policy_loss("grpo_clip")

@@ -22,6 +22,7 @@ from torch import Tensor
 
 __all__ = [
     "StepOutput",
+    "checked_std",
     "cps_step",
     "ddim_step_with_logprob",
     "flow_sde_step",
@@ -326,6 +327,21 @@ def ddim_step_with_logprob(
     return _finish_step(mean, column(std64), sample, prev_sample, generator, deterministic=eta == 0)
 
 
+def checked_std(std: float | Tensor, like: Tensor) -> Tensor:
+    """A transition std as float32 on `like`'s device, checked to broadcast to `like`'s shape and to be > 0
+    everywhere: a deterministic step (std 0) has no density, so no finite KL or log-ratio."""
+    std_t = torch.as_tensor(std, dtype=torch.float32, device=like.device)
+    try:
+        broadcast_ok = torch.broadcast_shapes(std_t.shape, like.shape) == like.shape
+    except RuntimeError:
+        broadcast_ok = False
+    if not broadcast_ok:
+        raise ValueError(f"std of shape {tuple(std_t.shape)} does not broadcast to the means' shape")
+    if not bool((std_t > 0).all()):
+        raise ValueError("std must be > 0 everywhere: a deterministic step has no density and no finite KL")
+    return std_t
+
+
 def gaussian_kl_between_means(mean_a: Tensor, mean_b: Tensor, std: float | Tensor) -> Tensor:
     """KL(N(mean_a, std^2 I) || N(mean_b, std^2 I)) per element, averaged over non-batch dims.
 
@@ -341,14 +357,6 @@ def gaussian_kl_between_means(mean_a: Tensor, mean_b: Tensor, std: float | Tenso
         raise ValueError(f"mean_a shape {tuple(mean_a.shape)} != mean_b shape {tuple(mean_b.shape)}")
     if mean_a.dim() < 2:
         raise ValueError(f"means need a batch axis and at least one more, got shape {tuple(mean_a.shape)}")
-    std_t = torch.as_tensor(std, dtype=torch.float32, device=mean_a.device)
-    try:
-        broadcast_ok = torch.broadcast_shapes(std_t.shape, mean_a.shape) == mean_a.shape
-    except RuntimeError:
-        broadcast_ok = False
-    if not broadcast_ok:
-        raise ValueError(f"std of shape {tuple(std_t.shape)} does not broadcast to the means' shape")
-    if not bool((std_t > 0).all()):
-        raise ValueError("std must be > 0 everywhere: the KL between distinct point masses is infinite")
+    std_t = checked_std(std, mean_a)
     kl = (mean_a.float() - mean_b.float()) ** 2 / (2.0 * std_t**2)
     return kl.mean(dim=tuple(range(1, kl.dim())))

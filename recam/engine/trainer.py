@@ -112,6 +112,7 @@ class GRPOTrainer:
         self.sampler = KRepeatBatchSampler(len(self.train_set), s.batch_size, s.k, self.world_size, self.rank,
                                            config.seed, s.num_batches_per_epoch)
         self.sample_shape = domain.sample_shape()
+        self.epoch_cache: dict = {}  # work shared by sampling and training within one epoch, renewed by sample()
         self.epoch, self.global_step, self.rollbacks, self.stopped_by = 0, 0, 0, None
         self.history: list[dict] = []  # recent step metrics with their epoch's reward signal, for the guard
         self.selected = None
@@ -147,18 +148,15 @@ class GRPOTrainer:
             record["epoch_seconds"] = time.time() - epoch_t0
             self.log.epoch_record(record)
             self.log.info(runlog.epoch_line(record))
-            if result.critical:                                      # 5. guard: never checkpoint a broken epoch
-                if self.guard(result.critical) == "stop":
+            critical = result.critical or self.nonfinite_state()
+            if critical:                                             # 5. guard: never checkpoint a broken epoch
+                if self.guard(critical) == "stop":
                     break
                 continue
             for h in self.hooks:
                 h.epoch_done(groups)
             self.epoch += 1
-            verdict = self.checkpoint()                              # 6. checkpoint, 7. evaluate
-            if verdict == "stop":
-                break
-            if verdict != "saved":  # the state was not finite: rolled back (or, "warn", kept but never saved)
-                continue
+            self.checkpoint()                                        # 6. checkpoint, 7. evaluate
             if self.epoch % cfg.eval.freq == 0 and self.epoch != cfg.num_epochs:
                 self.evaluate(f"epoch_{self.epoch:04d}", f"epoch_{self.epoch:04d}")
                 self.selected = self.selected_eval()
@@ -188,7 +186,7 @@ class GRPOTrainer:
         """k copies of each condition of this process's batches; rewards are submitted as each batch finishes."""
         s, model = self.config.sample, self.model
         model.eval()
-        self.epoch_cache = {}  # work shared by sampling and training this epoch (e.g. encoded source videos)
+        self.epoch_cache = {}  # this epoch's shared work (e.g. encoded source videos), for sampling and training
         index, states, log_probs, decoded = [], [], [], []
         keep_decoded = any(getattr(h, "needs_samples", False) for h in self.hooks)
         for b in tqdm(range(s.num_batches_per_epoch), desc=f"epoch {epoch} sampling", disable=not self.log.enabled,
@@ -387,23 +385,24 @@ class GRPOTrainer:
         self.epoch += 1  # action "warn": keep going, but this state is never saved as a checkpoint
         return "continue"
 
-    def checkpoint(self) -> str:
-        """Save the state at an epoch boundary. A state holding NaN or inf is never saved: it goes to the guard as a
-        critical finding. Returns "saved" (also when save_freq skips this epoch), or the guard's verdict."""
-        acc, cfg = self.accelerator, self.config
-        # every process checks its own copy, so that all of them take the guard's path together
+    def nonfinite_state(self) -> list:
+        """A critical finding when the applied updates left NaN or inf in the weights, optimizer state or EMA. Every
+        process checks its own copy, so that all of them take the guard's path together."""
         bad = nonfinite_tensors(self.model, self.optimizer, self.ema)
-        if bad:
-            self.epoch -= 1  # the guard judges the epoch whose update produced this state
-            finding = Finding("nonfinite_state", "critical", {"tensors": bad[:5], "count": len(bad)},
-                              "the optimizer step left NaN or inf in the weights or optimizer state")
-            self.log.health_record(self.global_step, self.epoch, [finding])
-            return self.guard([finding])
+        if not bad:
+            return []
+        finding = Finding("nonfinite_state", "critical", {"tensors": bad[:5], "count": len(bad)},
+                          "the optimizer step left NaN or inf in the weights or optimizer state")
+        self.log.health_record(self.global_step, self.epoch, [finding])
+        return [finding]
+
+    def checkpoint(self) -> None:
+        """Save the state at an epoch boundary (every save_freq epochs and the last): only healthy states get here."""
+        acc, cfg = self.accelerator, self.config
         acc.wait_for_everyone()
         if acc.is_main_process and (self.epoch % cfg.save_freq == 0 or self.epoch == cfg.num_epochs):
             self.save(self.epoch, protect=(self.selected["checkpoint"],) if self.selected else ())
         acc.wait_for_everyone()
-        return "saved"
 
     @torch.no_grad()
     def evaluate_split(self, dataset, tag: str, prefix: str, examples_dir: Path | None) -> dict:
