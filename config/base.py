@@ -155,6 +155,33 @@ def get_config() -> ml_collections.ConfigDict:
     c.reward.unified.timeout_s = 30.0  # per request
     c.reward.unified.max_retries = 3  # retries per request (timeouts, 5xx, 429, dropped connections)
     c.reward.unified.check_model = False  # also require the model name in /v1/models at start
+    c.reward.cam = ml_collections.ConfigDict()  # camera accuracy (reward "cam_score", rewards/cam_score.py)
+    # How poses are estimated on the generated frames: "landmarks" (PnP on the synthetic world's coloured spheres),
+    # "sfm" (pycolmap structure-from-motion: real footage, textured worlds), "served" (a learned estimator over HTTP)
+    c.reward.cam.estimator = "landmarks"
+    c.reward.cam.max_frames = 16  # frames scored per video, evenly spaced, first and last included
+    c.reward.cam.rot_scale_deg = 10.0  # per-frame score exp(-RotErr / this) * exp(-TransErr / trans_scale)
+    c.reward.cam.trans_scale = 0.25  # TransErr is between centres normalised by the trajectory's largest, in [0, 2]
+    c.reward.cam.min_target_translation = 0.05  # targets moving less than this (data units) score rotation only
+    c.reward.cam.sfm = ml_collections.ConfigDict()  # estimator "sfm" (rewards/pose/sfm.py)
+    c.reward.cam.sfm.workers = 2  # videos solved at once, one process each
+    c.reward.cam.sfm.timeout_s = 120.0  # a video not solved by then is not judged (NaN, retried, then excluded)
+    c.reward.cam.sfm.threads_per_worker = 1
+    c.reward.cam.sfm.min_registered_fraction = 0.75  # the full solve must place this share of the frames ...
+    c.reward.cam.sfm.min_points3d = 50  # ... triangulate this many points ...
+    c.reward.cam.sfm.max_disagreement_deg = 5.0  # ... and agree this well with the rotation-only solve
+    c.reward.cam.sfm.parallax_px = 1.5  # matches explained by rotation alone within this: the camera did not move
+    c.reward.cam.sfm.max_features = 4096  # SIFT features per frame
+    c.reward.cam.served = ml_collections.ConfigDict()  # estimator "served" (rewards/pose/served.py: the protocol)
+    c.reward.cam.served.base_url = "http://127.0.0.1:30100"
+    c.reward.cam.served.timeout_s = 60.0  # per request
+    c.reward.cam.served.max_retries = 3  # timeouts, 5xx, 429 and dropped connections, with exponential backoff
+    c.reward.cam.served.backoff_s = 1.0
+    c.reward.cam.served.max_concurrency = 4  # requests in flight
+    c.reward.cam.served.max_frames = 16  # frames sent per video (others are not scored)
+    c.reward.cam.served.image_format = "png"  # "png" | "jpeg"
+    c.reward.cam.served.api_key_env = "POSE_API_KEY"  # environment variable holding a bearer token (optional)
+    c.reward.cam.served.check_health = True  # GET /health when the run starts
     c.reward.discriminator = ml_collections.ConfigDict()  # learned critic (reward "discriminator")
     c.reward.discriminator.lr = 1e-3  # critic learning rate
     c.reward.discriminator.temperature = 1.0  # T in -log sigmoid((s_teacher - s_student) / T)

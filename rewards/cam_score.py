@@ -1,154 +1,233 @@
-"""cam_score: camera accuracy of a generated video, estimated without looking at the generator.
+"""cam_score: camera accuracy of a generated video, from camera poses estimated on its frames by a method that never
+looks at the generator (rewards/pose: landmark PnP in the synthetic world, structure-from-motion or a served learned
+estimator on real footage).
 
-Per frame, each landmark of the condition's scene is found by its colour (a colour-closeness weighted
-centroid), and the camera pose is solved from the 2D-3D correspondences with OpenCV's PnP (SQPnP, then
-Levenberg-Marquardt refinement). The estimated trajectory is compared with the target trajectory:
+Errors follow CamI2V's definitions. Both trajectories are made relative to a reference frame (the first frame the
+estimator placed; frame 0 when it placed it) and their camera centres are divided by the trajectory's largest
+centre distance from the reference, so a trajectory's scale (unknowable from SfM) does not count, its direction
+does. Per frame f:
 
-- RotErr: geodesic angle acos((tr(R_est^T R_gt) - 1) / 2) in degrees, mean over frames;
-- TransErr: distance between camera centres after scale alignment, divided by the scene depth (the
-  distance from the first source camera to the scene centre), mean over frames. Only scale is aligned
-  (s* = argmin sum ||s C_est - C_gt||^2, clamped to [0.5, 2]): the landmarks pin the world frame's
-  orientation, and a Sim(3) rotation would let a mirrored trajectory (truck left instead of right) score
-  as perfect, which is exactly the error this reward must see;
-- CamMC: L2 norm of the difference of the 12 [R|t] values, mean over frames.
+  - RotErr_f = geodesic angle between the relative rotations, acos((tr(R_est^T R_gt) - 1) / 2), in degrees;
+  - TransErr_f = || c_est_f - c_gt_f || between the normalised camera centres (in [0, 2]);
+  - CamMC_f = || [R | t]_est - [R | t]_gt || over the 12 values, t from the normalised centres.
 
-Score per frame: exp(-RotErr / ROT_SCALE_DEG) * exp(-TransErr / TRANS_SCALE); a frame whose pose cannot be
-estimated (fewer than MIN_LANDMARKS landmarks found, PnP failure, non-finite pixels) scores 0 and is counted
-with its reason. The sample's score is the mean over frames, in [0, 1]. The function never raises on a bad
-video; errors are NaN where no frame could be estimated.
+Reported per video: the means over the frames that were measured (NaN when none was), and per frame in lists.
+
+Score per frame: exp(-RotErr_f / rot_scale_deg) * exp(-TransErr_f / trans_scale); the video's score is the mean over
+its scored frames other than the reference (whose errors are 0 by construction), in [0, 1].
+
+Translation is dropped (weight 0, TransErr NaN) when the target itself barely translates: its largest centre
+distance is below min_target_translation (in the data's units). Normalising a near-zero translation would turn
+noise into unit-length error.
+
+Scoring cannot be gamed by failing. A term that could not be measured takes its worst attainable value: a frame
+the estimator could not place scores as RotErr 180 deg and TransErr 2, and a translation the estimator could not
+recover (a rotation-only solve of a camera that did move) scores TransErr 2. No recovered camera, however wrong,
+scores below that, so a video whose camera cannot be recovered never beats a wrong camera. It is not silently 0
+either: every such frame is counted by reason (details "fail_reason") and the video's frames_ok says how many were
+measured.
+
+An estimator that did not answer at all (a served estimator down after its retries, an SfM worker that crashed or
+timed out) did not judge the video: the score is NaN with details failed / failure_reason, so the reward runner
+retries and then excludes the sample; a whole batch without an answer stops the run (RewardServerDown).
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import dataclass
 
-import cv2
 import numpy as np
 import torch
 
 from rewards import Reward, register_reward
+from rewards.pose import NOT_SENT, PoseEstimate, build_estimator, close_estimator, to_uint8_frames
 
-ROT_SCALE_DEG = 10.0  # a 10 degree rotation error costs a factor e
-TRANS_SCALE = 0.1  # 10% of the scene depth costs a factor e
-MIN_LANDMARKS = 4
-COLOUR_RADIUS = 0.6  # RGB distance (in [0, 1] units) within which a pixel votes for a landmark colour
-MIN_MASS = 0.3  # total vote weight a landmark needs to count as found
-MAX_SPREAD_FRACTION = 0.1  # votes spread wider than this fraction of the frame are not one blob (noise, tint)
+WORST_ROT_DEG = 180.0
+WORST_TRANS = 2.0  # two points within the unit ball are at most 2 apart
 
 
-def find_landmarks(frame: np.ndarray, colors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sub-pixel image positions of coloured landmarks in one frame.
+@dataclass
+class CamScoreSettings:
+    """reward.cam (config/base.py comments each field)."""
 
-    frame (H, W, 3) in [0, 1]; colors (L, 3). Each pixel votes for the landmark colour it is nearest to, with
-    weight (1 - d / COLOUR_RADIUS)^2 for RGB distance d; a blob's votes are symmetric about its centre, so
-    the weighted centroid is an unbiased estimate of where the landmark projects.
-    Returns uv (L, 2) (u = column, v = row; NaN where not found) and found (L,) bool.
-    """
-    h, w, _ = frame.shape
-    d = np.linalg.norm(frame[:, :, None, :] - colors[None, None], axis=-1)  # (H, W, L)
-    nearest = d.argmin(-1)
-    weight = np.clip(1.0 - d / COLOUR_RADIUS, 0.0, None) ** 2
-    weight *= nearest[..., None] == np.arange(len(colors))
-    vv, uu = np.mgrid[0:h, 0:w]
-    mass = weight.sum((0, 1))
-    safe = np.where(mass > 0, mass, 1.0)
-    u_c = (weight * uu[..., None]).sum((0, 1)) / safe
-    v_c = (weight * vv[..., None]).sum((0, 1)) / safe
-    spread = np.sqrt((weight * ((uu[..., None] - u_c) ** 2 + (vv[..., None] - v_c) ** 2)).sum((0, 1)) / safe)
-    found = (mass >= MIN_MASS) & (spread <= MAX_SPREAD_FRACTION * max(h, w))
-    uv = np.stack([u_c, v_c], -1)
-    uv[~found] = np.nan
-    return uv, found
+    estimator: str = "landmarks"
+    max_frames: int = 16
+    rot_scale_deg: float = 10.0
+    trans_scale: float = 0.25
+    min_target_translation: float = 0.05
 
+    def __post_init__(self):
+        checks = {"max_frames": self.max_frames >= 2, "rot_scale_deg": self.rot_scale_deg > 0,
+                  "trans_scale": self.trans_scale > 0, "min_target_translation": self.min_target_translation >= 0}
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"reward.cam.{name}={getattr(self, name)!r} is out of range")
 
-def estimate_pose(uv: np.ndarray, found: np.ndarray, landmarks: np.ndarray, K: np.ndarray):
-    """World-to-camera (3, 4) pose from found landmarks by PnP, or (None, reason)."""
-    if found.sum() < MIN_LANDMARKS:
-        return None, "too_few_landmarks"
-    obj = landmarks[found].astype(np.float64)
-    img = uv[found].astype(np.float64)
-    ok, rvec, tvec = cv2.solvePnP(obj, img, K, None, flags=cv2.SOLVEPNP_SQPNP)
-    if not ok:
-        return None, "pnp_failed"
-    rvec, tvec = cv2.solvePnPRefineLM(obj, img, K, None, rvec, tvec)
-    R, _ = cv2.Rodrigues(rvec)
-    pose = np.concatenate([R, tvec.reshape(3, 1)], 1)
-    if not np.isfinite(pose).all() or ((obj @ R.T + tvec.reshape(1, 3))[:, 2] <= 0).any():
-        return None, "pnp_failed"
-    return pose, None
+    @classmethod
+    def from_config(cls, section) -> CamScoreSettings:
+        if section is None:
+            return cls()
+        return cls(**{k: section[k] for k in ("estimator", "max_frames", "rot_scale_deg", "trans_scale",
+                                              "min_target_translation") if k in section})
 
 
-def rotation_error_deg(R_est: np.ndarray, R_gt: np.ndarray) -> float:
-    cos = (np.trace(R_est.T @ R_gt) - 1.0) / 2.0
-    return math.degrees(math.acos(float(np.clip(cos, -1.0, 1.0))))
+# ----------------------------------------------------------------------------------------------------------------
+# errors (pure)
 
 
-def trajectory_errors(est: list, gt: np.ndarray, scene_depth: float) -> dict:
-    """Per-frame errors of estimated poses (list of (3, 4) or None) against gt (F, 3, 4); None frames -> NaN."""
+def frame_indices(num_frames: int, max_frames: int) -> np.ndarray:
+    """At most max_frames evenly spaced frame indices, the first and the last included."""
+    return np.unique(np.linspace(0, num_frames - 1, min(num_frames, max_frames)).round().astype(int))
+
+
+def relative_trajectory(poses: np.ndarray, ref: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """World-to-camera poses (F, 3, 4) -> rotations relative to frame `ref` (F, 3, 3), camera centres in the
+    reference camera's frame divided by their largest norm (F, 3), and that norm (the trajectory's scale)."""
+    R, t = poses[:, :, :3], poses[:, :, 3]
+    R_rel = R @ R[ref].T
+    t_rel = t - np.einsum("fij,j->fi", R_rel, t[ref])
+    centres = -np.einsum("fji,fj->fi", R_rel, t_rel)  # -R_rel^T t_rel
+    scale = float(np.nanmax(np.linalg.norm(centres, axis=1)))
+    return R_rel, (centres / scale if scale > 1e-9 else np.zeros_like(centres)), scale
+
+
+def geodesic_deg(R_est: np.ndarray, R_gt: np.ndarray) -> np.ndarray:
+    """(F,) angles in degrees between (F, 3, 3) rotations."""
+    cos = (np.einsum("fij,fij->f", R_est, R_gt) - 1.0) / 2.0  # tr(R_est^T R_gt)
+    return np.degrees(np.arccos(np.clip(cos, -1.0, 1.0)))
+
+
+def trajectory_errors(est: PoseEstimate, gt: np.ndarray, min_target_translation: float) -> dict:
+    """Per-frame errors of an estimate against ground-truth world-to-camera poses gt (F, 3, 4).
+
+    Returns rot, trans, cammc (F,) (NaN where not measured), ref (the reference frame, -1 when no frame was placed),
+    translation ("scored" | "dropped": the target barely translates | "unknown": the estimate has none),
+    target_scale (the target's largest centre distance)."""
     F = gt.shape[0]
-    ok = np.array([p is not None for p in est])
-    rot, trans, cammc = np.full(F, np.nan), np.full(F, np.nan), np.full(F, np.nan)
-    if not ok.any():
-        return {"rot": rot, "trans": trans, "cammc": cammc, "scale": float("nan")}
-    centre = lambda P: -P[:, :3].T @ P[:, 3]
-    c_est = np.stack([centre(est[f]) for f in range(F) if ok[f]])
-    c_gt = np.stack([centre(gt[f]) for f in range(F) if ok[f]])
-    denom = float((c_est**2).sum())
-    scale = float(np.clip((c_est * c_gt).sum() / denom, 0.5, 2.0)) if denom > 1e-8 else 1.0
-    for n, f in enumerate(np.flatnonzero(ok)):
-        rot[f] = rotation_error_deg(est[f][:, :3], gt[f][:, :3])
-        trans[f] = np.linalg.norm(scale * c_est[n] - c_gt[n]) / scene_depth
-        cammc[f] = np.linalg.norm(est[f] - gt[f])
-    return {"rot": rot, "trans": trans, "cammc": cammc, "scale": scale}
+    nan = np.full(F, np.nan)
+    placed = np.flatnonzero(est.ok)
+    _, c_gt_all, target_scale = relative_trajectory(gt, 0)
+    translation = "dropped" if target_scale < min_target_translation else \
+        ("scored" if est.has_translation else "unknown")
+    if len(placed) == 0:
+        return {"rot": nan, "trans": nan.copy(), "cammc": nan.copy(), "ref": -1, "translation": translation,
+                "target_scale": target_scale}
+    ref = int(placed[0])
+    R_gt, c_gt, _ = relative_trajectory(gt, ref)
+    R_est, c_est, _ = relative_trajectory(np.where(est.ok[:, None, None], est.poses, est.poses[ref]), ref)
+    rot = np.where(est.ok, geodesic_deg(R_est, R_gt), np.nan)
+    trans = np.where(est.ok, np.linalg.norm(c_est - c_gt, axis=1), np.nan) if translation == "scored" else nan
+    t_est, t_gt = -np.einsum("fij,fj->fi", R_est, c_est), -np.einsum("fij,fj->fi", R_gt, c_gt)
+    if translation != "scored":  # only the rotation part of [R | t] is comparable
+        t_est = t_gt = np.zeros_like(t_gt)
+    diff = np.concatenate([R_est - R_gt, (t_est - t_gt)[:, :, None]], axis=2)
+    cammc = np.where(est.ok, np.linalg.norm(diff.reshape(F, -1), axis=1), np.nan)
+    return {"rot": rot, "trans": trans, "cammc": cammc, "ref": ref, "translation": translation,
+            "target_scale": target_scale}
 
 
-def score_video(video: np.ndarray, cond) -> dict:
-    """video (F, H, W, 3) in [0, 1]; cond a recam.domains.camera.world.Condition. Per-sample score and details."""
-    landmarks = cond.landmarks.double().numpy()
-    colors = cond.landmark_colors.double().numpy()
-    K = cond.intrinsics.double().numpy()
-    gt = cond.target_cams.double().numpy()
-    est, reasons = [], Counter()
-    if len(landmarks) < MIN_LANDMARKS:  # real footage: no known 3D landmarks, so no frame is estimable
-        est = [None] * len(video)
-        reasons["scene_has_too_few_landmarks"] = len(video)
-        depth = float("nan")
+def frame_scores(err: dict, ok: np.ndarray, rot_scale_deg: float, trans_scale: float) -> np.ndarray:
+    """(F,) per-frame scores, with the worst value for every term that was not measured (module docstring)."""
+    rot = np.where(ok, err["rot"], WORST_ROT_DEG)
+    if err["translation"] == "dropped":
+        trans = np.zeros_like(rot)
+    elif err["translation"] == "unknown":
+        trans = np.full_like(rot, WORST_TRANS)
     else:
-        depth = float(np.linalg.norm(landmarks.mean(0)))
-        for frame in video:
-            if not np.isfinite(frame).all():
-                est.append(None)
-                reasons["non_finite_pixels"] += 1
-                continue
-            uv, found = find_landmarks(frame, colors)
-            pose, reason = estimate_pose(uv, found, landmarks, K)
-            est.append(pose)
-            if reason:
-                reasons[reason] += 1
-    err = trajectory_errors(est, gt, depth)
-    per_frame = np.exp(-err["rot"] / ROT_SCALE_DEG) * np.exp(-err["trans"] / TRANS_SCALE)
-    per_frame = np.where(np.isfinite(per_frame), per_frame, 0.0)
-    mean = lambda x: float(np.nanmean(x)) if np.isfinite(x).any() else float("nan")
-    return {"score": float(per_frame.mean()), "rot_err": mean(err["rot"]), "trans_err": mean(err["trans"]),
-            "cammc": mean(err["cammc"]), "frames_ok": int(sum(p is not None for p in est)),
-            "failed_frames": int(sum(p is None for p in est)), "fail_reasons": dict(reasons)}
+        trans = np.where(ok, err["trans"], WORST_TRANS)
+    return np.exp(-rot / rot_scale_deg) * np.exp(-trans / trans_scale)
 
 
-def cam_score(videos: torch.Tensor, conditions: list) -> tuple[torch.Tensor, dict]:
-    """Camera accuracy in [0, 1] of videos (B, 3, F, H, W) in [-1, 1] against their conditions' target cameras."""
-    frames = ((videos.detach().float().cpu().permute(0, 2, 3, 4, 1) + 1.0) / 2.0).numpy()  # (B, F, H, W, 3)
-    rows = [score_video(frames[b], conditions[b]) for b in range(len(conditions))]
-    reasons = Counter()
-    for r in rows:
-        reasons.update(r["fail_reasons"])
-    details = {k: torch.tensor([r[k] for r in rows], dtype=torch.float32)
-               for k in ("rot_err", "trans_err", "cammc", "frames_ok", "failed_frames")}
-    details["fail_reason"] = dict(reasons)
-    return torch.tensor([r["score"] for r in rows], dtype=torch.float32), details
+def video_score(scores: np.ndarray, ref: int, scored: np.ndarray) -> float:
+    """Mean over the scored frames (not NOT_SENT) other than the reference (all of them when nothing was placed)."""
+    keep = scored.copy()
+    if ref >= 0 and keep.sum() > 1:
+        keep[ref] = False
+    return float(scores[keep].mean())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the reward
+
+
+def _nanmean(x: np.ndarray) -> float:
+    return float(np.nanmean(x)) if np.isfinite(x).any() else math.nan
+
+
+class CamScore:
+    """The cam_score reward: an estimator (built from reward.cam) and the scoring above."""
+
+    def __init__(self, settings: CamScoreSettings, cam_config=None):
+        self.settings = settings
+        self.estimator = build_estimator(settings.estimator, cam_config)
+
+    def describe(self) -> str:
+        inner = self.estimator.describe() if hasattr(self.estimator, "describe") else self.settings.estimator
+        return f"{inner}; up to {self.settings.max_frames} frames per video"
+
+    def close(self) -> None:
+        close_estimator(self.estimator)
+
+    def __call__(self, videos: torch.Tensor, conditions: list) -> tuple[torch.Tensor, dict]:
+        """videos (B, 3, F, H, W) in [-1, 1] -> scores (B,) in [0, 1] (NaN: not judged) and details."""
+        s = self.settings
+        B, F = videos.shape[0], videos.shape[2]
+        idx = frame_indices(F, s.max_frames)
+        frames = ((videos.detach().float().cpu()[:, :, idx].permute(0, 2, 3, 4, 1) + 1.0) / 2.0).numpy()
+        finite = np.isfinite(frames).reshape(B, -1).all(1)
+        todo = np.flatnonzero(finite)
+        Ks = [conditions[b].intrinsics.double().numpy() for b in todo]
+        estimates: list[PoseEstimate] = [PoseEstimate.failed(len(idx), "non_finite_pixels", s.estimator)] * B
+        for b, e in zip(todo, self.estimator.estimate([to_uint8_frames(frames[b]) for b in todo], Ks,
+                                                      [conditions[b] for b in todo]), strict=True):
+            estimates[b] = e
+        return self.score(estimates, [conditions[b].target_cams.double().numpy()[idx] for b in range(B)])
+
+    def score(self, estimates: list[PoseEstimate], targets: list[np.ndarray]) -> tuple[torch.Tensor, dict]:
+        """Scores and details of estimates against target trajectories (F, 3, 4) of the same frames."""
+        s = self.settings
+        rows, reasons = [], Counter()
+        for est, gt in zip(estimates, targets, strict=True):
+            reasons.update(r for r in est.reasons if r and r != NOT_SENT)
+            scored = np.array([r != NOT_SENT for r in est.reasons])
+            err = trajectory_errors(est, gt, s.min_target_translation)
+            per_frame = frame_scores(err, est.ok, s.rot_scale_deg, s.trans_scale)
+            rows.append({
+                "score": math.nan if est.unavailable else video_score(per_frame, err["ref"], scored),
+                "rot_err": _nanmean(err["rot"]), "trans_err": _nanmean(err["trans"]), "cammc": _nanmean(err["cammc"]),
+                "frames_ok": int(est.ok.sum()), "failed_frames": int((~est.ok).sum()),
+                "rotation_only": float(est.method.endswith("rotation_only")),
+                "translation_scored": float(err["translation"] == "scored"),
+                "seconds": float(est.seconds.get("total", sum(est.seconds.values()))),
+                "method": est.method, "failure_reason": est.video_reason if est.unavailable else None,
+                "rot_err_per_frame": [None if not np.isfinite(x) else round(float(x), 4) for x in err["rot"]],
+                "trans_err_per_frame": [None if not np.isfinite(x) else round(float(x), 4) for x in err["trans"]],
+                "confidence": {k: float(v) for k, v in est.confidence.items()},
+                "stage_seconds": {k: float(v) for k, v in est.seconds.items()},
+            })
+        details = {k: torch.tensor([r[k] for r in rows], dtype=torch.float32)
+                   for k in ("rot_err", "trans_err", "cammc", "frames_ok", "failed_frames", "rotation_only",
+                             "translation_scored", "seconds")}
+        for stage in sorted({k for r in rows for k in r["stage_seconds"]} - {"total"}):
+            details[f"seconds_{stage}"] = torch.tensor([r["stage_seconds"].get(stage, math.nan) for r in rows],
+                                                       dtype=torch.float32)
+        details["failed"] = torch.tensor([est.unavailable for est in estimates], dtype=torch.bool)
+        for key in ("method", "failure_reason", "rot_err_per_frame", "trans_err_per_frame", "confidence"):
+            details[key] = [r[key] for r in rows]
+        details["fail_reason"] = dict(reasons)
+        return torch.tensor([r["score"] for r in rows], dtype=torch.float32), details
 
 
 @register_reward("cam_score")
 def build_cam_score(config=None) -> Reward:
-    """cam_score has nothing to configure or hold: the reward object is the pure function itself."""
-    return cam_score
+    """config None (or without reward.cam): landmark PnP with the default scoring."""
+    section = None
+    if config is not None and "reward" in config and "cam" in config.reward:
+        section = config.reward.cam
+    return CamScore(CamScoreSettings.from_config(section), section)
+
+
+# The default reward (landmark PnP, default scoring): it holds no resource, so scripts and tests may share it.
+cam_score = CamScore(CamScoreSettings())

@@ -4,7 +4,7 @@ import torch
 
 from recam.domains.camera.world import SyntheticWorld, collate_conditions
 from rewards import REWARDS, MultiReward, build_reward, build_rewards, get_reward, known_rewards
-from rewards.cam_score import cam_score, rotation_error_deg
+from rewards.cam_score import CamScore, cam_score, geodesic_deg
 from rewards.fidelity import fidelity
 
 
@@ -37,7 +37,8 @@ def test_garbage_scores_zero_and_counts_reasons_without_raising(heldout, kind):
     bad = {"zeros": torch.zeros_like(v), "nan": torch.full_like(v, float("nan")),
            "noise": torch.rand(v.shape, generator=torch.Generator().manual_seed(0)) * 2 - 1}[kind]
     scores, d = cam_score(bad, heldout["conditions"][:4])
-    assert torch.equal(scores, torch.zeros(4))
+    # every frame unplaced scores as the worst camera (RotErr 180 deg, TransErr 2): below any recovered camera
+    assert (scores < 1e-6).all() and torch.isfinite(scores).all() and not d["failed"].any()
     assert int(d["failed_frames"].sum()) == 4 * v.shape[2]
     assert sum(d["fail_reason"].values()) == 4 * v.shape[2]
     assert set(d["fail_reason"]) <= {"too_few_landmarks", "pnp_failed", "non_finite_pixels"}
@@ -46,7 +47,7 @@ def test_garbage_scores_zero_and_counts_reasons_without_raising(heldout, kind):
 def test_rotation_error_matches_hand_value():
     a = np.deg2rad(30.0)
     R = np.array([[np.cos(a), -np.sin(a), 0], [np.sin(a), np.cos(a), 0], [0, 0, 1]])
-    assert rotation_error_deg(R, np.eye(3)) == pytest.approx(30.0, abs=1e-6)
+    assert geodesic_deg(R[None], np.eye(3)[None])[0] == pytest.approx(30.0, abs=1e-6)
 
 
 def test_fidelity_is_one_for_ground_truth_and_low_for_noise_and_nan_for_nan(heldout):
@@ -81,10 +82,10 @@ def test_registry_and_weighted_average(heldout):
 
 
 def test_pure_rewards_are_built_as_the_functions_themselves(heldout):
-    # Wrapping cam_score and fidelity as objects must not move their numbers: the factory hands out the function.
+    # Wrapping cam_score and fidelity as objects must not move their numbers.
     from config.base import get_config
 
-    assert build_reward("cam_score", get_config()) is cam_score and build_reward("fidelity", None) is fidelity
+    assert isinstance(build_reward("cam_score", get_config()), CamScore) and build_reward("fidelity", None) is fidelity
     v, c = heldout["target_video"][:3], heldout["conditions"][:3]
     m = MultiReward({"cam_score": 1.0, "fidelity": 1.0}, config=get_config())
     scores, details = m(v, c)
@@ -171,7 +172,7 @@ def test_camera_domain_shares_one_critic_between_training_evaluation_and_its_hoo
     critic = evaluation.rewards["discriminator"]
     assert isinstance(critic, DiscriminatorReward) and train.rewards["discriminator"] is critic
     assert isinstance(hook, DiscriminatorHook) and hook.disc is critic.discriminator
-    assert train.rewards["cam_score"] is evaluation.rewards["cam_score"] is cam_score
+    assert train.rewards["cam_score"] is evaluation.rewards["cam_score"]  # one estimator (SfM workers) per run
     assert sum("discriminator: a critic" in m for m in messages) == 1  # built once
     # What the hook trains is what both rewards score with.
     video = torch.rand(2, 3, 4, 16, 16) * 2 - 1
@@ -193,7 +194,7 @@ def test_condition_without_landmarks_scores_zero_with_reason(heldout):
                                landmark_colors=torch.zeros(0, 3))
     video = heldout["target_video"][:1]
     scores, d = cam_score(video, [cond])
-    assert float(scores[0]) == 0.0
+    assert float(scores[0]) < 1e-6 and not d["failed"][0]
     assert d["fail_reason"] == {"scene_has_too_few_landmarks": video.shape[2]}
     assert int(d["frames_ok"][0]) == 0 and torch.isnan(d["rot_err"][0])
 

@@ -48,7 +48,7 @@ A trailing "/v1" on base_url is accepted and ignored.
 What the client makes of it
 ---------------------------
 Each video becomes one PoseEstimate (method "served"). Frames that were not sent have NaN poses, ok False and the
-reason "not_sent" (NOT_SENT): the client never invents poses between sent frames. cam_score should leave such
+reason "not_sent" (rewards.pose.NOT_SENT): the client never invents poses between sent frames; cam_score leaves such
 frames out of its per-frame mean rather than count them as failed ones.
 
 Failures are explicit and never become poses (no zeros, no identity):
@@ -93,10 +93,9 @@ import numpy as np
 from PIL import Image
 
 from recam.infra.reward_runner import RewardServerDown
-from rewards.pose import PoseEstimate, register_estimator
+from rewards.pose import NOT_SENT, PoseEstimate, register_estimator
 
 METHOD = "served"
-NOT_SENT = "not_sent"
 NOT_REGISTERED = "not_registered"
 POSES_PATH = "/v1/camera_poses"
 HEALTH_PATH = "/health"

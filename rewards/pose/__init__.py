@@ -1,0 +1,122 @@
+"""Camera-trajectory estimators: what `cam_score` asks for the camera poses of a video.
+
+An estimator maps videos and their intrinsics to per-frame world-to-camera poses, never looking at the
+generator. One interface, several implementations, chosen by name (config reward.cam.estimator):
+
+  - "landmarks": PnP on the synthetic world's coloured landmarks of known 3D position (rewards/pose/landmarks.py);
+  - "sfm": structure-from-motion with pycolmap (SIFT, exhaustive matching, global mapping with the intrinsics
+    fixed), with a rotation-only solve beside it for degenerate motion (rewards/pose/sfm.py);
+  - "served": an HTTP endpoint running a learned estimator (VGGT, MASt3R, ...) elsewhere (rewards/pose/served.py).
+
+Conventions: frames (F, H, W, 3) uint8 RGB; intrinsics K (3, 3) in pixels (OpenCV: pixel (row i, col j) has its
+centre at u = j, v = i); poses (F, 3, 4) world-to-camera [R|t] in OpenCV axes, in any world frame and any
+scale (cam_score makes them relative to the first frame and normalises the scale). A frame that could not be
+estimated is NaN in `poses`, False in `ok` and has a reason in `reasons`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from recam.infra.registry import registrar
+
+NOT_SENT = "not_sent"  # a frame the estimator was not asked about (a served estimator's frame cap): not scored
+
+
+@dataclass
+class PoseEstimate:
+    """One video's estimated camera trajectory.
+
+    poses: (F, 3, 4) float64 world-to-camera; NaN rows where `ok` is False.
+    ok: (F,) bool, the frame's pose was estimated.
+    reasons: (F,) str or None, why a frame has no pose ("not_registered", "too_few_landmarks", ...).
+    method: what produced the poses ("landmarks", "sfm", "sfm_rotation_only", "served").
+    has_translation: False when only rotations were estimated (rotation-only solve): the translation part of
+        `poses` is then 0 and carries no information, so cam_score scores rotation only.
+    video_reason: set when nothing could be estimated for the whole video (no features, server error, ...).
+    unavailable: True when the estimator itself did not answer (server down or erroring after its retries, a worker
+        that crashed or ran past its timeout): the video was not judged, so cam_score gives the sample NaN
+        (excluded from the advantages, retried by the reward runner) instead of a score. False for a video the
+        estimator looked at and could not recover, which cam_score scores at its floor.
+    confidence: numbers that say how far to trust the estimate (registered frames, 3D points, reprojection
+        error, disagreement between solves); logged per video.
+    seconds: wall time per stage (e.g. {"extract": .., "match": .., "map": ..}); logged per video.
+    """
+
+    poses: np.ndarray
+    ok: np.ndarray
+    reasons: list[str | None]
+    method: str
+    has_translation: bool = True
+    video_reason: str | None = None
+    unavailable: bool = False
+    confidence: dict[str, float] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def failed(cls, num_frames: int, reason: str, method: str, unavailable: bool = False,
+               seconds: dict | None = None, confidence: dict | None = None) -> PoseEstimate:
+        """No frame estimated, for `reason` (see `unavailable`)."""
+        return cls(poses=np.full((num_frames, 3, 4), np.nan), ok=np.zeros(num_frames, bool),
+                   reasons=[reason] * num_frames, method=method, video_reason=reason, unavailable=unavailable,
+                   confidence=dict(confidence or {}), seconds=dict(seconds or {}))
+
+    @property
+    def num_frames(self) -> int:
+        return len(self.ok)
+
+
+class PoseEstimator(Protocol):
+    """estimate(videos, intrinsics, conditions) -> one PoseEstimate per video, never raising for a bad video
+    (a failure is a PoseEstimate with reasons). `conditions` gives access to what a method may use besides the
+    pixels (the landmark estimator reads the synthetic scene's landmarks); SfM and served estimators ignore it.
+    An estimator holding resources (worker processes, an HTTP client) also has close()."""
+
+    name: str
+
+    def estimate(self, videos: Sequence[np.ndarray], intrinsics: Sequence[np.ndarray],
+                 conditions: Sequence[Any]) -> list[PoseEstimate]: ...
+
+
+EstimatorFactory = Callable[[Any], PoseEstimator]
+ESTIMATORS: dict[str, EstimatorFactory] = {}
+
+
+def register_estimator(name: str) -> Callable[[EstimatorFactory], EstimatorFactory]:
+    """Decorator adding `factory(cam_config) -> PoseEstimator` under `name`; cam_config is config.reward.cam
+    (or None for the estimator's defaults)."""
+    return registrar(ESTIMATORS, "pose estimator", name)
+
+
+def known_estimators() -> list[str]:
+    return sorted(ESTIMATORS)
+
+
+def build_estimator(name: str, cam_config=None) -> PoseEstimator:
+    if name not in ESTIMATORS:
+        raise ValueError(f"unknown pose estimator {name!r}; known: {known_estimators()}")
+    return ESTIMATORS[name](cam_config)
+
+
+def close_estimator(estimator: PoseEstimator) -> None:
+    close = getattr(estimator, "close", None)
+    if callable(close):
+        close()
+
+
+def to_uint8_frames(video: np.ndarray) -> np.ndarray:
+    """(F, H, W, 3) float in [0, 1] (NaN-free) -> uint8, rounding."""
+    return (np.clip(video, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+
+
+def _register_builtin() -> None:
+    # Each module imports its heavy dependency (pycolmap, httpx) only when an estimator is built, so every name is
+    # known even where one is not installed, and building it says what to install.
+    from rewards.pose import landmarks, served, sfm  # noqa: F401  (self-registering)
+
+
+_register_builtin()

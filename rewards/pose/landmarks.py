@@ -1,0 +1,105 @@
+"""Landmark PnP: camera poses in the synthetic world, from its coloured landmarks of known 3D position.
+
+Per frame, each landmark of the condition's scene is found by its colour (a colour-closeness weighted centroid),
+and the camera pose is solved from the 2D-3D correspondences with OpenCV's PnP (SQPnP, then Levenberg-Marquardt
+refinement). The poses are in the scene's world frame, which is the first source camera's: the landmarks pin it,
+so unlike SfM this estimator sees an absolute trajectory (a mirrored move is a mirrored estimate). Real footage has
+no landmarks: every frame fails with reason "scene_has_too_few_landmarks".
+"""
+
+from __future__ import annotations
+
+import time
+
+import cv2
+import numpy as np
+
+from rewards.pose import PoseEstimate, register_estimator
+
+MIN_LANDMARKS = 4
+COLOUR_RADIUS = 0.6  # RGB distance (in [0, 1] units) within which a pixel votes for a landmark colour
+MIN_MASS = 0.3  # total vote weight a landmark needs to count as found
+MAX_SPREAD_FRACTION = 0.1  # votes spread wider than this fraction of the frame are not one blob (noise, tint)
+
+
+def find_landmarks(frame: np.ndarray, colors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sub-pixel image positions of coloured landmarks in one frame.
+
+    frame (H, W, 3) in [0, 1]; colors (L, 3). Each pixel votes for the landmark colour it is nearest to, with
+    weight (1 - d / COLOUR_RADIUS)^2 for RGB distance d; a blob's votes are symmetric about its centre, so
+    the weighted centroid is an unbiased estimate of where the landmark projects.
+    Returns uv (L, 2) (u = column, v = row; NaN where not found) and found (L,) bool.
+    """
+    h, w, _ = frame.shape
+    d = np.linalg.norm(frame[:, :, None, :] - colors[None, None], axis=-1)  # (H, W, L)
+    nearest = d.argmin(-1)
+    weight = np.clip(1.0 - d / COLOUR_RADIUS, 0.0, None) ** 2
+    weight *= nearest[..., None] == np.arange(len(colors))
+    vv, uu = np.mgrid[0:h, 0:w]
+    mass = weight.sum((0, 1))
+    safe = np.where(mass > 0, mass, 1.0)
+    u_c = (weight * uu[..., None]).sum((0, 1)) / safe
+    v_c = (weight * vv[..., None]).sum((0, 1)) / safe
+    spread = np.sqrt((weight * ((uu[..., None] - u_c) ** 2 + (vv[..., None] - v_c) ** 2)).sum((0, 1)) / safe)
+    found = (mass >= MIN_MASS) & (spread <= MAX_SPREAD_FRACTION * max(h, w))
+    uv = np.stack([u_c, v_c], -1)
+    uv[~found] = np.nan
+    return uv, found
+
+
+def estimate_pose(uv: np.ndarray, found: np.ndarray, landmarks: np.ndarray, K: np.ndarray):
+    """World-to-camera (3, 4) pose from found landmarks by PnP, or (None, reason)."""
+    if found.sum() < MIN_LANDMARKS:
+        return None, "too_few_landmarks"
+    obj = landmarks[found].astype(np.float64)
+    img = uv[found].astype(np.float64)
+    ok, rvec, tvec = cv2.solvePnP(obj, img, K, None, flags=cv2.SOLVEPNP_SQPNP)
+    if not ok:
+        return None, "pnp_failed"
+    rvec, tvec = cv2.solvePnPRefineLM(obj, img, K, None, rvec, tvec)
+    R, _ = cv2.Rodrigues(rvec)
+    pose = np.concatenate([R, tvec.reshape(3, 1)], 1)
+    if not np.isfinite(pose).all() or ((obj @ R.T + tvec.reshape(1, 3))[:, 2] <= 0).any():
+        return None, "pnp_failed"
+    return pose, None
+
+
+def estimate_video(frames: np.ndarray, K: np.ndarray, landmarks: np.ndarray, colors: np.ndarray) -> PoseEstimate:
+    """frames (F, H, W, 3) uint8; landmarks (L, 3) world; colors (L, 3) in [0, 1]."""
+    start = time.perf_counter()
+    F = len(frames)
+    poses, ok, reasons = np.full((F, 3, 4), np.nan), np.zeros(F, bool), []
+    if len(landmarks) < MIN_LANDMARKS:  # real footage: no known 3D landmarks, so no frame is estimable
+        return PoseEstimate.failed(F, "scene_has_too_few_landmarks", "landmarks")
+    found_counts = []
+    for f, frame in enumerate(frames):
+        uv, found = find_landmarks(frame.astype(np.float64) / 255.0, colors)
+        found_counts.append(int(found.sum()))
+        pose, reason = estimate_pose(uv, found, landmarks, K)
+        reasons.append(reason)
+        if pose is not None:
+            poses[f], ok[f] = pose, True
+    return PoseEstimate(poses=poses, ok=ok, reasons=reasons, method="landmarks",
+                        video_reason=None if ok.any() else "no_frame_estimated",
+                        confidence={"landmarks_found_mean": float(np.mean(found_counts)),
+                                    "frames_ok": float(ok.sum())},
+                        seconds={"pnp": time.perf_counter() - start})
+
+
+class LandmarkEstimator:
+    """PnP against each condition's landmarks (conditions need `landmarks` and `landmark_colors` tensors)."""
+
+    name = "landmarks"
+
+    def estimate(self, videos, intrinsics, conditions) -> list[PoseEstimate]:
+        return [estimate_video(v, np.asarray(K, np.float64), c.landmarks.double().numpy(),
+                               c.landmark_colors.double().numpy())
+                for v, K, c in zip(videos, intrinsics, conditions, strict=True)]
+
+    def describe(self) -> str:
+        return "landmark PnP (synthetic world)"
+
+
+@register_estimator("landmarks")
+def build_landmarks(cam_config=None) -> LandmarkEstimator:
+    return LandmarkEstimator()
