@@ -54,7 +54,7 @@ def recam_wan_1_3b_8npu():
     per epoch: 64 samples, 16 conditions per epoch (recam_8npu's arithmetic).
 
     81 x 480 x 832 clips sampled in the Wan VAE's latent space, LoRA on a frozen bf16 base, gradient checkpointing,
-    rewards that need no landmarks. Nothing is downloaded; it expects these local paths (docs/real_scale.md, "Real
+    cam_score from structure-from-motion plus fidelity. Nothing is downloaded; it expects these local paths (docs/real_scale.md, "Real
     data and latent space"): models/ReCamMaster/step20000.ckpt (ReCamMaster's released DiffSynth-layout
     checkpoint), models/Wan2.1-T2V-1.3B-Diffusers (the -Diffusers release; only its vae/ is read) and the
     MultiCamVideo scenes + metadata.csv under data/MultiCamVideo-Dataset/train.
@@ -85,13 +85,18 @@ def recam_wan_1_3b_8npu():
     c.eval.freq = 10
     c.eval.batch_size = 2
     c.eval.num_videos = 2
-    # cam_score needs the synthetic world's landmarks; fidelity compares with the ground-truth target clip.
-    # With a UnifiedReward server up, add --config.reward.weights.unifiedscore=1.0 (and reward.unified.base_url).
-    c.reward.weights.cam_score = 0.0
+    # Camera accuracy from structure-from-motion on the generated frames (16 of the 81, pycolmap in worker processes
+    # beside sampling; a learned estimator behind an endpoint instead: reward.cam.estimator=served and
+    # reward.cam.served.base_url), plus quality: fidelity to the ground-truth target clip. With a UnifiedReward
+    # server up, add --config.reward.weights.unifiedscore=1.0 (and reward.unified.base_url).
+    c.reward.weights.cam_score = 1.0
     c.reward.weights.fidelity = 1.0
-    c.eval.report_rewards = "fidelity"
+    c.reward.cam.estimator = "sfm"
+    c.reward.cam.sfm.workers = 4  # a rank's 8 videos per epoch, 4 at a time on the node's CPUs
+    c.reward.async_workers = 2  # two sampling batches scored at once: SfM must not hold sampling back
+    c.eval.report_rewards = "cam_score,fidelity"
     c.eval.select_by = ""  # real data has no validation split: the run reports its last epoch
-    c.reward.constraint = ""  # fidelity is the only weighted reward here: nothing else to maximise under it
+    c.reward.constraint = ""  # cam_score and fidelity are both maximised
     return c
 
 

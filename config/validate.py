@@ -159,8 +159,8 @@ def fail_reward_slots(config: ml_collections.ConfigDict, num_processes: int) -> 
 DATA_SOURCES = ("synthetic", "recammaster")
 MODEL_FORMATS = ("recam", "wan_diffusers", "recammaster_diffsynth")
 MODEL_DTYPES = ("float32", "bfloat16")
-# Rewards that read the synthetic world's landmarks: real data has none (recam/domains/camera/data.py).
-LANDMARK_REWARDS = ("cam_score",)
+# cam_score's estimator that reads the synthetic world's landmarks: real data has none (recam/domains/camera/data.py).
+LANDMARK_ESTIMATOR = "landmarks"
 
 
 def eval_report_rewards(config: ml_collections.ConfigDict) -> tuple[str, ...]:
@@ -302,6 +302,7 @@ def validate_camera(config: ml_collections.ConfigDict, conds_per_batch: int) -> 
     data and the transformer checkpoint's format."""
     from recam.engine.scheduler import FLOW_NOISE_RANGE, FLOW_STEPS
     from rewards import known_rewards
+    from rewards.pose import known_estimators
     from rewards.unified import PROMPT_FORMATS
 
     weights = dict(config.reward.weights)
@@ -325,6 +326,28 @@ def validate_camera(config: ml_collections.ConfigDict, conds_per_batch: int) -> 
     unknown = sorted(set(eval_report_rewards(config)) - set(known_rewards()))
     _require(not unknown, f"eval.report_rewards names unknown rewards {unknown}; known: {sorted(known_rewards())}")
     check_choice(config, "reward.unified.prompt_format", PROMPT_FORMATS)
+    check_choice(config, "reward.cam.estimator", tuple(known_estimators()))
+    check_int(config, "reward.cam.max_frames", 2)
+    check_number(config, "reward.cam.rot_scale_deg", 0, None, low_open=True)
+    check_number(config, "reward.cam.trans_scale", 0, None, low_open=True)
+    check_number(config, "reward.cam.min_target_translation", 0, None)
+    for field in ("workers", "threads_per_worker"):
+        check_int(config, f"reward.cam.sfm.{field}", 1)
+    check_int(config, "reward.cam.sfm.min_points3d", 0)
+    check_int(config, "reward.cam.sfm.max_features", 64)
+    check_number(config, "reward.cam.sfm.min_registered_fraction", 0, 1, low_open=True)
+    for field in ("timeout_s", "max_disagreement_deg", "parallax_px"):
+        check_number(config, f"reward.cam.sfm.{field}", 0, None, low_open=True)
+    served_url = config.reward.cam.served.base_url
+    _require(isinstance(served_url, str) and served_url.startswith(("http://", "https://")),
+             f"reward.cam.served.base_url must start with http:// or https://, got {served_url!r}")
+    for field in ("max_concurrency", "max_frames"):
+        check_int(config, f"reward.cam.served.{field}", 1 if field == "max_concurrency" else 2)
+    check_int(config, "reward.cam.served.max_retries", 0)
+    check_number(config, "reward.cam.served.timeout_s", 0, None, low_open=True)
+    check_number(config, "reward.cam.served.backoff_s", 0, None)
+    check_choice(config, "reward.cam.served.image_format", ("png", "jpeg"))
+    check_bool(config, ("reward.cam.served.check_health",))
     base_url = config.reward.unified.base_url
     _require(isinstance(base_url, str) and base_url.startswith(("http://", "https://")),
              f"reward.unified.base_url must start with http:// or https://, got {base_url!r}")
@@ -373,14 +396,10 @@ def validate_camera(config: ml_collections.ConfigDict, conds_per_batch: int) -> 
         _require(d.num_train_conditions == 0 or d.num_train_conditions >= conds_per_batch,
                  f"data.num_train_conditions={d.num_train_conditions} is smaller than the {conds_per_batch} unique "
                  "conditions one sampling batch needs (0 = every condition)")
-        for name in LANDMARK_REWARDS:
-            _require(weights.get(name, 0) == 0,
-                     f"reward.weights.{name}={weights.get(name)} needs the synthetic world's landmarks, which real "
-                     f"data (data.source='recammaster') does not have: set --config.reward.weights.{name}=0 and "
-                     "score with fidelity / unifiedscore / discriminator")
-            _require(name not in eval_report_rewards(config),
-                     f"eval.report_rewards names {name!r}, which needs the synthetic world's landmarks that real data "
-                     "(data.source='recammaster') does not have; drop it from eval.report_rewards")
+        uses_cam = weights.get("cam_score", 0) > 0 or "cam_score" in eval_report_rewards(config)
+        _require(not uses_cam or config.reward.cam.estimator != LANDMARK_ESTIMATOR,
+                 f"reward.cam.estimator={LANDMARK_ESTIMATOR!r} needs the synthetic world's landmarks, which real data "
+                 "(data.source='recammaster') does not have: set --config.reward.cam.estimator=sfm (or served)")
 
 
 def _transformer_config_file(config: ml_collections.ConfigDict) -> Path | None:

@@ -69,7 +69,8 @@ def test_real_scale_presets_arithmetic_and_settings(name, procs, per_device):
     assert c.data.source == "recammaster" and c.model.vae and c.model.lora_rank > 0
     assert (c.data.num_frames, c.data.height, c.data.width) == (81, 480, 832)
     assert c.mixed_precision == "bf16" and c.model.dtype == "bfloat16" and c.model.gradient_checkpointing
-    assert c.reward.weights.cam_score == 0 and c.reward.weights.fidelity > 0  # no landmarks in real data
+    # camera accuracy from structure-from-motion (no landmarks in real data) plus the quality reward
+    assert c.reward.weights.cam_score > 0 and c.reward.cam.estimator == "sfm" and c.reward.weights.fidelity > 0
     with pytest.raises(ConfigError, match="expected_num_processes"):
         validate(c, 1)
 
@@ -81,9 +82,16 @@ def test_real_scale_presets_arithmetic_and_settings(name, procs, per_device):
     (lambda c: setattr(c.model, "dtype", "bfloat16"), "model.dtype"),  # a bf16 base needs LoRA
     (lambda c: (setattr(c.data, "source", "recammaster"), c.reward.weights.__setitem__("cam_score", 0.0)),
      "data.root"),
-    (lambda c: (setattr(c.data, "source", "recammaster"), setattr(c.data, "root", "x")), "reward.weights.cam_score"),
+    # landmark PnP on real data (no landmarks there), whether cam_score is trained on or only reported
+    (lambda c: (setattr(c.data, "source", "recammaster"), setattr(c.data, "root", "x")), "reward.cam.estimator"),
     (lambda c: (setattr(c.data, "source", "recammaster"), setattr(c.data, "root", "x"),
-                c.reward.weights.__setitem__("cam_score", 0.0)), "eval.report_rewards"),
+                c.reward.weights.__setitem__("cam_score", 0.0)), "reward.cam.estimator"),
+    (lambda c: setattr(c.reward.cam, "estimator", "colmap"), "reward.cam.estimator"),
+    (lambda c: setattr(c.reward.cam, "max_frames", 1), "reward.cam.max_frames"),
+    (lambda c: setattr(c.reward.cam.sfm, "timeout_s", 0.0), "reward.cam.sfm.timeout_s"),
+    (lambda c: setattr(c.reward.cam.sfm, "min_registered_fraction", 1.5), "reward.cam.sfm.min_registered_fraction"),
+    (lambda c: setattr(c.reward.cam.served, "base_url", "localhost:30100"), "reward.cam.served.base_url"),
+    (lambda c: setattr(c.reward.cam.served, "image_format", "webp"), "reward.cam.served.image_format"),
     (lambda c: setattr(c.eval, "report_rewards", "cam_score,fidlity"), "eval.report_rewards"),
     (lambda c: setattr(c.eval, "select_by", "camscore"), "eval.select_by"),
     (lambda c: setattr(c.eval, "select_guard", "unifiedscore"), "eval.select_guard"),  # weight 0, not reported

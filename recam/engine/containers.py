@@ -41,11 +41,14 @@ class Rollouts:
 @dataclass
 class Scores:
     """This process's rewards. rewards: name -> (n,) float32 ("avg" drives training; NaN = failed);
-    valid: (n,) bool, False where a reward failed; seconds: time spent in reward calls."""
+    valid: (n,) bool, False where a reward failed; seconds: time spent in reward calls; details: what the rewards
+    report per sample besides their scores (recam.infra.reward_runner.RewardDetails: errors, estimator seconds,
+    per-frame lists, failure-reason counts), logged with the epoch."""
 
     rewards: dict[str, torch.Tensor]
     valid: torch.Tensor
     seconds: float
+    details: Any = None
 
 
 @dataclass
@@ -54,7 +57,8 @@ class Groups:
 
     index: (N,) dataset indices; rewards: name -> (N,); keep: (N,) bool, samples that are trained
     (False: reward failed, or excluded with a zero-std group); advantages: (N, T) per trained step;
-    stats: advantage statistics (group_size, zero_std_ratio, ...); exclusion: counts of excluded samples."""
+    stats: advantage statistics (group_size, zero_std_ratio, ...); exclusion: counts of excluded samples;
+    details: every process's reward details in the same sample order (RewardDetails)."""
 
     index: torch.Tensor
     rewards: dict[str, torch.Tensor]
@@ -62,6 +66,7 @@ class Groups:
     advantages: torch.Tensor
     stats: dict[str, float]
     exclusion: dict[str, int]
+    details: Any = None
 
 
 @dataclass

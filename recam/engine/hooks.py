@@ -90,7 +90,7 @@ class FaultInjectionHook(Hook):
         failed[:, mine] = True
         failed = failed.view(-1)
         rewards = {k: torch.where(failed, torch.full_like(v, float("nan")), v) for k, v in scores.rewards.items()}
-        return type(scores)(rewards, scores.valid & ~failed, scores.seconds)
+        return type(scores)(rewards, scores.valid & ~failed, scores.seconds, scores.details)
 
     def before_step(self, global_step, model) -> None:
         if global_step == self.blowup_at_step and not self.injected:

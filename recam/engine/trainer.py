@@ -47,7 +47,9 @@ from recam.infra.distributed import local_slice
 from recam.infra.lora import add_lora
 from recam.infra.reward_runner import (
     AsyncRewardRunner,
+    RewardDetails,
     RewardServerDown,
+    concat_details,
     concat_results,
     exclusion_mask,
     masked_group_advantages,
@@ -222,7 +224,8 @@ class GRPOTrainer:
         if down is not None:
             raise down
         rewards, valid = concat_results(results)
-        scores = Scores({k: v.float() for k, v in rewards.items()}, valid, sum(sum(r.call_seconds) for r in results))
+        scores = Scores({k: v.float() for k, v in rewards.items()}, valid, sum(sum(r.call_seconds) for r in results),
+                        concat_details(results))
         for h in self.hooks:
             scores = h.adjust_scores(scores, self.rank, self.config.sample.batch_size)
         return scores
@@ -241,12 +244,28 @@ class GRPOTrainer:
         if adv_cfg.filter_zero_std:
             keep &= nonzero_group_mask(advantages, index)
         return Groups(index, rewards, keep, broadcast_over_timesteps(advantages, self.scheduler.num_train_steps),
-                      stats, exclusion)
+                      stats, exclusion, self.gather_details(scores.details))
+
+    def gather_details(self, details: RewardDetails | None) -> RewardDetails:
+        """Every process's reward details in rank order, like the rewards (numbers by tensor gather, the rest as
+        objects)."""
+        if details is None or self.world_size == 1:
+            return details or RewardDetails()
+        acc = self.accelerator
+        numbers = {k: acc.gather(v.to(acc.device)).cpu() for k, v in sorted(details.numbers.items())}
+        lists = {k: gather_object(v) for k, v in sorted(details.lists.items())}
+        counts: dict[str, dict[str, int]] = {}
+        for k, v in sorted(details.counts.items()):
+            counts[k] = {}
+            for part in gather_object([v]):
+                for name, c in part.items():
+                    counts[k][name] = counts[k].get(name, 0) + c
+        return RewardDetails(numbers, lists, counts)
 
     def epoch_record(self, rollouts: Rollouts, scores: Scores, groups: Groups) -> dict:
         ids = [self.domain.condition_id(self.train_set, int(i)) for i in groups.index]
         record = runlog.epoch_record(self.epoch, self.global_step, self.derived, ids, groups.index, groups.rewards,
-                                     groups.advantages, groups.stats, scores.seconds)
+                                     groups.advantages, groups.stats, scores.seconds, groups.details)
         record["trajectory_ids"] = [f"{c}#{k}" for c, k in trajectory_ids(groups.index).tolist()]
         for h in self.hooks:
             record.update(h.epoch_record(rollouts, groups, self.train_set))

@@ -335,6 +335,42 @@ def concat_results(results: list[RewardResult]) -> tuple[Scores, torch.Tensor]:
     return {k: torch.cat([r.scores[k].float() for r in results]) for k in first}, valid
 
 
+@dataclass
+class RewardDetails:
+    """What the rewards of consecutive batches reported besides their scores, in sample order.
+
+    numbers: key -> (N,) float32, from every details entry that is a (B,) float tensor in each batch (e.g.
+    "cam_score/rot_err", "cam_score/seconds_extract"); lists: key -> N per-sample values (str, lists, dicts, None),
+    from every (B,) list entry (e.g. "cam_score/method", "cam_score/rot_err_per_frame"); counts: key -> summed
+    counts from dict entries of str -> int (e.g. "cam_score/fail_reason" -> {"not_registered": 12})."""
+
+    numbers: dict[str, torch.Tensor] = field(default_factory=dict)
+    lists: dict[str, list] = field(default_factory=dict)
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+def concat_details(results: list[RewardResult]) -> RewardDetails:
+    """Details of consecutive batches, keeping only what every batch reported in the same form."""
+    out = RewardDetails()
+    if not results:
+        return out
+    sizes = [int(r.valid.shape[0]) for r in results]
+    for key in results[0].details or {}:
+        values = [(r.details or {}).get(key) for r in results]
+        pairs = list(zip(values, sizes, strict=True))
+        if all(torch.is_tensor(v) and v.shape == (n,) and v.is_floating_point() for v, n in pairs):
+            out.numbers[key] = torch.cat([v.detach().float().cpu() for v in values])
+        elif all(isinstance(v, list) and len(v) == n for v, n in pairs):
+            out.lists[key] = [x for v in values for x in v]
+        elif all(isinstance(v, dict) and all(isinstance(c, int) for c in v.values()) for v in values):
+            total: dict[str, int] = {}
+            for v in values:
+                for name, c in v.items():
+                    total[str(name)] = total.get(str(name), 0) + int(c)
+            out.counts[key] = total
+    return out
+
+
 # ----------------------------------------------------------------------------------------------------
 # exclusion and advantages (pure)
 

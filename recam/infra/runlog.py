@@ -10,6 +10,7 @@ metrics.jsonl holds one JSON object per line with a "type":
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -218,8 +219,11 @@ def read_records(path: Path, unreadable: list[bytes] | None = None) -> list[dict
     return out
 
 
-def epoch_record(epoch, step, derived, condition_ids, g_index, g_rewards, g_adv_t, adv_stats, reward_seconds) -> dict:
-    """The per-epoch record a GRPO verification needs, with plain key names."""
+def epoch_record(epoch, step, derived, condition_ids, g_index, g_rewards, g_adv_t, adv_stats, reward_seconds,
+                 details=None) -> dict:
+    """The per-epoch record a GRPO verification needs, with plain key names, plus the rewards' details: per sample
+    under "details/<reward>/<key>", their means over the samples that have them as "detail_<reward>/<key>", and
+    summed counts (failure reasons) under "detail_counts/<reward>/<key>"."""
     T = g_adv_t.shape[1]
     avg_nt = g_rewards["avg"][:, None].expand(-1, T)
     adv_groups = per_group_stats(g_adv_t[:, 0], g_index)
@@ -237,6 +241,12 @@ def epoch_record(epoch, step, derived, condition_ids, g_index, g_rewards, g_adv_
         **{k: float(v) for k, v in adv_stats.items()},
         "reward_seconds": reward_seconds,
     }
+    if details is not None:
+        for k, v in details.numbers.items():
+            rec[f"details/{k}"] = [None if not math.isfinite(x) else x for x in v.tolist()]
+            rec[f"detail_{k}"] = float(v.nanmean()) if torch.isfinite(v).any() else None
+        rec.update({f"details/{k}": v for k, v in details.lists.items()})
+        rec.update({f"detail_counts/{k}": v for k, v in details.counts.items()})
     return rec
 
 
