@@ -6,14 +6,14 @@ Per video, in a worker process of its own:
      intrinsics (COLMAP puts pixel centres at +0.5, so cx, cy are shifted by half a pixel);
   2. every pair of frames is matched (exhaustive matching: sequential matching on a short clip loses the long
      baselines that pin the trajectory, and failed silently with clean-looking reprojection errors);
-  3. the full global solve (GLOMAP: rotation averaging, global positioning, bundle adjustment), focal length and
-     principal point held fixed;
-  4. a rotation-only solve beside it (rotation averaging alone on the same matches; under a second for 16 frames),
-     which registers frames where the full solve cannot: pure rotation (pan, tilt, roll) and static cameras give
-     no baseline to triangulate from, and the full solve then registers few frames or flips them;
-  5. the parallax test: how far the matched keypoints of each verified pair land from where the rotation-only
+  3. a rotation-only solve (rotation averaging alone on the matches; a fraction of a second for 16 frames), which
+     registers frames where a full solve cannot: pure rotation (pan, tilt, roll) and static cameras give no
+     baseline to triangulate from, and the full solve then registers few frames or flips them;
+  4. the parallax test: how far the matched keypoints of each verified pair land from where the rotation-only
      solve's infinite homography K R_j R_i^T K^-1 sends them. A camera that only rotated explains its matches to
-     within a pixel or two; any translation (relative to the scene's depth) leaves parallax.
+     within a pixel or two; any translation (relative to the scene's depth) leaves parallax;
+  5. with parallax, the full global solve (GLOMAP: rotation averaging, global positioning, bundle adjustment),
+     focal length and principal point held fixed. Without parallax it is skipped: it would not be used.
 
 Which solve is kept (`combine`, a pure function of the worker's numbers):
 
@@ -169,7 +169,7 @@ class SfMEstimator:
             cv2.imwrite(str(images / f"{f:05d}.png"), cv2.cvtColor(np.ascontiguousarray(frame), cv2.COLOR_RGB2BGR),
                         [cv2.IMWRITE_PNG_COMPRESSION, 1])
         job = {"K": np.asarray(K, np.float64).tolist(), "threads": self.settings.threads_per_worker,
-               "max_features": self.settings.max_features}
+               "max_features": self.settings.max_features, "parallax_px": self.settings.parallax_px}
         (tmp / "job.json").write_text(json.dumps(job))
         env = {**os.environ, "OMP_NUM_THREADS": str(self.settings.threads_per_worker)}
         return subprocess.Popen([sys.executable, str(_SOLVER), str(tmp)], stdout=subprocess.DEVNULL,

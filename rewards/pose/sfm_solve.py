@@ -6,7 +6,8 @@ fraction of a second, and a worker that hangs or crashes in native code is kille
 
     python sfm_solve.py WORKDIR      # reads WORKDIR/job.json and WORKDIR/images/*.png, writes WORKDIR/result.json
 
-job.json: {"K": 3x3 list, "threads": int, "max_features": int}. result.json: see `solve`; frame poses as lists.
+job.json: {"K": 3x3 list, "threads": int, "max_features": int, "parallax_px": float}. result.json: see `solve`;
+frame poses as lists.
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def _rotation_residual_px(db_path: Path, rotations: dict[int, np.ndarray], K: np
     return float(np.median(residuals)) if residuals else math.nan
 
 
-def solve(workdir: str | Path, K: np.ndarray, threads: int = 1, max_features: int = 4096) -> dict:
+def solve(workdir: str | Path, K: np.ndarray, threads: int = 1, max_features: int = 4096,
+          parallax_px: float = 1.5) -> dict:
     """Both solves on the frames in workdir/images (named by frame index), in this process. K (3, 3) in OpenCV's pixel
     convention.
 
@@ -122,18 +124,21 @@ def solve(workdir: str | Path, K: np.ndarray, threads: int = 1, max_features: in
     residual = math.nan
     if pairs:
         t = time.perf_counter()
-        (workdir / "full").mkdir(exist_ok=True)
-        full, points3d, reproj = _poses(pycolmap.global_mapping(db_path, images, workdir / "full",
-                                                                mapping_options(False)))
-        seconds["map"] = time.perf_counter() - t
-        t = time.perf_counter()
         (workdir / "rotation").mkdir(exist_ok=True)
         rot_poses, _, _ = _poses(pycolmap.global_mapping(db_path, images, workdir / "rotation", mapping_options(True)))
         rotation = {f: P[:, :3] for f, P in rot_poses.items() if np.isfinite(P[:, :3]).all()}
         seconds["rotation"] = time.perf_counter() - t
         t = time.perf_counter()
-        residual = _rotation_residual_px(db_path, rotation or {f: P[:, :3] for f, P in full.items()}, colmap_K)
+        residual = _rotation_residual_px(db_path, rotation, colmap_K) if rotation else math.nan
         seconds["parallax"] = time.perf_counter() - t
+        # A camera that only rotated has nothing to triangulate: the full solve would spend seconds to register
+        # few frames or flip them, and its answer would not be used (sfm.combine).
+        if not residual <= parallax_px:
+            t = time.perf_counter()
+            (workdir / "full").mkdir(exist_ok=True)
+            full, points3d, reproj = _poses(pycolmap.global_mapping(db_path, images, workdir / "full",
+                                                                    mapping_options(False)))
+            seconds["map"] = time.perf_counter() - t
     return {"full": full, "rotation": rotation, "points3d": points3d, "reproj_px": reproj, "residual_px": residual,
             "features": features, "pairs": pairs, "seconds": seconds}
 
@@ -158,7 +163,8 @@ def from_json(data: dict) -> dict:
 def main(workdir: str) -> None:
     workdir = Path(workdir)
     job = json.loads((workdir / "job.json").read_text())
-    result = solve(workdir, np.asarray(job["K"], np.float64), int(job["threads"]), int(job["max_features"]))
+    result = solve(workdir, np.asarray(job["K"], np.float64), int(job["threads"]), int(job["max_features"]),
+                   float(job["parallax_px"]))
     for key in ("reproj_px", "residual_px"):  # JSON has no NaN
         result[key] = None if not math.isfinite(result[key]) else result[key]
     (workdir / "result.json.tmp").write_text(json.dumps(_to_json(result)))
