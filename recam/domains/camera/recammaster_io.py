@@ -283,12 +283,14 @@ def _w2c_to_c2w(w2c: torch.Tensor) -> np.ndarray:
 
 
 def export_world(world, out_dir: str | Path, n_scenes: int, fps: int = video_io.MULTICAMVIDEO_FPS) -> list[Path]:
-    """Write the first `n_scenes` scenes of a :class:`recam.domains.camera.world.SyntheticWorld` in ReCamMaster's
+    """Write the first `n_scenes` scenes of a :class:`recam.domains.camera.world.SyntheticWorld` (or any dataset of
+    its Conditions with ``conditions_per_scene``, e.g. recam.domains.camera.textured.TexturedWorld) in ReCamMaster's
     layout.
 
     Scene k holds the world's items k * conditions_per_scene ... (those sharing one scene): cam01 is the first
     item's source camera, cam02, cam03, ... each item's target camera, all in one world frame (every source
-    starts at the world origin). metadata.csv gets one row per video. Returns the scene folders.
+    starts at the world origin). metadata.csv gets one row per video; the source camera's text names the scene with
+    the world's ``scene_description(scene_id)`` when it has one, else by its landmark count. Returns the scene folders.
     """
     out_dir = Path(out_dir)
     per_scene = world.conditions_per_scene
@@ -302,9 +304,10 @@ def export_world(world, out_dir: str | Path, n_scenes: int, fps: int = video_io.
         items = [world[i] for i in range(k * per_scene, min((k + 1) * per_scene, len(world)))]
         first = items[0]
         scene_dir = out_dir / f"scene{first.scene_id:08d}"
-        n_landmarks = len(first.landmarks)
+        describe = getattr(world, "scene_description", None)
+        scene_text = describe(first.scene_id) if describe else f"{len(first.landmarks)} coloured spheres"
         entries = [(first.source_cams, first.source_video,
-                    f"source camera, {first.source_trajectory} motion, {n_landmarks} coloured spheres")]
+                    f"source camera, {first.source_trajectory} motion, {scene_text}")]
         entries += [(c.target_cams, c.target_video, c.caption) for c in items]
         world_to_ue = to_ue_world @ _placement(first.scene_id)
         cams = {}
