@@ -82,14 +82,18 @@ def frame_indices(num_frames: int, max_frames: int) -> np.ndarray:
     return np.unique(np.linspace(0, num_frames - 1, min(num_frames, max_frames)).round().astype(int))
 
 
-def relative_trajectory(poses: np.ndarray, ref: int) -> tuple[np.ndarray, np.ndarray, float]:
+def relative_trajectory(poses: np.ndarray, ref: int, over: np.ndarray | None = None
+                        ) -> tuple[np.ndarray, np.ndarray, float]:
     """World-to-camera poses (F, 3, 4) -> rotations relative to frame `ref` (F, 3, 3), camera centres in the
-    reference camera's frame divided by their largest norm (F, 3), and that norm (the trajectory's scale)."""
+    reference camera's frame divided by their largest norm over the frames `over` (F,) bool, default all (F, 3),
+    and that norm (the trajectory's scale). Both trajectories of a comparison take their scale over the same
+    frames, so an estimate missing the last frames is not stretched against a target that has them."""
     R, t = poses[:, :, :3], poses[:, :, 3]
     R_rel = R @ R[ref].T
     t_rel = t - np.einsum("fij,j->fi", R_rel, t[ref])
     centres = -np.einsum("fji,fj->fi", R_rel, t_rel)  # -R_rel^T t_rel
-    scale = float(np.nanmax(np.linalg.norm(centres, axis=1)))
+    norms = np.linalg.norm(centres, axis=1)
+    scale = float(np.nanmax(norms if over is None else norms[over]))
     return R_rel, (centres / scale if scale > 1e-9 else np.zeros_like(centres)), scale
 
 
@@ -115,8 +119,8 @@ def trajectory_errors(est: PoseEstimate, gt: np.ndarray, min_target_translation:
         return {"rot": nan, "trans": nan.copy(), "cammc": nan.copy(), "ref": -1, "translation": translation,
                 "target_scale": target_scale}
     ref = int(placed[0])
-    R_gt, c_gt, _ = relative_trajectory(gt, ref)
-    R_est, c_est, _ = relative_trajectory(np.where(est.ok[:, None, None], est.poses, est.poses[ref]), ref)
+    R_gt, c_gt, _ = relative_trajectory(gt, ref, est.ok)
+    R_est, c_est, _ = relative_trajectory(np.where(est.ok[:, None, None], est.poses, est.poses[ref]), ref, est.ok)
     rot = np.where(est.ok, geodesic_deg(R_est, R_gt), np.nan)
     trans = np.where(est.ok, np.linalg.norm(c_est - c_gt, axis=1), np.nan) if translation == "scored" else nan
     t_est, t_gt = -np.einsum("fij,fj->fi", R_est, c_est), -np.einsum("fij,fj->fi", R_gt, c_gt)

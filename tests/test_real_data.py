@@ -228,8 +228,8 @@ def test_file_checks_name_the_field_and_both_channel_counts(data_dir, tiny_model
     with pytest.raises(ConfigError, match="data.num_frames=8 must be 1 \\+ 4k"):
         validate_files(real_config(data_dir, tiny_models, data__num_frames=8))
     landmarks = real_config(data_dir, tiny_models)
-    landmarks.reward.weights.cam_score = 1.0  # needs the synthetic world's landmarks
-    with pytest.raises(ConfigError, match="reward.weights.cam_score"):
+    landmarks.reward.weights.cam_score = 1.0  # landmark PnP needs the synthetic world's landmarks
+    with pytest.raises(ConfigError, match="reward.cam.estimator"):
         validate(landmarks, 1)
 
     # A DiffSynth-layout file: in_channels read from its patch embedding without loading the weights.

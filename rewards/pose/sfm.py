@@ -51,6 +51,7 @@ from rewards.pose import PoseEstimate, register_estimator
 from rewards.pose.sfm_solve import from_json
 
 _SOLVER = Path(__file__).with_name("sfm_solve.py")
+MIN_FEATURES = 30  # mean SIFT features per frame below which a failure is put down to the frames, not the geometry
 
 
 @dataclass
@@ -130,7 +131,7 @@ def combine(result: dict, num_frames: int, settings: SfMSettings) -> PoseEstimat
     else:
         rotations = rotation if len(rotation) >= need else {f: P[:, :3] for f, P in full.items()}
         if len(rotations) < need:
-            reason = ("too_few_features" if result["pairs"] == 0 else "not_registered")
+            reason = "too_few_features" if result["features"] < MIN_FEATURES else "not_registered"
             return PoseEstimate.failed(num_frames, reason, "sfm", seconds=seconds, confidence=confidence)
         for f, R in rotations.items():
             poses[f, :, :3], poses[f, :, 3], ok[f] = R, 0.0, True

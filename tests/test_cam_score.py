@@ -1,0 +1,264 @@
+"""cam_score's errors and scoring rule against hand-computed values and OpenCV's own rotation angles; SfM's choice of
+solve on worker results; SfM worker failures (timeout, crash, a video without features) and what each scores."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from rewards.cam_score import (
+    WORST_ROT_DEG,
+    WORST_TRANS,
+    CamScore,
+    CamScoreSettings,
+    frame_indices,
+    geodesic_deg,
+    trajectory_errors,
+)
+from rewards.pose import NOT_SENT, PoseEstimate
+from rewards.pose.sfm import SfMEstimator, SfMSettings, combine
+
+
+def rot_y(deg: float) -> np.ndarray:
+    a = math.radians(deg)
+    return np.array([[math.cos(a), 0, math.sin(a)], [0, 1, 0], [-math.sin(a), 0, math.cos(a)]])
+
+
+def w2c_from(R_c2w: np.ndarray, centre: np.ndarray) -> np.ndarray:
+    """World-to-camera [R | t] of a camera at `centre` with camera-to-world rotation R_c2w."""
+    R = R_c2w.T
+    return np.concatenate([R, (-R @ centre)[:, None]], 1)
+
+
+def trajectory(F=5, step=(1.0, 0.0, 0.0), yaw_deg=0.0) -> np.ndarray:
+    """(F, 3, 4): the camera moves by `step` per frame and turns by yaw_deg per frame."""
+    return np.stack([w2c_from(rot_y(yaw_deg * f), np.array(step) * f) for f in range(F)])
+
+
+def estimate(poses: np.ndarray, ok=None, has_translation=True, reasons=None, method="test") -> PoseEstimate:
+    ok = np.ones(len(poses), bool) if ok is None else np.asarray(ok)
+    poses = np.where(ok[:, None, None], poses, np.nan)
+    reasons = reasons or [None if o else "not_registered" for o in ok]
+    return PoseEstimate(poses=poses, ok=ok, reasons=reasons, method=method, has_translation=has_translation)
+
+
+def in_other_world(poses: np.ndarray, scale: float, yaw_deg: float, shift) -> np.ndarray:
+    """The same trajectory expressed in another world frame (rotated, shifted) and unit (scaled): what SfM returns."""
+    M = np.eye(4)
+    M[:3, :3], M[:3, 3] = rot_y(yaw_deg), shift  # new-world-from-old-world
+    out = []
+    for P in poses:
+        P4 = np.vstack([P, [0, 0, 0, 1]]) @ np.linalg.inv(M)  # camera-from-new-world
+        out.append(np.concatenate([P4[:3, :3], scale * P4[:3, 3:]], 1))
+    return np.stack(out)
+
+
+# ------------------------------------------------------------------------------------------------------- errors
+
+
+def test_geodesic_angle_matches_opencv_rodrigues():
+    rng = np.random.default_rng(0)
+    Rs = [cv2.Rodrigues(rng.normal(size=3) * 0.8)[0] for _ in range(12)]
+    expected = [math.degrees(np.linalg.norm(cv2.Rodrigues(a.T @ b)[0])) for a, b in zip(Rs[:6], Rs[6:], strict=True)]
+    np.testing.assert_allclose(geodesic_deg(np.stack(Rs[:6]), np.stack(Rs[6:])), expected, atol=1e-6)
+
+
+def test_errors_ignore_world_frame_and_scale_but_not_direction():
+    gt = trajectory(step=(0.5, 0.0, 0.2), yaw_deg=3.0)
+    same = trajectory_errors(estimate(in_other_world(gt, 7.0, 40.0, (1.0, -2.0, 3.0))), gt, 0.05)
+    np.testing.assert_allclose(same["rot"], 0.0, atol=1e-6)
+    np.testing.assert_allclose(same["trans"], 0.0, atol=1e-9)
+    np.testing.assert_allclose(same["cammc"], 0.0, atol=1e-6)
+    # truck left instead of right: normalised centres (-f/4, 0, 0) against (f/4, 0, 0), so TransErr = f/2
+    mirrored = trajectory_errors(estimate(trajectory(step=(-1.0, 0, 0))), trajectory(step=(1.0, 0, 0)), 0.05)
+    np.testing.assert_allclose(mirrored["trans"], [0.0, 0.5, 1.0, 1.5, 2.0], atol=1e-9)
+    np.testing.assert_allclose(mirrored["rot"], 0.0, atol=1e-6)
+    # CamMC by hand: R equal, t = -R c differs by the centre difference
+    np.testing.assert_allclose(mirrored["cammc"], [0.0, 0.5, 1.0, 1.5, 2.0], atol=1e-9)
+
+
+def test_rotation_error_is_the_extra_turn_relative_to_the_first_frame():
+    gt = trajectory(yaw_deg=2.0)
+    est = trajectory(yaw_deg=4.0)
+    err = trajectory_errors(estimate(est), gt, 0.05)
+    np.testing.assert_allclose(err["rot"], [0, 2, 4, 6, 8], atol=1e-6)
+
+
+def test_reference_is_the_first_placed_frame():
+    gt = trajectory(step=(1.0, 0, 0))
+    ok = np.array([False, True, True, True, True])
+    err = trajectory_errors(estimate(in_other_world(gt, 2.0, 10.0, (0, 1, 0)), ok=ok), gt, 0.05)
+    assert err["ref"] == 1 and np.isnan(err["rot"][0])
+    np.testing.assert_allclose(err["rot"][1:], 0.0, atol=1e-6)
+    np.testing.assert_allclose(err["trans"][1:], 0.0, atol=1e-9)
+
+
+def test_translation_is_dropped_when_the_target_barely_moves():
+    gt = trajectory(step=(0.001, 0, 0), yaw_deg=2.0)  # a pan with a millimetre of drift
+    est = trajectory(step=(0.0, 0.0, 1.0), yaw_deg=2.0)  # normalised, the drift's direction would be all error
+    err = trajectory_errors(estimate(est), gt, 0.05)
+    assert err["translation"] == "dropped" and np.isnan(err["trans"]).all()
+    cs = CamScore(CamScoreSettings())
+    scores, _ = cs.score([estimate(est)], [gt])
+    assert float(scores[0]) == pytest.approx(1.0, abs=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------------ scoring
+
+
+def test_score_by_hand_and_the_reference_frame_is_not_counted():
+    s = CamScoreSettings(rot_scale_deg=10.0, trans_scale=0.25)
+    gt = trajectory(step=(1.0, 0, 0))
+    est = trajectory(step=(1.0, 0, 0), yaw_deg=5.0)
+    scores, d = CamScore(s).score([estimate(est)], [gt])
+    expected = np.mean([math.exp(-5 * f / 10) for f in range(1, 5)])  # frames 1..4; TransErr 0 (same centres)
+    assert float(scores[0]) == pytest.approx(expected, rel=1e-5)
+    assert float(d["rot_err"][0]) == pytest.approx(np.mean([0, 5, 10, 15, 20]), abs=1e-4)
+    assert d["rot_err_per_frame"][0][4] == pytest.approx(20.0, abs=1e-3)
+
+
+def test_failing_never_beats_a_wrong_camera_and_is_counted_not_silent():
+    cs = CamScore(CamScoreSettings())
+    gt = trajectory(step=(1.0, 0, 0))
+    wrong = [trajectory(step=(-1.0, 0, 0)), trajectory(step=(0, 1.0, 0), yaw_deg=-30.0), trajectory(step=(0, 0, 0))]
+    nothing = PoseEstimate.failed(5, "not_registered", "sfm")
+    half = estimate(gt, ok=[True, True, False, False, False])
+    unknown_translation = estimate(np.concatenate([gt[:, :, :3], np.zeros((5, 3, 1))], 2), has_translation=False)
+    scores, d = cs.score([estimate(w) for w in wrong] + [nothing, half, unknown_translation], [gt] * 6)
+    floor = math.exp(-WORST_ROT_DEG / 10.0) * math.exp(-WORST_TRANS / 0.25)
+    assert float(scores[3]) == pytest.approx(floor, rel=1e-4)  # everything at its worst value
+    assert (scores[:3] > scores[3]).all()  # however wrong, a recovered camera scores above a failure
+    # frames 2..4 missing: half the scored frames (1..4) perfect, the rest at the floor
+    assert float(scores[4]) == pytest.approx((1 + floor * 3) / 4, rel=1e-4)
+    # rotations right, translation not recovered: TransErr at its worst for every frame
+    assert float(scores[5]) == pytest.approx(math.exp(-WORST_TRANS / 0.25), rel=1e-4)
+    assert d["fail_reason"] == {"not_registered": 5 + 3}
+    assert d["frames_ok"].tolist() == [5, 5, 5, 0, 2, 5] and not d["failed"].any()
+    assert torch.isnan(d["rot_err"][3]) and torch.isnan(d["trans_err"][5])
+
+
+def test_an_estimator_that_did_not_answer_gives_nan_with_a_reason():
+    cs = CamScore(CamScoreSettings())
+    down = PoseEstimate.failed(5, "server_error: HTTP 503", "served", unavailable=True)
+    scores, d = cs.score([down, estimate(trajectory())], [trajectory()] * 2)
+    assert math.isnan(float(scores[0])) and float(scores[1]) == pytest.approx(1.0)
+    assert d["failed"].tolist() == [True, False]
+    assert d["failure_reason"] == ["server_error: HTTP 503", None]
+
+
+def test_frames_not_sent_are_left_out_not_failed():
+    cs = CamScore(CamScoreSettings())
+    gt = trajectory(yaw_deg=2.0)
+    ok = np.array([True, False, True, False, True])
+    est = estimate(gt, ok=ok, reasons=[None, NOT_SENT, None, NOT_SENT, None])
+    scores, d = cs.score([est], [gt])
+    assert float(scores[0]) == pytest.approx(1.0, abs=1e-6) and d["fail_reason"] == {}
+
+
+def test_frame_indices_are_even_and_keep_both_ends():
+    assert frame_indices(81, 16).tolist()[0] == 0 and frame_indices(81, 16).tolist()[-1] == 80
+    assert len(frame_indices(81, 16)) == 16 and frame_indices(5, 16).tolist() == [0, 1, 2, 3, 4]
+
+
+def test_landmark_world_video_gets_the_reason_for_non_finite_pixels():
+    from recam.domains.camera.world import SyntheticWorld
+
+    cond = SyntheticWorld("heldout", 1, seed=0)[0]
+    video = cond.target_video[None].clone()
+    video[0, :, 3] = float("nan")
+    scores, d = CamScore(CamScoreSettings())(video, [cond])
+    assert float(scores[0]) < 1e-6 and d["fail_reason"] == {"non_finite_pixels": video.shape[2]}
+
+
+# ------------------------------------------------------------------------------------------- SfM's choice of solve
+
+
+def worker_result(full=None, rotation=None, points3d=500, residual=10.0, pairs=28, F=8):
+    R = {f: rot_y(2.0 * f) for f in range(F)}
+    return {"full": {f: w2c_from(R[f].T, np.array([0.1 * f, 0, 0])) for f in range(F)} if full is None else full,
+            "rotation": {f: R[f] for f in range(F)} if rotation is None else rotation, "points3d": points3d,
+            "reproj_px": 0.3, "residual_px": residual, "features": 900.0, "pairs": pairs, "seconds": {"extract": 1.0}}
+
+
+def test_combine_keeps_the_full_solve_when_it_is_sound():
+    e = combine(worker_result(), 8, SfMSettings())
+    assert e.method == "sfm" and e.has_translation and e.ok.all()
+    assert e.confidence["disagreement_deg"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_combine_without_parallax_uses_rotations_and_a_camera_that_stayed_put():
+    e = combine(worker_result(full={}, points3d=0, residual=0.3), 8, SfMSettings())
+    assert e.method == "sfm_rotation_only" and e.has_translation and e.ok.all()
+    np.testing.assert_allclose(e.poses[:, :, 3], 0.0)
+
+
+@pytest.mark.parametrize("why", ["few_registered", "few_points", "disagreement"])
+def test_combine_falls_back_to_rotations_with_translation_unknown(why):
+    r = worker_result()
+    if why == "few_registered":
+        r["full"] = {f: P for f, P in r["full"].items() if f < 4}
+    elif why == "few_points":
+        r["points3d"] = 10
+    else:
+        r["full"] = {f: w2c_from(rot_y(180.0 * (f % 2)), np.zeros(3)) for f in range(8)}  # flipped frames
+    e = combine(r, 8, SfMSettings())
+    assert e.method == "sfm_rotation_only" and not e.has_translation and e.ok.all()
+    np.testing.assert_allclose(e.poses[:, :, :3], np.stack([r["rotation"][f] for f in range(8)]))
+
+
+def test_combine_reports_why_nothing_was_placed():
+    r = worker_result(full={}, rotation={}, points3d=0, residual=math.nan)
+    r["features"] = 3.0
+    none = combine(r, 8, SfMSettings())
+    assert none.video_reason == "too_few_features" and not none.ok.any() and not none.unavailable
+    few = combine(worker_result(full={}, rotation={0: np.eye(3), 1: np.eye(3)}, residual=math.nan), 8, SfMSettings())
+    assert few.video_reason == "not_registered" and not few.unavailable
+
+
+# ------------------------------------------------------------------------------------------------- SfM workers
+
+
+def textured_frames(F=6, H=96, W=160, shift_px=3):
+    """A random texture panned sideways: plenty of SIFT features, a pure image translation per frame."""
+    rng = np.random.default_rng(0)
+    tex = cv2.resize(rng.integers(0, 256, (H // 4, (W + F * shift_px) // 4, 3), dtype=np.uint8),
+                     (W + F * shift_px, H), interpolation=cv2.INTER_CUBIC)
+    return np.stack([tex[:, f * shift_px: f * shift_px + W] for f in range(F)])
+
+
+def K_for(H, W):
+    return np.array([[float(W), 0, (W - 1) / 2], [0, float(W), (H - 1) / 2], [0, 0, 1.0]])
+
+
+def test_sfm_worker_past_its_timeout_is_killed_and_not_judged():
+    est = SfMEstimator(SfMSettings(timeout_s=0.05))
+    (e,) = est.estimate([textured_frames()], [K_for(96, 160)])
+    assert e.unavailable and e.video_reason.startswith("sfm_timeout") and not e.ok.any()
+
+
+def test_sfm_worker_crash_is_not_judged(monkeypatch, tmp_path):
+    import rewards.pose.sfm as sfm
+
+    crash = tmp_path / "crash.py"
+    crash.write_text("import sys\nsys.stderr.write('Segmentation fault in native code\\n')\nsys.exit(139)\n")
+    monkeypatch.setattr(sfm, "_SOLVER", crash)
+    (e,) = SfMEstimator(SfMSettings()).estimate([textured_frames()], [K_for(96, 160)])
+    assert e.unavailable and "exit 139" in e.video_reason and "Segmentation fault" in e.video_reason
+
+
+def test_featureless_video_is_judged_unrecoverable_and_scored_at_the_floor():
+    blank = np.full((6, 96, 160, 3), 128, np.uint8)
+    (e,) = SfMEstimator(SfMSettings()).estimate([blank], [K_for(96, 160)])
+    assert not e.unavailable and not e.ok.any() and e.video_reason == "too_few_features"
+    assert set(e.seconds) >= {"extract", "match", "total"}
+
+
+def test_the_solver_runs_standalone_without_the_package():
+    # The worker imports numpy and pycolmap only; its folder must hold nothing it imports from the package.
+    source = (Path(__file__).resolve().parents[1] / "rewards" / "pose" / "sfm_solve.py").read_text()
+    assert "from rewards" not in source and "import torch" not in source
