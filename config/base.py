@@ -41,6 +41,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.frame_interval = 1  # recammaster: read frames 0, interval, 2 x interval, ... of each clip
     c.data.num_heldout_scenes = 1  # recammaster: scenes held out for evaluation (first by SHA-1 of their path)
     c.data.source_cams = ""  # recammaster: comma-separated cameras allowed as source ("cam01"); "" = every camera
+    # recammaster: horizontal field of view (degrees) of scenes without cameras/intrinsics.json; 0 = fx = W (53.1).
+    # cam_score's SfM holds the intrinsics fixed, so set it when the footage's lens is known.
+    c.data.hfov_deg = 0.0
     c.data.cache_size = 8  # recammaster: decoded conditions kept in memory per process (LRU)
 
     # ---- model ----

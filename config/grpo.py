@@ -54,10 +54,10 @@ def recam_wan_1_3b_8npu():
     per epoch: 64 samples, 16 conditions per epoch (recam_8npu's arithmetic).
 
     81 x 480 x 832 clips sampled in the Wan VAE's latent space, LoRA on a frozen bf16 base, gradient checkpointing,
-    cam_score from structure-from-motion plus fidelity. Nothing is downloaded; it expects these local paths (docs/real_scale.md, "Real
-    data and latent space"): models/ReCamMaster/step20000.ckpt (ReCamMaster's released DiffSynth-layout
-    checkpoint), models/Wan2.1-T2V-1.3B-Diffusers (the -Diffusers release; only its vae/ is read) and the
-    MultiCamVideo scenes + metadata.csv under data/MultiCamVideo-Dataset/train.
+    cam_score from structure-from-motion plus fidelity. Nothing is downloaded; it expects these local paths
+    (docs/real_scale.md, "Real data and latent space"): models/ReCamMaster/step20000.ckpt (ReCamMaster's released
+    DiffSynth-layout checkpoint), models/Wan2.1-T2V-1.3B-Diffusers (the -Diffusers release; only its vae/ is read)
+    and the MultiCamVideo scenes + metadata.csv under data/MultiCamVideo-Dataset/train.
     """
     c = recam_8npu()
     c.run_name = "recam_wan_1_3b_8npu"

@@ -327,6 +327,7 @@ def validate_camera(config: ml_collections.ConfigDict, conds_per_batch: int) -> 
     _require(not unknown, f"eval.report_rewards names unknown rewards {unknown}; known: {sorted(known_rewards())}")
     check_choice(config, "reward.unified.prompt_format", PROMPT_FORMATS)
     check_choice(config, "reward.cam.estimator", tuple(known_estimators()))
+    check_number(config, "data.hfov_deg", 0, 180, high_open=True, why="0 = fx = W")
     check_int(config, "reward.cam.max_frames", 2)
     check_number(config, "reward.cam.rot_scale_deg", 0, None, low_open=True)
     check_number(config, "reward.cam.trans_scale", 0, None, low_open=True)

@@ -84,3 +84,6 @@ class Domain(Protocol):
         """Domain-specific phase hooks (recam.engine.hooks.Hook), e.g. a discriminator trained on samples."""
 
     def write_examples(self, out_dir: Path, batch: Batch, decoded: torch.Tensor, n: int) -> None: ...
+
+    # Optional: references(batch) -> {name: samples in decoded space}, reference samples scored once per run by the
+    # evaluation rewards (trainer.evaluate_references), e.g. the ground truth, whose score is the reward's ceiling.

@@ -437,14 +437,44 @@ class GRPOTrainer:
             final = deterministic_sample(self.domain.denoiser(self.model, batch, self.autocast), noise.to(acc.device),
                                          self.eval_scheduler)
             decoded = self.domain.decode(final)
-            scores, details = self.eval_reward_fn(decoded, batch.conditions)
-            for n, i in enumerate(chunk):
-                row = {"index": i, **{f"reward_{k}": float(v[n]) for k, v in scores.items()}}
-                row.update({k: float(v[n]) for k, v in details.items() if torch.is_tensor(v) and v.ndim == 1})
-                rows.append(row)
+            rows += self.score_rows(decoded, batch, chunk)
             if acc.is_main_process and start == 0 and cfg.eval.num_videos > 0 and examples_dir is not None:
                 self.domain.write_examples(examples_dir / tag, batch, decoded, cfg.eval.num_videos)
         return runlog.summarise_eval(sorted(gather_object(rows), key=lambda r: r["index"]), prefix)
+
+    def score_rows(self, decoded: torch.Tensor, batch, chunk: list[int]) -> list[dict]:
+        """One row per condition: its evaluation rewards and their per-sample numeric details."""
+        scores, details = self.eval_reward_fn(decoded, batch.conditions)
+        rows = []
+        for n, i in enumerate(chunk):
+            row = {"index": i, **{f"reward_{k}": float(v[n]) for k, v in scores.items()}}
+            row.update({k: float(v[n]) for k, v in details.items() if torch.is_tensor(v) and v.ndim == 1})
+            rows.append(row)
+        return rows
+
+    def evaluate_references(self) -> dict:
+        """The evaluation rewards of the held-out conditions' reference samples (the domain's optional
+        `references(batch)`: for the camera domain the ground-truth clip, the reward's ceiling on this data, and the
+        source clip, a camera that never moved to the target), as ref_<name>/... in one "reference" record per
+        run: the yardsticks the policy's numbers are read against, and a check that each reward works on this
+        data at all."""
+        references = getattr(self.domain, "references", None)
+        if references is None:
+            return {}
+        cfg, acc = self.config, self.accelerator
+        idx = list(range(acc.process_index, len(self.heldout), acc.num_processes))
+        rows: dict[str, list[dict]] = {}
+        for start in range(0, len(idx), cfg.eval.batch_size):
+            chunk = idx[start:start + cfg.eval.batch_size]
+            batch = self.domain.collate(self.heldout, chunk)
+            for name, samples in references(batch).items():
+                rows.setdefault(name, []).extend(self.score_rows(samples, batch, chunk))
+        summary = {}
+        for name in sorted(rows):
+            summary.update(runlog.summarise_eval(sorted(gather_object(rows[name]), key=lambda r: r["index"]),
+                                                 f"ref_{name}"))
+        self.log.reference_record(self.global_step, summary)
+        return summary
 
     def evaluate(self, tag: str, checkpoint: str) -> dict:
         """Held-out metrics (eval/...) and, when a checkpoint is to be selected, validation metrics (val/...) of
@@ -469,6 +499,7 @@ class GRPOTrainer:
         newest = pointed_checkpoint(self.ckpt_root) if self.config.resume else None
         self.resumed_from = None
         if newest is None:
+            self.evaluate_references()
             summary = self.evaluate("start", "epoch_0000")
             self.base_record = {"type": "eval", "tag": "start", "step": self.global_step, "epoch": -1,
                                 "checkpoint": "epoch_0000", **summary}

@@ -75,6 +75,15 @@ class RunLog:
         if self.wandb:
             self.wandb.log({k: v for k, v in summary.items() if k.startswith(("eval/", "val/"))}, step=step)
 
+    def reference_record(self, step: int, summary: dict) -> None:
+        """The rewards of reference samples (trainer.evaluate_references), once per run."""
+        if not self.enabled or not summary:
+            return
+        self._append({"type": "reference", "step": step, **summary})
+        means = " ".join(f"{k} {fmt_or_na(v, '.4f')}" for k, v in summary.items()
+                         if k.endswith(("/reward_avg", "/cam_score", "/rot_err", "/trans_err")))
+        tqdm.write(f"[recam] references: {means}")
+
     def read_eval(self, tag: str) -> dict | None:
         """A previously logged evaluation (so a resumed run does not re-evaluate its start)."""
         for rec in read_records(self.path):

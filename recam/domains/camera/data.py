@@ -27,13 +27,14 @@ Per condition (:meth:`ReCamMasterDataset.__getitem__`):
 
 Fields real data does not have, with placeholders so that Condition stays one type:
 
-* ``landmarks`` / ``landmark_colors``: empty (0, 3) tensors. The ``cam_score`` reward needs the synthetic world's
-  coloured landmarks, so it cannot score real videos; config/validate.py refuses it for data.source =
-  "recammaster". Real runs use ``fidelity`` (PSNR to the ground-truth clip + flicker), ``unifiedscore`` (the
-  VLM judge, reads the caption) and ``discriminator`` (teacher = ground-truth clips), none of which need
-  landmarks;
-* ``intrinsics``: unknown (the layout stores none); a placeholder pinhole K with fx = fy = W and the principal
-  point at the image centre (recam.domains.camera.world's convention). No reward used on real data reads it;
+* ``landmarks`` / ``landmark_colors``: empty (0, 3) tensors. cam_score estimates poses on real footage with
+  structure-from-motion or a served estimator (reward.cam.estimator); its landmark estimator is refused for
+  data.source = "recammaster" by config/validate.py;
+* ``intrinsics``: the layout stores none. Read from the scene's cameras/intrinsics.json when it has one (recam's
+  own addition, written by recammaster_io.export_world; adjusted to the loaded resize and crop); otherwise a
+  pinhole with the horizontal field of view ``hfov_deg`` (config data.hfov_deg), and with 0 there the placeholder
+  fx = fy = W (53.1 degrees). cam_score's SfM holds the intrinsics fixed, so a wrong focal length costs accuracy:
+  set data.hfov_deg (or write intrinsics.json) when it is known;
 * ``trajectory`` / ``source_trajectory``: the camera names (real data has no motion-kind labels).
 
 Split: scenes are ordered by the SHA-1 of their relative path; the first ``num_heldout_scenes`` are held out, the
@@ -48,6 +49,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import math
 import os
 import re
 from collections import OrderedDict
@@ -83,10 +85,12 @@ def find_metadata(root: Path) -> Path | None:
     return None
 
 
-def placeholder_intrinsics(height: int, width: int) -> torch.Tensor:
-    """Pinhole K (3, 3) for an H x W frame when the real one is unknown: fx = fy = W, centre ((W-1)/2, (H-1)/2)."""
-    return torch.tensor([[float(width), 0.0, (width - 1) / 2.0],
-                         [0.0, float(width), (height - 1) / 2.0],
+def placeholder_intrinsics(height: int, width: int, hfov_deg: float = 0.0) -> torch.Tensor:
+    """Pinhole K (3, 3) for an H x W frame when the scene has no intrinsics.json: fx = fy from the horizontal field of
+    view hfov_deg (0: fx = fy = W), centre ((W-1)/2, (H-1)/2)."""
+    f = float(width) if hfov_deg <= 0 else width / (2.0 * math.tan(math.radians(hfov_deg) / 2.0))
+    return torch.tensor([[f, 0.0, (width - 1) / 2.0],
+                         [0.0, f, (height - 1) / 2.0],
                          [0.0, 0.0, 1.0]], dtype=torch.float32)
 
 
@@ -111,7 +115,7 @@ class ReCamMasterDataset(Dataset):
     def __init__(self, root: str | Path, split: str = "train", num_frames: int = video_io.RECAMMASTER_NUM_FRAMES,
                  height: int = video_io.RECAMMASTER_HEIGHT, width: int = video_io.RECAMMASTER_WIDTH,
                  frame_interval: int = 1, num_heldout_scenes: int = 1, source_cams: tuple[str, ...] | None = None,
-                 max_conditions: int = 0, cache_size: int = 8) -> None:
+                 max_conditions: int = 0, cache_size: int = 8, hfov_deg: float = 0.0) -> None:
         if split not in REAL_SPLITS:
             raise ValueError(f"split must be one of {REAL_SPLITS}, got {split!r}")
         if num_frames < 1 or height < 1 or width < 1 or frame_interval < 1:
@@ -124,6 +128,7 @@ class ReCamMasterDataset(Dataset):
         self.num_frames, self.height, self.width, self.frame_interval = num_frames, height, width, frame_interval
         self.frames = video_io.frame_indices(num_frames, 0, frame_interval)
         self.cache_size = cache_size
+        self.hfov_deg = hfov_deg
         self._cache: OrderedDict[tuple, Condition] = OrderedDict()
 
         scenes = find_scenes(self.root)
@@ -240,6 +245,14 @@ class ReCamMasterDataset(Dataset):
         except Exception as e:  # a corrupt file fails inside ffmpeg with errors that do not name it
             raise ValueError(f"{path}: cannot read video: {type(e).__name__}: {e}") from e
 
+    def _intrinsics(self, scene: Path) -> torch.Tensor:
+        path = scene / recammaster_io.INTRINSICS_FILE
+        if not path.is_file():
+            return placeholder_intrinsics(self.height, self.width, self.hfov_deg)
+        K, h, w = recammaster_io.read_intrinsics(path)
+        K = video_io.resize_center_crop_intrinsics(K, h, w, self.height, self.width)
+        return torch.from_numpy(K).float()
+
     def _caption(self, scene: Path, cam: str) -> str:
         rel = (scene / recammaster_io.VIDEOS_DIR / f"{cam}.mp4").relative_to(self.root).as_posix()
         return self._captions.get(rel, "")
@@ -261,7 +274,7 @@ class ReCamMasterDataset(Dataset):
             source_cams=source_cams,
             target_cams=target_cams,
             target_video=self._video(scene, tgt),
-            intrinsics=placeholder_intrinsics(self.height, self.width),
+            intrinsics=self._intrinsics(scene),
             landmarks=torch.zeros(0, 3),
             landmark_colors=torch.zeros(0, 3),
             trajectory=tgt,

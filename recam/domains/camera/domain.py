@@ -72,7 +72,7 @@ class CameraDomain:
                                   world("val", d.num_val_conditions) if cfg.eval.select_by else None)
         else:
             common = dict(num_frames=d.num_frames, height=d.height, width=d.width, frame_interval=d.frame_interval,
-                          num_heldout_scenes=d.num_heldout_scenes, cache_size=d.cache_size,
+                          num_heldout_scenes=d.num_heldout_scenes, cache_size=d.cache_size, hfov_deg=d.hfov_deg,
                           source_cams=tuple(c.strip() for c in d.source_cams.split(",") if c.strip()))
             self._splits = Splits(ReCamMasterDataset(d.root, "train", max_conditions=d.num_train_conditions, **common),
                                   ReCamMasterDataset(d.root, "heldout", max_conditions=d.num_heldout_conditions,
@@ -137,6 +137,11 @@ class CameraDomain:
 
     def decode(self, samples: torch.Tensor) -> torch.Tensor:
         return self.codec.decode(samples).cpu()  # rewards see pixels
+
+    def references(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """Clips the rewards are read against: the ground truth (a perfect re-render) and the source (the scene
+        re-rendered from the source camera, i.e. a camera that did not follow the target)."""
+        return {"target": batch.inputs.raw["target_video"], "source": batch.inputs.raw["source_video"]}
 
     # ---- rewards, hooks, examples ----
     def reward_fn(self, weights, report=()):

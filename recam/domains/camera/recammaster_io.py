@@ -47,6 +47,10 @@ from recam.domains.camera import video_io
 
 METADATA_FILE = "metadata.csv"
 EXTRINSICS_FILE = Path("cameras") / "camera_extrinsics.json"
+# Not part of ReCamMaster's release (its layout stores no intrinsics): recam's own addition, written by export_world
+# and read by the loader when present, {"width", "height", "fx", "fy", "cx", "cy"} in the clip's own pixels (OpenCV
+# convention, pixel centres at integers), shared by every camera of the scene.
+INTRINSICS_FILE = Path("cameras") / "intrinsics.json"
 VIDEOS_DIR = "videos"
 
 _MATRIX_RE = re.compile(r"\s*(?:\[[^\[\]]*\]\s*){4}")
@@ -260,6 +264,37 @@ def write_camera_extrinsics(path: str | Path, cams: dict[str, np.ndarray | torch
     return path
 
 
+def write_intrinsics(path: str | Path, K: np.ndarray | torch.Tensor, height: int, width: int) -> Path:
+    """Write a scene's pinhole K (3, 3) for height x width clips as intrinsics.json."""
+    K = np.asarray(K, dtype=np.float64)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"width": int(width), "height": int(height), "fx": K[0, 0], "fy": K[1, 1],
+                                "cx": K[0, 2], "cy": K[1, 2]}, indent=1), encoding="utf-8")
+    return path
+
+
+def read_intrinsics(path: str | Path) -> tuple[np.ndarray, int, int]:
+    """intrinsics.json -> (K (3, 3) float64, height, width); errors name the file and what is wrong."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: cannot read intrinsics: {e}") from e
+    keys = ("width", "height", "fx", "fy", "cx", "cy")
+    if not isinstance(data, dict) or any(k not in data for k in keys):
+        raise ValueError(f"{path}: intrinsics need the keys {list(keys)}")
+    try:
+        values = {k: float(data[k]) for k in keys}
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: intrinsics must be numbers: {e}") from e
+    if not all(math.isfinite(v) for v in values.values()) or min(values["fx"], values["fy"], values["width"],
+                                                                  values["height"]) <= 0:
+        raise ValueError(f"{path}: intrinsics must be finite with positive width, height, fx, fy; got {values}")
+    K = np.array([[values["fx"], 0.0, values["cx"]], [0.0, values["fy"], values["cy"]], [0.0, 0.0, 1.0]])
+    return K, int(values["height"]), int(values["width"])
+
+
 # ----------------------------------------------------------------------------------------------------
 # synthetic world <-> layout
 
@@ -317,6 +352,7 @@ def export_world(world, out_dir: str | Path, n_scenes: int, fps: int = video_io.
             video_path = video_io.write_video(scene_dir / VIDEOS_DIR / f"{name}.mp4", video, fps=fps, quality=10)
             rows.append((video_path.relative_to(out_dir).as_posix(), text))
         write_camera_extrinsics(scene_dir / EXTRINSICS_FILE, cams)
+        write_intrinsics(scene_dir / INTRINSICS_FILE, first.intrinsics, *first.target_video.shape[-2:])
         scene_dirs.append(scene_dir)
     write_metadata(out_dir / METADATA_FILE, rows)
     return scene_dirs

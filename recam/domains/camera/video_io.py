@@ -76,6 +76,22 @@ def resize_center_crop(frames: torch.Tensor, height: int, width: int) -> torch.T
     return frames[:, :, top:top + height, left:left + width]
 
 
+def resize_center_crop_intrinsics(K: np.ndarray, h: int, w: int, height: int, width: int) -> np.ndarray:
+    """Pinhole K (3, 3) of an h x w clip -> K of the same clip after resize_center_crop to height x width.
+
+    Same sizes as resize_center_crop; a pixel edge at u maps to u * new_w / w, so a pixel centre (edge + 0.5) maps
+    as u' = (u + 0.5) * new_w / w - 0.5, less the crop offset."""
+    scale = max(width / w, height / h)
+    new_h, new_w = max(height, round(h * scale)), max(width, round(w * scale))
+    sx, sy = new_w / w, new_h / h
+    top, left = (new_h - height) // 2, (new_w - width) // 2
+    out = np.array(K, dtype=np.float64)
+    out[0, 0], out[1, 1] = K[0, 0] * sx, K[1, 1] * sy
+    out[0, 2] = (K[0, 2] + 0.5) * sx - 0.5 - left
+    out[1, 2] = (K[1, 2] + 0.5) * sy - 0.5 - top
+    return out
+
+
 def read_frames(path: str | Path, indices: list[int] | None = None) -> np.ndarray:
     """The requested frames (all when None) of a video file as uint8 (F, H, W, 3).
 
