@@ -117,6 +117,11 @@ def solve(workdir: str | Path, K: np.ndarray, threads: int = 1, max_features: in
         ba.refine_focal_length = ba.refine_principal_point = ba.refine_extra_params = False
         if rotation_only:
             mapper.skip_global_positioning = mapper.skip_bundle_adjustment = mapper.skip_retriangulation = True
+        # A clip's baselines are short (a pedestal move of a tenth of the scene depth, seen at 224 px, triangulates
+        # at under a degree): GLOMAP's defaults for photo collections keep no point there and the solve fails.
+        mapper.min_tri_angle_deg = 0.5
+        mapper.max_angular_reproj_error_deg = 3.0
+        mapper.max_normalized_reproj_error = 0.05
         return opts
 
     full, points3d, reproj = {}, 0, math.nan
