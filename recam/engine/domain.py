@@ -85,5 +85,7 @@ class Domain(Protocol):
 
     def write_examples(self, out_dir: Path, batch: Batch, decoded: torch.Tensor, n: int) -> None: ...
 
+    # Optional: element_mask(batch) -> (b, ...) bool broadcastable to the samples, the elements that are real (a
+    # motion padded to 196 frames is not real after its length); log-probs and KLs average over those only.
     # Optional: references(batch) -> {name: samples in decoded space}, reference samples scored once per run by the
     # evaluation rewards (trainer.evaluate_references), e.g. the ground truth, whose score is the reward's ceiling.

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from recam.engine.sde import checked_std, gaussian_kl_between_means
+from recam.engine.sde import checked_std, gaussian_kl_between_means, reduce_elements
 from recam.infra.registry import registrar
 
 __all__ = [
@@ -75,7 +75,7 @@ class LossSettings:
 
 # Every registered policy loss: fn(StepLossInputs, LossSettings) -> (loss scalar, metrics of detached 0-dim tensors)
 PolicyLoss = Callable[[StepLossInputs, LossSettings], tuple[Tensor, dict[str, Tensor]]]
-# fn(cur_mean, ref_mean, std, sample) -> (N,); see the "KL estimators" section.
+# fn(cur_mean, ref_mean, std, sample, mask=None) -> (N,), mask: the elements averaged over; see "KL estimators".
 KLEstimator = Callable[[Tensor, Tensor, "float | Tensor", Tensor], Tensor]
 
 K3_LOG_RATIO_CLAMP = 20.0
@@ -101,7 +101,7 @@ def get_policy_loss(name: str) -> PolicyLoss:
 
 
 def register_kl_estimator(name: str) -> Callable[[KLEstimator], KLEstimator]:
-    """Decorator adding fn(cur_mean, ref_mean, std, sample) -> (N,) to KL_ESTIMATORS (see "KL estimators")."""
+    """Decorator adding fn(cur_mean, ref_mean, std, sample, mask=None) -> (N,) to KL_ESTIMATORS ("KL estimators")."""
     return registrar(KL_ESTIMATORS, "KL estimator", name)
 
 
@@ -141,8 +141,8 @@ def _kl_inputs(cur_mean: Tensor, ref_mean: Tensor, std: float | Tensor, sample: 
     return cur_mean.float(), ref_mean.detach().float(), std_t, sample.detach().float()
 
 
-def _element_mean(per_element: Tensor) -> Tensor:
-    return per_element.mean(dim=tuple(range(1, per_element.dim())))
+def _element_mean(per_element: Tensor, mask: Tensor | None = None) -> Tensor:
+    return reduce_elements(per_element, mask)
 
 
 def gaussian_log_ratio(cur_mean: Tensor, ref_mean: Tensor, std: Tensor, sample: Tensor, pathwise: bool) -> Tensor:
@@ -162,17 +162,19 @@ def gaussian_log_ratio(cur_mean: Tensor, ref_mean: Tensor, std: Tensor, sample: 
 
 
 @register_kl_estimator("gaussian_mean")
-def kl_gaussian_mean(cur_mean: Tensor, ref_mean: Tensor, std: float | Tensor, sample: Tensor) -> Tensor:
+def kl_gaussian_mean(cur_mean: Tensor, ref_mean: Tensor, std: float | Tensor, sample: Tensor,
+                     mask: Tensor | None = None) -> Tensor:
     """Closed form (cur_mean - ref_mean)^2 / (2 std^2), element mean: exact value and gradient, no noise.
 
     `sample` is unused; it is accepted so that every estimator has one signature.
     """
     cur, ref, std_t, _ = _kl_inputs(cur_mean, ref_mean, std, sample)
-    return gaussian_kl_between_means(cur, ref, std_t)
+    return gaussian_kl_between_means(cur, ref, std_t, mask)
 
 
 @register_kl_estimator("k1")
-def kl_k1(cur_mean: Tensor, ref_mean: Tensor, std: float | Tensor, sample: Tensor) -> Tensor:
+def kl_k1(cur_mean: Tensor, ref_mean: Tensor, std: float | Tensor, sample: Tensor,
+          mask: Tensor | None = None) -> Tensor:
     """k1 = -log r per element, at the reparameterised sample (noise held fixed), element mean.
 
     Value: unbiased for the KL when sample ~ pi_theta. Gradient: (x - ref_mean) / std^2 * grad cur_mean,
@@ -181,11 +183,12 @@ def kl_k1(cur_mean: Tensor, ref_mean: Tensor, std: float | Tensor, sample: Tenso
     does), so k1's gradient is the noisiest of the three when policy and reference are close.
     """
     cur, ref, std_t, x = _kl_inputs(cur_mean, ref_mean, std, sample)
-    return _element_mean(-gaussian_log_ratio(cur, ref, std_t, x, pathwise=True))
+    return _element_mean(-gaussian_log_ratio(cur, ref, std_t, x, pathwise=True), mask)
 
 
 @register_kl_estimator("k2")
-def kl_k2(cur_mean: Tensor, ref_mean: Tensor, std: float | Tensor, sample: Tensor) -> Tensor:
+def kl_k2(cur_mean: Tensor, ref_mean: Tensor, std: float | Tensor, sample: Tensor,
+          mask: Tensor | None = None) -> Tensor:
     """k2 = (log r)^2 / 2 per element with the sample held fixed, element mean.
 
     Gradient: E[(log p_theta - log p_ref) grad log p_theta] is the exact KL gradient (score-function
@@ -193,11 +196,12 @@ def kl_k2(cur_mean: Tensor, ref_mean: Tensor, std: float | Tensor, sample: Tenso
     relative bias is KL / 2 (0.5 % at a per-element KL of 0.01).
     """
     cur, ref, std_t, x = _kl_inputs(cur_mean, ref_mean, std, sample)
-    return _element_mean(0.5 * gaussian_log_ratio(cur, ref, std_t, x, pathwise=False) ** 2)
+    return _element_mean(0.5 * gaussian_log_ratio(cur, ref, std_t, x, pathwise=False) ** 2, mask)
 
 
 @register_kl_estimator("k3")
-def kl_k3(cur_mean: Tensor, ref_mean: Tensor, std: float | Tensor, sample: Tensor) -> Tensor:
+def kl_k3(cur_mean: Tensor, ref_mean: Tensor, std: float | Tensor, sample: Tensor,
+          mask: Tensor | None = None) -> Tensor:
     """k3 = exp(log r) - 1 - log r per element with the sample held fixed, element mean; non-negative.
 
     Value: unbiased (E[p_ref / p_theta] = 1 on-policy). Gradient: in general the forward-KL gradient, which for two
@@ -207,7 +211,7 @@ def kl_k3(cur_mean: Tensor, ref_mean: Tensor, std: float | Tensor, sample: Tenso
     """
     cur, ref, std_t, x = _kl_inputs(cur_mean, ref_mean, std, sample)
     log_r = gaussian_log_ratio(cur, ref, std_t, x, pathwise=False)
-    return _element_mean(torch.exp(log_r.clamp(-K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP)) - 1.0 - log_r)
+    return _element_mean(torch.exp(log_r.clamp(-K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP)) - 1.0 - log_r, mask)
 
 
 def weighted_terms(per_sample: Tensor, sample_weight: Tensor | None) -> tuple[Tensor, Tensor]:

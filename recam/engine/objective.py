@@ -53,6 +53,7 @@ class MicroBatch:
     inner_epoch: int
     module: torch.nn.Module | None = None  # the unwrapped policy (for per-sample parameter gradients)
     policy_rows: Callable | None = None  # rows (slice) -> denoise(x, t) over `module` for those samples only
+    element_mask: torch.Tensor | None = None  # (b, ...) the elements log-probs and KLs average over (padding: no)
 
 
 @register_objective("grpo")
@@ -80,12 +81,12 @@ class GRPOObjective:
         prepared = self.variants.prepare(mb)
         out = []
         for j in range(T):
-            cur = rescore(mb.policy, mb.states, sched, j)
+            cur = rescore(mb.policy, mb.states, sched, j, mb.element_mask)
             kl = None
             if mb.reference is not None:
                 with torch.no_grad():
-                    ref = rescore(mb.reference, mb.states, sched, j)
-                kl = self.kl_estimator(cur.mean, ref.mean, cur.std, mb.states[:, j + 1])
+                    ref = rescore(mb.reference, mb.states, sched, j, mb.element_mask)
+                kl = self.kl_estimator(cur.mean, ref.mean, cur.std, mb.states[:, j + 1], mb.element_mask)
             old = mb.old_log_probs[:, j].contiguous().to(device)
             inputs = StepLossInputs(cur.log_prob, old, mb.advantages[:, j].to(device), mb.sample_weight.to(device),
                                     kl, j, T, **self.variants.step_tensors(prepared, j))
@@ -118,7 +119,7 @@ class VariantInputs:
         if not self.needs_pass:
             return out
         states, T = mb.states, mb.old_log_probs.shape[1]
-        steps = [rescore(mb.policy, states, self.scheduler, j) for j in range(T)]
+        steps = [rescore(mb.policy, states, self.scheduler, j, mb.element_mask) for j in range(T)]
         seq = torch.stack([o.log_prob for o in steps], 1)
         out["seq_log_prob"], out["seq_old_log_prob"] = seq, mb.old_log_probs.to(seq.device)
         keys = [tuple(r) for r in mb.traj_ids.tolist()]
@@ -138,7 +139,8 @@ class VariantInputs:
         evaluated with the given parameters by binding them into the policy for the duration of one call."""
         states, sched, module = mb.states, self.scheduler, mb.module
         x, t = states[:, j], sched.model_time(j, states.shape[0])
-        u = log_prob_output_gradient(states[:, j + 1], step.mean, step.std, sched.output_coefficient(j))
+        u = log_prob_output_gradient(states[:, j + 1], step.mean, step.std, sched.output_coefficient(j),
+                                     mb.element_mask)
         params = {k: p.detach() for k, p in module.named_parameters() if p.requires_grad}
 
         def output_fn(p, rows):

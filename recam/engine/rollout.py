@@ -28,20 +28,21 @@ def per_sample_noise(keys: list[tuple[int, ...]], num_draws: int, shape: tuple[i
 
 
 @torch.no_grad()
-def rollout(denoise, noise: torch.Tensor, scheduler) -> Rollout:
+def rollout(denoise, noise: torch.Tensor, scheduler, mask: torch.Tensor | None = None) -> Rollout:
     """Sample N outputs; the first T steps are stochastic with log-probs, the rest deterministic.
 
     The untrained tail is deterministic: noise there would stay visible in the output while no trained step
     is responsible for it.
 
     noise: (N, S + 1, *sample_shape) standard normal draws: [:, 0] the initial x, [:, j + 1] step j's noise.
+    mask: the elements the log-probs average over (broadcastable to a sample batch), all when None.
     """
     x = noise[:, 0]
     states, log_probs = [x], []
     for j in range(scheduler.num_steps):
         out = denoise(x, scheduler.model_time(j, x.shape[0]))
         if j < scheduler.num_train_steps:
-            step = scheduler.transition(j, out, x, noise=noise[:, j + 1])
+            step = scheduler.transition(j, out, x, noise=noise[:, j + 1], mask=mask)
             x = step.prev_sample
             states.append(x)
             log_probs.append(step.log_prob)
@@ -59,10 +60,11 @@ def deterministic_sample(denoise, noise: torch.Tensor, scheduler) -> torch.Tenso
     return x
 
 
-def rescore(denoise, states: torch.Tensor, scheduler, j: int) -> StepOutput:
+def rescore(denoise, states: torch.Tensor, scheduler, j: int, mask: torch.Tensor | None = None) -> StepOutput:
     """The stored transition states[:, j] -> states[:, j + 1] under `denoise`: log-prob (N,), mean and std.
 
     Gradients flow through the model output into the log-prob and the mean.
     """
     x = states[:, j]
-    return scheduler.transition(j, denoise(x, scheduler.model_time(j, x.shape[0])), x, next_state=states[:, j + 1])
+    return scheduler.transition(j, denoise(x, scheduler.model_time(j, x.shape[0])), x, next_state=states[:, j + 1],
+                                mask=mask)

@@ -6,7 +6,9 @@ step used outside the trained steps and for evaluation (`deterministic`). Rollou
 `num_train_steps` transitions (the noisiest ones). The engine knows nothing else about a scheduler, so flow
 matching (SDE / CPS / ODE) and DDPM/DDIM models (epsilon or x0 prediction) share one loop.
 
-Every transition's log-prob is float32 and averaged over a sample's elements (recam.engine.sde).
+Every transition's log-prob is float32 and averaged over a sample's elements (recam.engine.sde), over those a
+`mask` marks as real when one is given (a padded motion's frames are not); `reduction="sum"` sums instead, only to
+reproduce runs that did.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ class Scheduler(Protocol):
         """(n,) time the denoiser is called with at step j."""
 
     def transition(self, j: int, output: Tensor, x: Tensor, next_state: Tensor | None = None,
-                   noise: Tensor | None = None) -> StepOutput:
-        """Step j as a Gaussian: draws next_state = mean + std * noise, or scores a given next_state."""
+                   noise: Tensor | None = None, mask: Tensor | None = None) -> StepOutput:
+        """Step j as a Gaussian: draws next_state = mean + std * noise, or scores a given next_state; the
+        log-prob reduces over the elements `mask` (broadcastable to x) marks, all when None."""
 
     def deterministic(self, j: int, output: Tensor, x: Tensor) -> Tensor:
         """Step j without noise (the probability-flow ODE / DDIM with eta 0)."""
@@ -59,20 +62,21 @@ class FlowMatchScheduler:
     sde_type "sde" is Flow-GRPO's SDE, "cps" coefficients-preserving sampling; noise_level a scales the noise."""
 
     def __init__(self, num_steps: int, shift: float, noise_level: float, sde_type: str = "sde",
-                 num_train_steps: int = 0, device: torch.device | str = "cpu"):
+                 num_train_steps: int = 0, device: torch.device | str = "cpu", reduction: str = "mean"):
         if sde_type not in FLOW_STEPS:
             raise ValueError(f"sde_type must be one of {sorted(FLOW_STEPS)}, got {sde_type!r}")
         self.sigmas = flow_sigmas(num_steps, shift).to(device)
         self.num_steps, self.num_train_steps = num_steps, num_train_steps
         self.shift, self.noise_level, self.sde_type, self.device = shift, noise_level, sde_type, device
+        self.reduction = reduction
 
     def model_time(self, j: int, n: int) -> Tensor:
         return self.sigmas[j].expand(n)
 
-    def transition(self, j, output, x, next_state=None, noise=None) -> StepOutput:
+    def transition(self, j, output, x, next_state=None, noise=None, mask=None) -> StepOutput:
         fn, s, s_next = FLOW_STEPS[self.sde_type], self.sigmas[j], self.sigmas[j + 1]
-        return _draw_or_score(lambda prev: fn(output, s, s_next, x, self.noise_level, prev_sample=prev),
-                              next_state, noise, x)
+        return _draw_or_score(lambda prev: fn(output, s, s_next, x, self.noise_level, prev_sample=prev, mask=mask,
+                                              reduction=self.reduction), next_state, noise, x)
 
     def deterministic(self, j, output, x) -> Tensor:
         return ode_step(output, self.sigmas[j], self.sigmas[j + 1], x)
@@ -86,7 +90,8 @@ class FlowMatchScheduler:
         return float((a - b).abs())
 
     def with_steps(self, num_steps: int) -> FlowMatchScheduler:
-        return FlowMatchScheduler(num_steps, self.shift, self.noise_level, self.sde_type, 0, self.device)
+        return FlowMatchScheduler(num_steps, self.shift, self.noise_level, self.sde_type, 0, self.device,
+                                  self.reduction)
 
 
 class DDIMScheduler:
@@ -97,7 +102,7 @@ class DDIMScheduler:
     sampling timesteps are evenly spaced over it, descending."""
 
     def __init__(self, alphas_cumprod: Tensor, num_steps: int, eta: float, prediction_type: str = "epsilon",
-                 num_train_steps: int = 0, device: torch.device | str = "cpu"):
+                 num_train_steps: int = 0, device: torch.device | str = "cpu", reduction: str = "mean"):
         self.alphas_cumprod = alphas_cumprod.to(device, torch.float64)
         train_len = self.alphas_cumprod.shape[0]
         if not 1 <= num_steps <= train_len:
@@ -108,16 +113,18 @@ class DDIMScheduler:
         self.prev = torch.cat([ts[1:], torch.tensor([-1])]).to(device)
         self.num_steps, self.num_train_steps = num_steps, num_train_steps
         self.eta, self.prediction_type, self.device = eta, prediction_type, device
+        self.reduction = reduction
 
     def model_time(self, j: int, n: int) -> Tensor:
         return self.timesteps[j].expand(n)
 
-    def _step(self, j, output, x, eta, prev_sample):
+    def _step(self, j, output, x, eta, prev_sample, mask=None):
         return ddim_step_with_logprob(output, int(self.timesteps[j]), int(self.prev[j]), x, self.alphas_cumprod,
-                                      eta, self.prediction_type, prev_sample=prev_sample)
+                                      eta, self.prediction_type, prev_sample=prev_sample, mask=mask,
+                                      reduction=self.reduction)
 
-    def transition(self, j, output, x, next_state=None, noise=None) -> StepOutput:
-        return _draw_or_score(lambda prev: self._step(j, output, x, self.eta, prev), next_state, noise, x)
+    def transition(self, j, output, x, next_state=None, noise=None, mask=None) -> StepOutput:
+        return _draw_or_score(lambda prev: self._step(j, output, x, self.eta, prev, mask), next_state, noise, x)
 
     def deterministic(self, j, output, x) -> Tensor:
         return self._step(j, output, x, 0.0, None).prev_sample
@@ -129,4 +136,5 @@ class DDIMScheduler:
         return float((a - b).abs())
 
     def with_steps(self, num_steps: int) -> DDIMScheduler:
-        return DDIMScheduler(self.alphas_cumprod.float(), num_steps, self.eta, self.prediction_type, 0, self.device)
+        return DDIMScheduler(self.alphas_cumprod.float(), num_steps, self.eta, self.prediction_type, 0, self.device,
+                             self.reduction)

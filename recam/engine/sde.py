@@ -8,7 +8,10 @@ sigma = 0 data; velocity v = noise - x0; a denoising step goes from sigma to sig
 dt = sigma_next - sigma < 0.
 
 Every stochastic step is a Gaussian transition N(mean, std^2 I). Log-probabilities are always computed in
-float32 and averaged (not summed) over all non-batch elements, giving shape (B,). A step whose std is 0
+float32 and averaged (not summed) over all non-batch elements, giving shape (B,). A `mask` (B, ...) of the
+elements that are real (a motion's frames before its length; padded ones are not) restricts the average to
+them; `reduction="sum"` sums instead of averaging, which exists only to reproduce runs that did so (summed over
+263 x 196 elements a log-ratio is thousands of times larger and importance ratios explode). A step whose std is 0
 (deterministic) has no density; its log-prob is defined as 0 so that it contributes a ratio of exactly 1.
 """
 
@@ -21,6 +24,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "REDUCTIONS",
     "StepOutput",
     "checked_std",
     "cps_step",
@@ -29,6 +33,7 @@ __all__ = [
     "flow_sigmas",
     "gaussian_kl_between_means",
     "ode_step",
+    "reduce_elements",
 ]
 
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -105,8 +110,27 @@ def _flow_sigma_columns(
     return s, s_next
 
 
-def _gaussian_log_prob(x: Tensor, mean: Tensor, std: Tensor) -> Tensor:
-    """Mean over non-batch elements of log N(x; mean, std^2), float32, shape (B,).
+REDUCTIONS = ("mean", "sum")
+
+
+def reduce_elements(per_element: Tensor, mask: Tensor | None = None, reduction: str = "mean") -> Tensor:
+    """(B, ...) -> (B,): mean (or sum) over the non-batch elements, only those where `mask` (broadcastable to
+    per_element, bool or 0/1) is set. A sample with no masked-in element gets 0."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    dims = tuple(range(1, per_element.dim()))
+    if mask is None:
+        return per_element.mean(dim=dims) if reduction == "mean" else per_element.sum(dim=dims)
+    weight = torch.broadcast_to(mask.to(per_element.device, per_element.dtype), per_element.shape)
+    total = (per_element * weight).sum(dim=dims)
+    if reduction == "sum":
+        return total
+    return total / weight.sum(dim=dims).clamp(min=1.0)
+
+
+def _gaussian_log_prob(x: Tensor, mean: Tensor, std: Tensor, mask: Tensor | None = None,
+                       reduction: str = "mean") -> Tensor:
+    """Mean (reduce_elements) over non-batch elements of log N(x; mean, std^2), float32, shape (B,).
 
     Samples whose std is 0 get log-prob 0: a deterministic step has no density, and 0 keeps the
     importance ratio of such a step at exactly 1.
@@ -116,7 +140,7 @@ def _gaussian_log_prob(x: Tensor, mean: Tensor, std: Tensor) -> Tensor:
     safe_std = torch.where(positive, std, torch.ones_like(std))
     log_density = -((x - mean) ** 2) / (2.0 * safe_std**2) - torch.log(safe_std) - _LOG_SQRT_2PI
     log_density = torch.where(positive, log_density, torch.zeros_like(log_density))
-    return log_density.mean(dim=tuple(range(1, x.dim())))
+    return reduce_elements(log_density, mask, reduction)
 
 
 def _finish_step(
@@ -126,6 +150,8 @@ def _finish_step(
     prev_sample: Tensor | None,
     generator: torch.Generator | None,
     deterministic: bool = False,
+    mask: Tensor | None = None,
+    reduction: str = "mean",
 ) -> StepOutput:
     if prev_sample is None and deterministic:
         # No noise is drawn, so the generator's state is untouched by an ODE-equivalent step.
@@ -135,7 +161,7 @@ def _finish_step(
         # Rounded to the caller's dtype BEFORE scoring, so that re-scoring the stored sample later
         # reproduces this log-prob bit for bit (on-policy ratio exactly 1).
         prev_sample = (mean + std * noise).to(sample.dtype)
-    log_prob = _gaussian_log_prob(prev_sample, mean, std)
+    log_prob = _gaussian_log_prob(prev_sample, mean, std, mask, reduction)
     return StepOutput(prev_sample=prev_sample, log_prob=log_prob, mean=mean, std=std)
 
 
@@ -158,6 +184,8 @@ def flow_sde_step(
     noise_level: float,
     prev_sample: Tensor | None = None,
     generator: torch.Generator | None = None,
+    mask: Tensor | None = None,
+    reduction: str = "mean",
 ) -> StepOutput:
     """Flow-GRPO SDE step: the reverse-time SDE with the same marginals as the flow ODE.
 
@@ -186,12 +214,12 @@ def flow_sde_step(
     if noise_level == 0:
         mean = x + dt * v
         std = torch.zeros_like(s)
-        return _finish_step(mean, std, sample, prev_sample, generator, deterministic=True)
+        return _finish_step(mean, std, sample, prev_sample, generator, True, mask, reduction)
     one_minus = 1.0 - torch.where(s == 1, s_next, s)
     sigma_t = noise_level * torch.sqrt(s / one_minus)
     mean = x * (1.0 + sigma_t**2 / (2.0 * s) * dt) + v * (1.0 + sigma_t**2 * (1.0 - s) / (2.0 * s)) * dt
     std = sigma_t * torch.sqrt(-dt)
-    return _finish_step(mean, std, sample, prev_sample, generator)
+    return _finish_step(mean, std, sample, prev_sample, generator, False, mask, reduction)
 
 
 def cps_step(
@@ -202,6 +230,8 @@ def cps_step(
     noise_level: float,
     prev_sample: Tensor | None = None,
     generator: torch.Generator | None = None,
+    mask: Tensor | None = None,
+    reduction: str = "mean",
 ) -> StepOutput:
     """Coefficients-preserving sampling step (CPS).
 
@@ -233,13 +263,13 @@ def cps_step(
         # Algebraically the CPS mean at a = 0 is x + dt * v; using that form makes it bit-equal to ode_step.
         mean = x + (s_next - s) * v
         std = torch.zeros_like(s)
-        return _finish_step(mean, std, sample, prev_sample, generator, deterministic=True)
+        return _finish_step(mean, std, sample, prev_sample, generator, True, mask, reduction)
     angle = noise_level * math.pi / 2.0
     std = s_next * math.sin(angle)
     x0_hat = x - s * v
     x1_hat = x + (1.0 - s) * v
     mean = x0_hat * (1.0 - s_next) + x1_hat * (s_next * math.cos(angle))
-    return _finish_step(mean, std, sample, prev_sample, generator)
+    return _finish_step(mean, std, sample, prev_sample, generator, False, mask, reduction)
 
 
 def _timestep_column(value: int | Tensor, name: str, sample: Tensor) -> Tensor:
@@ -270,6 +300,8 @@ def ddim_step_with_logprob(
     prediction_type: str = "epsilon",
     prev_sample: Tensor | None = None,
     generator: torch.Generator | None = None,
+    mask: Tensor | None = None,
+    reduction: str = "mean",
 ) -> StepOutput:
     """DDIM step from timestep t to prev_timestep s < t as a Gaussian transition (DDPO style).
 
@@ -324,7 +356,7 @@ def ddim_step_with_logprob(
         x0_hat = out
         eps_hat = (x - column(torch.sqrt(a_t)) * x0_hat) / column(torch.sqrt(1.0 - a_t))
     mean = column(torch.sqrt(a_s)) * x0_hat + column(dir_coef) * eps_hat
-    return _finish_step(mean, column(std64), sample, prev_sample, generator, deterministic=eta == 0)
+    return _finish_step(mean, column(std64), sample, prev_sample, generator, eta == 0, mask, reduction)
 
 
 def checked_std(std: float | Tensor, like: Tensor) -> Tensor:
@@ -342,7 +374,8 @@ def checked_std(std: float | Tensor, like: Tensor) -> Tensor:
     return std_t
 
 
-def gaussian_kl_between_means(mean_a: Tensor, mean_b: Tensor, std: float | Tensor) -> Tensor:
+def gaussian_kl_between_means(mean_a: Tensor, mean_b: Tensor, std: float | Tensor,
+                              mask: Tensor | None = None) -> Tensor:
     """KL(N(mean_a, std^2 I) || N(mean_b, std^2 I)) per element, averaged over non-batch dims.
 
     Per element the KL of two equal-variance Gaussians is (mean_a - mean_b)^2 / (2 std^2). `std` here is
@@ -351,7 +384,7 @@ def gaussian_kl_between_means(mean_a: Tensor, mean_b: Tensor, std: float | Tenso
     this value multiplied by |dt| (the mean gap itself scales with dt, so theirs is O(dt^2), this O(|dt|)).
 
     mean_a, mean_b: (B, ...). std: a positive float, or a tensor broadcastable to (B, ...), e.g. the
-    (B, 1, ..., 1) std of a StepOutput. Returns (B,) float32.
+    (B, 1, ..., 1) std of a StepOutput. mask: the elements averaged over (reduce_elements). Returns (B,) float32.
     """
     if mean_a.shape != mean_b.shape:
         raise ValueError(f"mean_a shape {tuple(mean_a.shape)} != mean_b shape {tuple(mean_b.shape)}")
@@ -359,4 +392,4 @@ def gaussian_kl_between_means(mean_a: Tensor, mean_b: Tensor, std: float | Tenso
         raise ValueError(f"means need a batch axis and at least one more, got shape {tuple(mean_a.shape)}")
     std_t = checked_std(std, mean_a)
     kl = (mean_a.float() - mean_b.float()) ** 2 / (2.0 * std_t**2)
-    return kl.mean(dim=tuple(range(1, kl.dim())))
+    return reduce_elements(kl, mask)

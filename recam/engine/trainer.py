@@ -199,7 +199,7 @@ class GRPOTrainer:
             keys = [(self.config.seed, position, self.rank * s.batch_size + n) for n in range(len(indices))]
             noise = per_sample_noise(keys, self.scheduler.num_steps + 1, self.sample_shape)
             out = rollout(self.domain.denoiser(model, batch, self.autocast), noise.to(self.accelerator.device),
-                          self.scheduler)
+                          self.scheduler, self.element_mask(batch))
             samples = self.domain.decode(out.final)  # rewards see what the domain decodes (pixels, motions)
             self.runner.submit(position, samples, batch.conditions)  # scored while the next batch samples
             index.append(torch.tensor(indices))
@@ -339,7 +339,14 @@ class GRPOTrainer:
             return self.domain.denoiser(self.model, rows_batch, self.autocast)
         return MicroBatch(rollouts.states[sel].to(dev), rollouts.log_probs[sel], adv[sel], weight[sel], traj[sel],
                           self.domain.denoiser(self.policy, batch, self.autocast), reference, inner, self.model,
-                          policy_rows)
+                          policy_rows, self.element_mask(batch))
+
+    def element_mask(self, batch):
+        """The elements of the batch's samples that log-probs and KLs average over (the domain's optional
+        element_mask: padded motion frames are not real), on the device; None = all."""
+        fn = getattr(self.domain, "element_mask", None)
+        mask = fn(batch) if fn is not None else None
+        return None if mask is None else mask.to(self.accelerator.device)
 
     def optimizer_step(self, acc_metrics: list[dict], signal: dict) -> StepStats:
         """Clip, average metrics over processes, ask the guard, and apply the update only if it found nothing

@@ -230,7 +230,7 @@ class EMAImportanceState:
 
 
 def log_prob_output_gradient(
-    next_sample: Tensor, mean: Tensor, std: Tensor, output_scale: float | Tensor = 1.0
+    next_sample: Tensor, mean: Tensor, std: Tensor, output_scale: float | Tensor = 1.0, mask: Tensor | None = None
 ) -> Tensor:
     """u = d log p / d model output for every sample, (n, ...) float32, detached.
 
@@ -240,7 +240,8 @@ def log_prob_output_gradient(
     output_scale is d mu / d output (a float or (n,)), e.g. (1 + sigma_t^2 (1 - sigma) / (2 sigma)) dt for
     the Flow-SDE step; its sign flips u and no norm built from u, so |c| will do. next_sample (n, ...) the
     stored x', mean (n, ...), std (n, 1, ..., 1) or broadcastable, all from the no-grad pass. A deterministic
-    step (std 0) has no density and gets u = 0.
+    step (std 0) has no density and gets u = 0. With `mask` the mean runs over the masked-in elements: D is their
+    count per sample and the others get u = 0.
     """
     if next_sample.shape != mean.shape:
         raise ValueError(f"next_sample {tuple(next_sample.shape)} and mean {tuple(mean.shape)} must match")
@@ -250,8 +251,13 @@ def log_prob_output_gradient(
     stochastic = s > 0
     safe = torch.where(stochastic, s, torch.ones_like(s))
     inv_var = torch.where(stochastic, 1.0 / safe**2, torch.zeros_like(s))
-    numel = x[0].numel() if x.shape[0] > 0 else 1
-    grad = (x - mu) * inv_var / numel
+    if mask is None:
+        numel = x[0].numel() if x.shape[0] > 0 else 1
+        grad = (x - mu) * inv_var / numel
+    else:
+        weight = torch.broadcast_to(mask.to(x.device, x.dtype), x.shape)
+        count = weight.sum(dim=tuple(range(1, x.dim())), keepdim=True).clamp(min=1.0)
+        grad = (x - mu) * inv_var * weight / count
     if isinstance(output_scale, Tensor):
         scale = output_scale.detach().float().to(grad.device)
         return grad * scale.reshape((-1,) + (1,) * (grad.dim() - 1)) if scale.dim() > 0 else grad * scale
