@@ -100,7 +100,10 @@ def solve(workdir: str | Path, K: np.ndarray, threads: int = 1, max_features: in
     matching = pycolmap.FeatureMatchingOptions()
     matching.num_threads = threads
     t = time.perf_counter()
-    pycolmap.match_exhaustive(db_path, matching_options=matching, device=pycolmap.Device.cpu)
+    verification = pycolmap.TwoViewGeometryOptions()
+    verification.ransac.random_seed = 0  # COLMAP seeds RANSAC from the clock by default: one video, one score
+    pycolmap.match_exhaustive(db_path, matching_options=matching, verification_options=verification,
+                              device=pycolmap.Device.cpu)
     seconds["match"] = time.perf_counter() - t
 
     db = pycolmap.Database.open(str(db_path))
