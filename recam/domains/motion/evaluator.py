@@ -675,8 +675,15 @@ class T2MEvaluator(nn.Module):
     mean/std (they are then applied to raw features) or normalise beforehand. Padded frames are set to 0 after
     normalisation, as T2M's loader pads them. encode_text needs the evaluator's word vectors (GloveVectors)."""
 
-    def __init__(self, movement: T2MMovementEncoder, text: T2MTextEncoder, motion: T2MMotionEncoder,
-                 words: GloveVectors | None = None, mean=None, std=None):  # fmt: skip
+    def __init__(
+        self,
+        movement: T2MMovementEncoder,
+        text: T2MTextEncoder,
+        motion: T2MMotionEncoder,
+        words: GloveVectors | None = None,
+        mean=None,
+        std=None,
+    ):
         super().__init__()
         self.movement_encoder, self.text_encoder, self.motion_encoder = movement, text, motion
         self.words = words
@@ -778,17 +785,23 @@ def load_t2m_evaluator(
     motion_hidden, motion_in = _shape(mo, "input_emb.weight", path, "motion_encoder")
     motion_out = _shape(mo, "output_net.3.weight", path, "motion_encoder")[0]
     if pos_dim != len(T2M_POS):
-        raise ValueError(f"{path}: text_encoder expects {pos_dim} POS classes, the evaluator's tagging has "
-                         f"{len(T2M_POS)}")  # fmt: skip
+        raise ValueError(
+            f"{path}: text_encoder expects {pos_dim} POS classes, the evaluator's tagging has {len(T2M_POS)}"
+        )
     if motion_in != latent or motion_out != co_dim:
-        raise ValueError(f"{path}: encoder sizes disagree (movement latent {latent} -> motion input {motion_in}, "
-                         f"text out {co_dim} vs motion out {motion_out})")  # fmt: skip
+        raise ValueError(
+            f"{path}: encoder sizes disagree (movement latent {latent} -> motion input {motion_in}, "
+            f"text out {co_dim} vs motion out {motion_out})"
+        )
 
     movement = T2MMovementEncoder(inputs, hidden, latent)
     text = T2MTextEncoder(word_dim, pos_dim, text_hidden, co_dim)
     motion = T2MMotionEncoder(latent, motion_hidden, co_dim)
-    for part, module, state in (("movement_encoder", movement, mv), ("text_encoder", text, tx),
-                                ("motion_encoder", motion, mo)):  # fmt: skip
+    for part, module, state in (
+        ("movement_encoder", movement, mv),
+        ("text_encoder", text, tx),
+        ("motion_encoder", motion, mo),
+    ):
         try:
             module.load_state_dict(state, strict=True)
         except RuntimeError as err:
