@@ -35,7 +35,6 @@ import json
 import logging
 import pickle
 import re
-import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,14 +147,21 @@ def _torch_load(path: Path, allow_pickle: bool):
         # weights_only: a checkpoint is data, never code to run.
         return torch.load(str(path), map_location="cpu", weights_only=not allow_pickle)
     except pickle.UnpicklingError as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        if "weights only" in str(err).lower() or "weights_only" in str(err):
+        # torch wraps every refusal of its safe unpickler in one long message; the part that matters is the
+        # "Unsupported global: GLOBAL <name> ..." sentence, present only when the file is a real pickle of
+        # objects other than tensors and containers.
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        if found:
             raise CheckpointFormatError(
-                f"{path} holds Python objects that safe loading refuses ({first}); if you trust the file, "
-                "pass allow_pickle=True"
+                f"{path} holds Python objects that safe loading refuses ({found.group(1)}); if you trust the "
+                "file, pass allow_pickle=True"
             ) from err
-        raise CheckpointFormatError(f"{path} is not a torch checkpoint ({first})") from err
-    except (RuntimeError, EOFError, ValueError, OSError, zipfile.BadZipFile, UnicodeDecodeError) as err:
+        lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+        raise CheckpointFormatError(f"{path} is not a torch checkpoint ({lines[-1] if lines else 'unpickling'})") \
+            from err
+    except Exception as err:  # garbage bytes surface as any error type of the unpickler
+        if isinstance(err, MemoryError):
+            raise
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointFormatError(f"{path} is not a torch checkpoint ({type(err).__name__}: {first})") from err
 

@@ -25,6 +25,7 @@ Shapes: B batch, T frames (<= max_frames), J = njoints features per frame (263 f
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -326,7 +327,7 @@ class CLIPTextEncoder(nn.Module):
         missing, and ValueError when weights the encoder needs are absent from the checkpoint (which
         transformers would otherwise silently initialise at random).
         """
-        from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
+        from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
 
         folder = Path(path)
         if not folder.is_dir():
@@ -336,9 +337,18 @@ class CLIPTextEncoder(nn.Module):
         if not any((folder / name).is_file() for name in ("tokenizer.json", "vocab.json")):
             raise FileNotFoundError(f"{folder} has no CLIP tokenizer (tokenizer.json or vocab.json + merges.txt)")
         tokenizer = CLIPTokenizer.from_pretrained(str(folder), local_files_only=True)
+        raw = json.loads((folder / "config.json").read_text())
+        if raw.get("model_type") == "clip":
+            # A full CLIP folder keeps projection_dim at the top level; the text config alone would fall back to
+            # 512 and mis-size the projection of any other CLIP (ViT-L/14 projects to 768).
+            text_cfg = dict(raw.get("text_config") or {})
+            text_cfg["projection_dim"] = raw.get("projection_dim", text_cfg.get("projection_dim", 512))
+            config = CLIPTextConfig(**text_cfg)
+        else:
+            config = CLIPTextConfig.from_pretrained(str(folder), local_files_only=True)
         model_cls = CLIPTextModelWithProjection if projected else CLIPTextModel
-        model, info = model_cls.from_pretrained(str(folder), local_files_only=True, output_loading_info=True,
-                                                dtype=dtype)
+        model, info = model_cls.from_pretrained(str(folder), config=config, local_files_only=True,
+                                                output_loading_info=True, dtype=dtype)
         missing = sorted(info.get("missing_keys", ()))
         mismatched = sorted(str(k) for k in info.get("mismatched_keys", ()))
         if missing or mismatched:
