@@ -25,6 +25,17 @@ from recam.domains.motion.model import (
 J = 263
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    # Tiny ops on a shared 2-core machine: a second OpenMP thread spin-waiting on a busy core made steps ~100x
+    # slower; one thread is faster here and restored afterwards.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+
 def _small_config(**overrides) -> dict:
     cfg = tiny_config()
     cfg.update(latent_dim=32, num_layers=2, ff_size=64, text_dim=16, max_frames=48)
