@@ -458,9 +458,14 @@ def test_errors_name_the_file_and_the_problem(hml_root):
     text.write_text("a person jumps#a/DET#zero#0.0\n")
     with pytest.raises(ValueError, match=r"000003\.txt:1: start/end 'zero'"):
         HumanML3DDataset(hml_root, "train")
+    text.write_text("a person jumps#a/DET#-1.0#3.0\n")
+    with pytest.raises(ValueError, match=r"000003\.txt:1: negative span"):
+        HumanML3DDataset(hml_root, "train")
     text.write_text("#a/DET#0.0#0.0\n")
     with pytest.raises(ValueError, match=r"000003\.txt:1: empty caption"):
         HumanML3DDataset(hml_root, "train")
+    text.write_bytes(good_text.replace("twice", "twic\xe9").encode("latin-1"))
+    assert HumanML3DDataset(hml_root, "train")[4].caption == "a person jumps twic\xe9"
     text.write_text(good_text)
 
     vec = hml_root / "new_joint_vecs" / "000003.npy"

@@ -8,8 +8,10 @@ import string
 import numpy as np
 import pytest
 import torch
+import torch.nn as nn
 
 from recam.domains.motion.model import (
+    CallableTextEncoder,
     CLIPTextEncoder,
     MotionDiffusionModel,
     TextEncoder,
@@ -330,3 +332,15 @@ def test_clip_embeddings_drive_the_model(clip_folder):
     emb = enc.encode(["the man walks", "a man runs"])
     out = m(torch.randn(2, J, 1, 8), torch.tensor([10, 500]), emb)
     assert out.shape == (2, J, 1, 8) and math.isfinite(out.sum().item())
+
+
+def test_callable_text_encoder_adapts_any_function():
+    table = nn.Embedding(10, 16)
+    enc = CallableTextEncoder(lambda texts: table(torch.tensor([len(t) % 10 for t in texts])), text_dim=16)
+    assert isinstance(enc, TextEncoder)
+    emb = enc.encode(["walk", "run"])
+    assert emb.shape == (2, 16) and emb.requires_grad
+    with pytest.raises(ValueError, match="expected"):
+        CallableTextEncoder(lambda texts: torch.zeros(len(texts), 3), text_dim=16).encode(["a"])
+    with pytest.raises(TypeError):
+        enc.encode("walk")

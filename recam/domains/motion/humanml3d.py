@@ -150,6 +150,9 @@ def parse_text_line(line: str, path: Path, line_no: int) -> tuple[str, tuple[str
     # MDM reads NaN spans as 0, i.e. as the whole clip when both are NaN.
     start = 0.0 if math.isnan(start) else start
     end = 0.0 if math.isnan(end) else end
+    if start < 0 or end < 0:
+        # A negative start would index from the end of the clip and silently pick the wrong frames.
+        raise ValueError(f"{where}: negative span {start_text!r}#{end_text!r}")
     tokens = tuple(t for t in token_field.strip().split(" ") if t)
     return caption, tokens, start, end
 
@@ -181,6 +184,16 @@ def _array_header(path: Path, njoints: int) -> int:
     return int(arr.shape[0])
 
 
+def _read_text(path: Path) -> str:
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        # One odd byte in a caption should not cost the whole dataset; say where it is and read it as latin-1.
+        logger.warning("%s is not UTF-8 (%s); reading it as latin-1", path, err)
+        return data.decode("latin-1")
+
+
 def crop_length(frames: int, max_frames: int = MAX_FRAMES, unit: int = UNIT_LENGTH) -> int:
     """MDM's length: down to a multiple of ``unit``, at most ``max_frames`` (rounded down to the unit too)."""
     return min(frames, max_frames) // unit * unit
@@ -198,7 +211,9 @@ class HumanML3DDataset(torch.utils.data.Dataset):
         max_frames: padded length (MDM: 196).
         min_frames, max_clip_frames: clip and sub-clip lengths kept (MDM: 40..199).
         mirrored: keep the ``M`` ids listed in the split.
-        crop: ``"start"`` (deterministic) or ``"mdm"`` (MDM's random length unit and offset, drawn from ``seed``).
+        crop: ``"start"`` (deterministic) or ``"mdm"`` (MDM's random length unit and offset, drawn from ``seed``;
+            DataLoader workers each copy that generator, so reseed per worker with ``reseed`` in a
+            ``worker_init_fn`` or they crop alike).
         njoints: features per frame.
     """
 
@@ -299,7 +314,7 @@ class HumanML3DDataset(torch.utils.data.Dataset):
             self.stats.dropped_clips.append((motion_id, frames))
             return
         added = 0
-        for line_no, line in enumerate(text_path.read_text(encoding="utf-8").splitlines(), start=1):
+        for line_no, line in enumerate(_read_text(text_path).splitlines(), start=1):
             if not line.strip():
                 continue
             caption, tokens, start_s, end_s = parse_text_line(line, text_path, line_no)
@@ -315,6 +330,10 @@ class HumanML3DDataset(torch.utils.data.Dataset):
         if added:
             self.stats.ids_used += 1
             self.stats.captions += added
+
+    def reseed(self, seed: int) -> None:
+        """Restart the ``crop="mdm"`` generator (e.g. ``seed + worker_id`` in a DataLoader worker_init_fn)."""
+        self._rng = np.random.default_rng(seed)
 
     # -- access ----------------------------------------------------------------------------------------
 

@@ -295,6 +295,24 @@ class TextEncoder(Protocol):
     def encode(self, texts: Sequence[str]) -> torch.Tensor: ...
 
 
+class CallableTextEncoder:
+    """Adapts any ``captions -> [B, text_dim]`` function to :class:`TextEncoder`, e.g. the synthetic world's
+    word-level encoder (``TextMotionEvaluator.encode_text`` in evaluator.py) or a trainable module's forward.
+    Gradients flow through unless the function itself stops them."""
+
+    def __init__(self, fn, text_dim: int):
+        self.fn = fn
+        self.text_dim = int(text_dim)
+
+    def encode(self, texts: Sequence[str]) -> torch.Tensor:
+        if isinstance(texts, str):
+            raise TypeError("encode takes a list of captions, not a single string")
+        out = self.fn(list(texts))
+        if out.shape != (len(texts), self.text_dim):
+            raise ValueError(f"text encoder returned {tuple(out.shape)}, expected ({len(texts)}, {self.text_dim})")
+        return out
+
+
 class CLIPTextEncoder(nn.Module):
     """CLIP's text tower from a local folder, frozen, returning the projected EOT embedding as MDM uses it.
 
@@ -328,6 +346,7 @@ class CLIPTextEncoder(nn.Module):
         transformers would otherwise silently initialise at random).
         """
         from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
+        from transformers.utils import logging as hf_logging
 
         folder = Path(path)
         if not folder.is_dir():
@@ -347,8 +366,15 @@ class CLIPTextEncoder(nn.Module):
         else:
             config = CLIPTextConfig.from_pretrained(str(folder), local_files_only=True)
         model_cls = CLIPTextModelWithProjection if projected else CLIPTextModel
-        model, info = model_cls.from_pretrained(str(folder), config=config, local_files_only=True,
-                                                output_loading_info=True, dtype=dtype)
+        # transformers would log a table of every vision-tower key as unexpected, which is the normal case for a
+        # full CLIP folder; missing and mis-sized keys are checked below and raised instead.
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+        try:
+            model, info = model_cls.from_pretrained(str(folder), config=config, local_files_only=True,
+                                                    output_loading_info=True, dtype=dtype)
+        finally:
+            hf_logging.set_verbosity(verbosity)
         missing = sorted(info.get("missing_keys", ()))
         mismatched = sorted(str(k) for k in info.get("mismatched_keys", ()))
         if missing or mismatched:
