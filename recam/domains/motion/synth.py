@@ -113,8 +113,13 @@ def pulse(t, start: float, rise: float, hold: float, fall: float):
 
 
 def hermite(t, keys):
-    """Piecewise-cubic curve through keyframes (time, value, slope); constant outside them."""
-    keys = sorted(keys)
+    """Piecewise-cubic curve through keyframes (time, value, slope); constant outside them.
+
+    Keys at the same time (one movement ending where the next begins) are kept once, the first given."""
+    seen: dict[float, tuple] = {}
+    for k in keys:
+        seen.setdefault(round(float(k[0]), 9), k)
+    keys = sorted(seen.values())
     ts = np.array([k[0] for k in keys])
     vs = np.array([k[1] for k in keys], dtype=np.float64)
     ds = np.array([k[2] for k in keys], dtype=np.float64)
@@ -740,3 +745,134 @@ def synthesize(spec: MotionSpec, bone_lengths: np.ndarray = sk.BONE_LENGTHS) -> 
 def make_motion(spec: MotionSpec) -> np.ndarray:
     """World joints (T, 22, 3) of a spec, T = spec.num_frames, 20 fps."""
     return synthesize(spec)[0]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Captions
+
+SUBJECTS: tuple[str, ...] = ("a person", "someone", "a man", "a woman", "the person", "a figure")
+_COUNT = {1: "once", 2: "twice", 3: "three times", 4: "four times", 5: "five times", 6: "six times"}
+_NUMBER = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}
+
+
+def speed_class(spec: MotionSpec) -> str:
+    """'slow', 'normal' or 'fast' for locomotion (the words captions use); 'none' for other kinds."""
+    family = {"walk_then_turn": "walk", "walk_and_wave": "walk"}.get(spec.kind, spec.kind)
+    if family not in SPEED_WORD_BOUNDS:
+        return "none"
+    slow, fast = SPEED_WORD_BOUNDS[family]
+    return "slow" if spec.speed < slow else ("fast" if spec.speed >= fast else "normal")
+
+
+def _adverbs(speed: str) -> list[str]:
+    return {"slow": ["slowly", "at a slow pace", "leisurely"],
+            "fast": ["quickly", "briskly", "fast", "at a fast pace"],
+            "normal": ["", "at a normal pace", "steadily"],
+            "none": [""]}[speed]
+
+
+def _turn_phrases(side: str, deg: float) -> list[str]:
+    """Ways to say a turn of `deg` degrees to `side` (after 'turns')."""
+    d = int(round(deg))
+    clock = "counterclockwise" if side == "left" else "clockwise"
+    out = [f"{side} {d} degrees", f"{d} degrees to the {side}", f"{d} degrees {clock}", f"to the {side} by {d} degrees",
+           f"{clock} by {d} degrees"]
+    named = {90: "a quarter turn", 180: "a half turn", 360: "a full circle"}
+    if d in named:
+        out += [f"{named[d]} to the {side}", f"{clock} in {named[d]}"]
+    if d == 180:
+        out += [f"around to the {side}", f"around {clock}"]
+    if d == 45:
+        out += [f"slightly to the {side}"]
+    return out
+
+
+def caption_templates(spec: MotionSpec) -> list[str]:
+    """Every phrasing of the spec, with '{s}' for the subject."""
+    k, side, r = spec.kind, spec.side, spec.repetitions
+    adv = _adverbs(speed_class(spec))
+    out: list[str] = []
+
+    def add(*lines):
+        out.extend(" ".join(line.split()) for line in lines)
+
+    if k == "walk":
+        for a in adv:
+            add(f"{{s}} walks forward {a}", f"{{s}} walks {a} in a straight line", f"{{s}} is walking forward {a}",
+                f"{{s}} walks {a} ahead", f"{{s}} takes several steps forward {a}")
+    elif k == "run":
+        sc = speed_class(spec)
+        if sc == "slow":
+            add("{s} jogs forward", "{s} is jogging straight ahead", "{s} runs forward slowly", "{s} jogs in a line")
+        elif sc == "fast":
+            add("{s} sprints forward", "{s} runs forward quickly", "{s} runs fast in a straight line",
+                "{s} is sprinting ahead")
+        else:
+            add("{s} runs forward", "{s} is running straight ahead", "{s} runs in a straight line")
+    elif k == "walk_backward":
+        for a in adv:
+            add(f"{{s}} walks backwards {a}", f"{{s}} walks backward {a}", f"{{s}} steps backwards {a}",
+                f"{{s}} moves backward {a} while facing forward")
+    elif k == "sidestep":
+        clock_free = [f"to the {side}", f"to their {side}", f"{side}"]
+        for a in adv:
+            for c in clock_free:
+                add(f"{{s}} side steps {c} {a}", f"{{s}} walks sideways {c} {a}")
+        add(f"{{s}} shuffles sideways to the {side}", f"{{s}} steps sideways towards the {side}")
+    elif k == "turn":
+        for ph in _turn_phrases(side, spec.turn_deg):
+            add(f"{{s}} turns {ph}", f"{{s}} turns in place {ph}", f"standing still, {{s}} turns {ph}")
+        add(f"{{s}} pivots on the spot towards the {side}")
+    elif k == "jump":
+        cnt = _COUNT[r]
+        if spec.speed > 0:
+            add(f"{{s}} jumps forward {cnt}", f"{{s}} leaps forward {cnt}", f"{{s}} hops forward with both feet {cnt}")
+            if r > 1:
+                add(f"{{s}} does {_NUMBER[r]} jumps forward")
+        else:
+            add(f"{{s}} jumps up and down {cnt}", f"{{s}} jumps in place {cnt}", f"{{s}} hops {cnt} on the spot")
+            if r == 1:
+                add("{s} jumps up", "{s} jumps straight up in the air")
+            else:
+                add(f"{{s}} does {_NUMBER[r]} jumps in place")
+    elif k == "squat":
+        if r == 1:
+            add("{s} squats down and stands back up", "{s} does a squat", "{s} bends the knees into a squat and rises")
+        else:
+            add(f"{{s}} does {_NUMBER[r]} squats", f"{{s}} squats {_COUNT[r]}", f"{{s}} squats down and up {_COUNT[r]}")
+    elif k == "kick":
+        cnt = _COUNT[r]
+        add(f"{{s}} kicks with the {side} leg {cnt}", f"{{s}} kicks {cnt} with their {side} foot",
+            f"{{s}} kicks forward with the {side} leg {cnt}", f"{{s}} lifts the {side} leg and kicks {cnt}")
+        if r == 1:
+            add(f"{{s}} does a {side} kick", f"{{s}} kicks forward with the {side} foot")
+    elif k == "wave":
+        add(f"{{s}} waves with the {side} hand", f"{{s}} waves hello with their {side} hand",
+            f"{{s}} raises the {side} arm and waves", f"{{s}} lifts their {side} hand and waves it side to side",
+            f"{{s}} waves the {side} hand {_COUNT.get(r, 'several times')}")
+    elif k == "raise_arms":
+        cnt = "" if r == 1 else _COUNT[r]
+        if side == "both":
+            add(f"{{s}} raises both arms above the head {cnt}", f"{{s}} lifts both arms up {cnt}",
+                f"{{s}} puts both hands up in the air {cnt}", f"{{s}} raises their arms over their head {cnt}")
+        else:
+            add(f"{{s}} raises the {side} arm {cnt}", f"{{s}} lifts their {side} hand above the head {cnt}",
+                f"{{s}} raises the {side} hand up in the air {cnt}", f"{{s}} reaches up with the {side} arm {cnt}")
+    elif k == "walk_then_turn":
+        for a in adv:
+            for ph in _turn_phrases(side, spec.turn_deg)[:3]:
+                add(f"{{s}} walks forward {a}, then turns {ph}", f"{{s}} walks {a} and then turns {ph}",
+                    f"{{s}} walks ahead {a}, stops and turns {ph}")
+    elif k == "walk_and_wave":
+        for a in adv:
+            add(f"{{s}} walks forward {a} while waving the {side} hand",
+                f"{{s}} waves with the {side} hand while walking {a}",
+                f"while walking forward {a}, {{s}} waves their {side} hand")
+    return [line.replace(" ,", ",") for line in out]
+
+
+def caption(spec: MotionSpec, rng: np.random.Generator) -> str:
+    """One caption of the spec, phrasing and subject drawn from `rng`."""
+    templates = caption_templates(spec)
+    text = templates[int(rng.integers(len(templates)))]
+    return text.format(s=SUBJECTS[int(rng.integers(len(SUBJECTS)))])

@@ -1,0 +1,203 @@
+"""A synthetic text-to-motion world in HumanML3D's representation: captioned clips with ground-truth parameters.
+
+Splits are disjoint by motion parameters.  Every spec has a parameter key (kind, side, speed on a 0.1 m/s grid,
+turn angle, repetitions); nuisances (heading, gait phase, lead-in, clip length, caption wording) are not part of it.
+
+* held_out: keys matching `HELD_OUT_RULES`, combinations never seen in training: 135-degree turns (between the
+  trained 90 and 180), fast backwards walking (fast forward walking and slow backwards walking are trained),
+  walking while waving the *left* hand (left waves alone and right waves while walking are trained), and three
+  forward jumps in a row (one or two forward jumps, and three jumps in place, are trained).
+* validation: the other keys whose stable hash falls in `VALIDATION_PERCENT` percent (e.g. walking at 1.3 m/s when
+  training has 1.2 and 1.4): unseen values inside the training ranges.
+* train: the rest.
+
+Item i of a split is drawn from `numpy.random.default_rng([seed, split index, i])` (specs are redrawn until their
+key belongs to the split), so items are deterministic in (seed, split, i) and independent of num_conditions.
+Features are normalised by one Mean/Std for every world (256 training motions from a fixed seed, computed once per
+process), like HumanML3D's dataset-wide Mean.npy/Std.npy.
+"""
+
+from __future__ import annotations
+
+import functools
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from recam.domains.motion import skeleton as sk
+from recam.domains.motion import synth
+from recam.domains.motion.features import canonicalise, joints_to_features, mean_std
+from recam.domains.motion.synth import MotionSpec
+
+SPLITS: tuple[str, ...] = ("train", "validation", "held_out")
+VALIDATION_PERCENT = 15
+STATS_SEED = 20240601
+STATS_MOTIONS = 256
+
+# Relative frequency of each kind when sampling (locomotion is most of HumanML3D).
+KIND_WEIGHTS: dict[str, float] = {
+    "walk": 3.0, "run": 1.5, "walk_backward": 1.0, "sidestep": 1.0, "turn": 1.5, "jump": 1.0, "squat": 0.8,
+    "kick": 1.0, "wave": 1.0, "raise_arms": 1.0, "walk_then_turn": 1.5, "walk_and_wave": 1.0,
+}
+TURN_ANGLES: dict[str, tuple[int, ...]] = {"turn": (45, 90, 135, 180, 360), "walk_then_turn": (90, 135, 180)}
+REPETITIONS: dict[str, tuple[int, ...]] = {
+    "jump": (1, 2, 3), "squat": (1, 2, 3), "kick": (1, 2, 3), "wave": (2, 3, 4, 5), "raise_arms": (1, 2),
+    "walk_and_wave": (2, 3, 4, 5),
+}
+JUMP_SPEEDS: tuple[float, ...] = (0.0, 0.0, 0.0, 0.5, 1.0, 1.5)
+
+
+@dataclass(frozen=True)
+class MotionCondition:
+    """One world item.  features: (MAX_FRAMES, 263) float32, normalised, zeros after `length` rows;
+    joints: (length, 22, 3) canonical joints (what `features_to_joints` recovers from the denormalised features)."""
+
+    condition_id: str
+    caption: str
+    features: np.ndarray
+    length: int
+    joints: np.ndarray
+    spec: MotionSpec
+
+
+def parameter_key(spec: MotionSpec) -> tuple:
+    """The parameters that define a motion's content (and its split)."""
+    speed = round(spec.speed, 1) if spec.kind in synth.SPEED_RANGES else 0.0
+    return (spec.kind, spec.side, speed, int(round(spec.turn_deg)), spec.repetitions)
+
+
+HELD_OUT_RULES = (
+    ("135-degree turns", lambda k: k[3] == 135),
+    ("fast backwards walking", lambda k: k[0] == "walk_backward" and k[2] >= synth.SPEED_WORD_BOUNDS[k[0]][1]),
+    ("walking while waving the left hand", lambda k: k[0] == "walk_and_wave" and k[1] == "left"),
+    ("three forward jumps", lambda k: k[0] == "jump" and k[2] > 0 and k[4] == 3),
+)
+
+
+def split_of(spec: MotionSpec) -> str:
+    key = parameter_key(spec)
+    if any(rule(key) for _, rule in HELD_OUT_RULES):
+        return "held_out"
+    if zlib.crc32(repr(key).encode()) % 100 < VALIDATION_PERCENT:
+        return "validation"
+    return "train"
+
+
+def sample_spec(rng: np.random.Generator) -> MotionSpec:
+    """A random spec: content parameters from the grids above, nuisances continuous; clip length fits the content."""
+    kinds = list(KIND_WEIGHTS)
+    p = np.array([KIND_WEIGHTS[k] for k in kinds])
+    kind = kinds[int(rng.choice(len(kinds), p=p / p.sum()))]
+    sides = synth.KIND_SIDES[kind]
+    side = sides[int(rng.integers(len(sides)))]
+    speed = 0.0
+    if kind == "jump":
+        speed = float(JUMP_SPEEDS[int(rng.integers(len(JUMP_SPEEDS)))])
+    elif kind in synth.SPEED_RANGES:
+        lo, hi = synth.SPEED_RANGES[kind]
+        grid = np.round(np.arange(lo, hi + 1e-9, 0.1), 1)
+        speed = float(grid[int(rng.integers(len(grid)))])
+    turn = TURN_ANGLES.get(kind, (0,))
+    turn_deg = float(turn[int(rng.integers(len(turn)))])
+    reps_choices = REPETITIONS.get(kind, (1,))
+    reps = int(reps_choices[int(rng.integers(len(reps_choices)))])
+    lead = int(rng.integers(4, 17))
+    heading = float(rng.uniform(-180.0, 180.0))
+    phase = float(rng.uniform(0.0, 1.0))
+    # Clip lengths in joint frames; features have one row fewer, within MDM's [MIN_FRAMES, MAX_FRAMES].
+    lo_frames, hi_frames = sk.MIN_FRAMES + 1, sk.MAX_FRAMES + 1
+    draft = MotionSpec(kind=kind, speed=speed, side=side, turn_deg=turn_deg, repetitions=reps, lead_frames=lead,
+                       num_frames=hi_frames, heading_deg=heading, gait_phase=phase)
+    need = synth.min_frames(draft)
+    if kind in ("walk", "run", "walk_backward", "sidestep"):
+        frames = int(rng.integers(lo_frames, hi_frames + 1))
+    else:
+        frames = need + int(rng.integers(0, 31))
+    frames = int(np.clip(max(frames, need), lo_frames, hi_frames))
+    if need > hi_frames:
+        raise AssertionError(f"{draft} needs {need} frames")
+    return MotionSpec(kind=kind, speed=speed, side=side, turn_deg=turn_deg, repetitions=reps, lead_frames=lead,
+                      num_frames=frames, heading_deg=heading, gait_phase=phase)
+
+
+def sample_split_spec(rng: np.random.Generator, split: str, max_draws: int = 10_000) -> MotionSpec:
+    for _ in range(max_draws):
+        spec = sample_spec(rng)
+        if split_of(spec) == split:
+            return spec
+    raise RuntimeError(f"no {split} spec in {max_draws} draws")
+
+
+def motion_features(spec: MotionSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(features (T-1, 263) float64 unnormalised, canonical joints (T-1, 22, 3)) of a spec."""
+    joints = synth.make_motion(spec)
+    feats = joints_to_features(joints)
+    return feats, canonicalise(joints)[: len(feats)]
+
+
+@functools.lru_cache(maxsize=1)
+def reference_mean_std() -> tuple[np.ndarray, np.ndarray]:
+    """Mean/Std (263,) of every world: HumanML3D's procedure on `STATS_MOTIONS` training motions (fixed seed)."""
+    feats = []
+    for i in range(STATS_MOTIONS):
+        rng = np.random.default_rng([STATS_SEED, i])
+        feats.append(motion_features(sample_split_spec(rng, "train"))[0])
+    mean, std = mean_std(feats)
+    mean.setflags(write=False)
+    std.setflags(write=False)
+    return mean, std
+
+
+class MotionWorld(torch.utils.data.Dataset):
+    """`num_conditions` captioned synthetic motions of one split; items are built on first access and kept."""
+
+    def __init__(self, split: str, num_conditions: int, seed: int = 0):
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        self.split = split
+        self.num_conditions = int(num_conditions)
+        self.seed = int(seed)
+        self.mean, self.std = reference_mean_std()
+        self._items: dict[int, MotionCondition] = {}
+
+    def __len__(self) -> int:
+        return self.num_conditions
+
+    def spec(self, i: int) -> MotionSpec:
+        return sample_split_spec(self._rng(i), self.split)
+
+    def _rng(self, i: int) -> np.random.Generator:
+        return np.random.default_rng([self.seed, SPLITS.index(self.split), i])
+
+    def __getitem__(self, i: int) -> MotionCondition:
+        if not 0 <= i < self.num_conditions:
+            raise IndexError(i)
+        if i not in self._items:
+            self._items[i] = self._build(i)
+        return self._items[i]
+
+    def _build(self, i: int) -> MotionCondition:
+        rng = self._rng(i)
+        spec = sample_split_spec(rng, self.split)
+        text = synth.caption(spec, rng)
+        feats, joints = motion_features(spec)
+        length = len(feats)
+        padded = np.zeros((sk.MAX_FRAMES, sk.NUM_FEATURES), dtype=np.float32)
+        padded[:length] = (feats - self.mean) / self.std
+        return MotionCondition(
+            condition_id=f"synth-{self.split}-s{self.seed}-{i:06d}",
+            caption=text,
+            features=padded,
+            length=length,
+            joints=joints.astype(np.float32),
+            spec=spec,
+        )
+
+    def denormalise(self, features):
+        """Features in HumanML3D units from normalised ones (numpy or torch, (..., 263))."""
+        if isinstance(features, torch.Tensor):
+            return features * torch.as_tensor(self.std, dtype=features.dtype, device=features.device) + torch.as_tensor(
+                self.mean, dtype=features.dtype, device=features.device)
+        return features * self.std + self.mean
