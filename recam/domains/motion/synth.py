@@ -153,8 +153,10 @@ def side_sign(side: str) -> float:
 
 REST = sk.rest_pose()
 STAND_HEIGHT = float(REST[0, 1]) - 0.015  # knees a little soft, never locked at the reach limit
-# Body-frame (x, z) of the foot joints when standing, relative to the pelvis.
-NOMINAL_FEET = REST[[sk.LEFT_FOOT, sk.RIGHT_FOOT]][:, [0, 2]] - REST[0, [0, 2]]
+# Body-frame (x, z) of the foot joints when standing, relative to the pelvis: the rest pose's, made left/right
+# symmetric so that mirrored specs place their feet as mirror images (the legs' lengths differ by 1 cm; IK absorbs it).
+_rest_feet = REST[[sk.LEFT_FOOT, sk.RIGHT_FOOT]][:, [0, 2]] - REST[0, [0, 2]]
+NOMINAL_FEET = np.array([[1.0, 1.0], [-1.0, 1.0]]) * np.abs(_rest_feet).mean(axis=0)
 FOOT_JOINT = (sk.LEFT_FOOT, sk.RIGHT_FOOT)
 ANKLE_JOINT = (sk.LEFT_ANKLE, sk.RIGHT_ANKLE)
 HIP_JOINT = (1, 2)
@@ -224,14 +226,14 @@ class Gait:
     toe_up: float = 0.2  # toe raised before landing
 
 
-WALK = Gait(duty=0.6, clearance=0.07, bob=0.022, sway=0.022, arm_swing=0.3, elbow=0.25, pelvis_yaw=0.08, lean=0.05)
+WALK = Gait(duty=0.6, clearance=0.1, bob=0.022, sway=0.022, arm_swing=0.3, elbow=0.25, pelvis_yaw=0.08, lean=0.05)
 RUN = Gait(duty=0.38, clearance=0.2, bob=-0.03, sway=0.012, arm_swing=0.55, elbow=1.3, pelvis_yaw=0.1, lean=0.16,
            heel_off=0.6)
-BACKWARD = Gait(duty=0.62, clearance=0.06, bob=0.015, sway=0.02, arm_swing=0.15, elbow=0.2, pelvis_yaw=0.05,
+BACKWARD = Gait(duty=0.62, clearance=0.1, bob=0.015, sway=0.02, arm_swing=0.15, elbow=0.2, pelvis_yaw=0.05,
                 lean=-0.04)
-SIDESTEP = Gait(duty=0.6, clearance=0.05, bob=0.012, sway=0.035, arm_swing=0.0, elbow=0.1, pelvis_yaw=0.0, lean=0.02,
+SIDESTEP = Gait(duty=0.6, clearance=0.09, bob=0.012, sway=0.035, arm_swing=0.0, elbow=0.1, pelvis_yaw=0.0, lean=0.02,
                 heel_off=0.15, toe_up=0.05)
-TURN_STEPS = Gait(duty=0.62, clearance=0.045, bob=0.008, sway=0.015, arm_swing=0.0, elbow=0.1, pelvis_yaw=0.0,
+TURN_STEPS = Gait(duty=0.62, clearance=0.07, bob=0.008, sway=0.015, arm_swing=0.0, elbow=0.1, pelvis_yaw=0.0,
                   lean=0.0, heel_off=0.1, toe_up=0.05)
 
 
@@ -295,12 +297,13 @@ def apply_gait(ch: Channels, phase: np.ndarray, gait: Gait, weight: np.ndarray, 
             if src is None:
                 continue
             s = np.clip(u[a:b] / swing_len, 0.0, 1.0)
-            e = smoothstep(s)
+            # Lift fast, travel mostly while lifted, come down fast: a foot low over the floor is not sliding.
+            e = smoothstep(smoothstep(s))
             lo = max(a, first_frame)
             sl = slice(lo - a, b - a)
             pos[lo:b, 0] = src[0][0] + (dst[0][0] - src[0][0]) * e[sl]
             pos[lo:b, 2] = src[0][1] + (dst[0][1] - src[0][1]) * e[sl]
-            pos[lo:b, 1] = gait.clearance * np.sin(np.pi * s[sl])
+            pos[lo:b, 1] = gait.clearance * np.sin(np.pi * s[sl]) ** 0.6
             fyaw[lo:b] = src[1] + (dst[1] - src[1]) * e[sl]
             ss = s[sl]
             pitch[lo:b] = weight[lo:b] * (gait.heel_off * (1.0 - smoothstep(ss / 0.45))
@@ -465,8 +468,10 @@ def _walk_like(spec: MotionSpec, ch: Channels) -> np.ndarray:
         "sidestep": (SIDESTEP, (side_sign(spec.side), 0.0)),
     }
     gait, direction = table[spec.kind]
+    # Side-stepping to the right is the mirror image of stepping left: the right foot leads where the left one did.
+    phase0 = spec.gait_phase + (0.5 if spec.kind == "sidestep" and spec.side == "right" else 0.0)
     return steady_gait(ch, spec.kind if spec.kind in ("run", "walk_backward", "sidestep") else "walk", spec.speed,
-                       gait, direction, spec.gait_phase)
+                       gait, direction, phase0)
 
 
 def _build_walk_then_turn(spec: MotionSpec, ch: Channels) -> None:
