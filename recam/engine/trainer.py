@@ -450,12 +450,15 @@ class GRPOTrainer:
         return runlog.summarise_eval(sorted(gather_object(rows), key=lambda r: r["index"]), prefix)
 
     def score_rows(self, decoded: torch.Tensor, batch, chunk: list[int]) -> list[dict]:
-        """One row per condition: its evaluation rewards and their per-sample numeric details."""
+        """One row per condition: its evaluation rewards and their per-sample numeric details, less wall times (an
+        evaluation describes weights, and two evaluations of the same weights must be equal; the epoch records
+        carry the rewards' costs)."""
         scores, details = self.eval_reward_fn(decoded, batch.conditions)
         rows = []
         for n, i in enumerate(chunk):
             row = {"index": i, **{f"reward_{k}": float(v[n]) for k, v in scores.items()}}
-            row.update({k: float(v[n]) for k, v in details.items() if torch.is_tensor(v) and v.ndim == 1})
+            row.update({k: float(v[n]) for k, v in details.items() if torch.is_tensor(v) and v.ndim == 1
+                        and not k.split("/")[-1].startswith("seconds")})
             rows.append(row)
         return rows
 
