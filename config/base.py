@@ -172,7 +172,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.reward.cam.sfm.threads_per_worker = 1
     c.reward.cam.sfm.min_registered_fraction = 0.75  # the full solve must place this share of the frames ...
     c.reward.cam.sfm.min_points3d = 50  # ... triangulate this many points ...
-    c.reward.cam.sfm.max_disagreement_deg = 5.0  # ... and agree this well with the rotation-only solve
+    c.reward.cam.sfm.max_reproj_px = 2.0  # ... fit them this well ...
+    c.reward.cam.sfm.max_disagreement_deg = 30.0  # ... and not flip frames against the rotation-only solve
     c.reward.cam.sfm.parallax_px = 1.5  # matches explained by rotation alone within this: the camera did not move
     c.reward.cam.sfm.max_features = 4096  # SIFT features per frame
     c.reward.cam.served = ml_collections.ConfigDict()  # estimator "served" (rewards/pose/served.py: the protocol)

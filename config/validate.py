@@ -337,7 +337,7 @@ def validate_camera(config: ml_collections.ConfigDict, conds_per_batch: int) -> 
     check_int(config, "reward.cam.sfm.min_points3d", 0)
     check_int(config, "reward.cam.sfm.max_features", 64)
     check_number(config, "reward.cam.sfm.min_registered_fraction", 0, 1, low_open=True)
-    for field in ("timeout_s", "max_disagreement_deg", "parallax_px"):
+    for field in ("timeout_s", "max_disagreement_deg", "max_reproj_px", "parallax_px"):
         check_number(config, f"reward.cam.sfm.{field}", 0, None, low_open=True)
     served_url = config.reward.cam.served.base_url
     _require(isinstance(served_url, str) and served_url.startswith(("http://", "https://")),

@@ -13,8 +13,16 @@ does. Per frame f:
 
 Reported per video: the means over the frames that were measured (NaN when none was), and per frame in lists.
 
-Score per frame: exp(-RotErr_f / rot_scale_deg) * exp(-TransErr_f / trans_scale); the video's score is the mean over
-its scored frames other than the reference (whose errors are 0 by construction), in [0, 1].
+Score per frame: exp(-RotErr_f / rot_scale_deg) * exp(-AlignedTransErr_f / trans_scale); the video's score is the
+mean over its scored frames other than the reference (whose errors are 0 by construction), in [0, 1].
+AlignedTransErr is the one departure from CamI2V, and only in the score: the target's centres are normalised as
+above, the estimate's are scaled by the least-squares factor s* = max(0, sum c_est . c_gt / sum |c_est|^2) that
+best fits them to the target's (the scale alignment of the RL papers that align with Umeyama), and the error is
+capped at 2. CamI2V divides an estimate by its own largest distance, which a barely moving estimate's noisiest
+frame decides: a generated video that hardly moves would turn its jitter into unit-length, random-direction
+errors, and the reward into noise. The least-squares fit bounds the error by the target's own motion instead (an
+estimate that does not move, or moves the opposite way, scores as if it stood still). TransErr as reported is
+CamI2V's.
 
 Translation is dropped (weight 0, TransErr NaN) when the target itself barely translates: its largest centre
 distance is below min_target_translation (in the data's units). Normalising a near-zero translation would turn
@@ -82,16 +90,22 @@ def frame_indices(num_frames: int, max_frames: int) -> np.ndarray:
     return np.unique(np.linspace(0, num_frames - 1, min(num_frames, max_frames)).round().astype(int))
 
 
+def relative_centres(poses: np.ndarray, ref: int) -> tuple[np.ndarray, np.ndarray]:
+    """World-to-camera poses (F, 3, 4) -> rotations relative to frame `ref` (F, 3, 3) and camera centres in the
+    reference camera's frame (F, 3), unscaled."""
+    R, t = poses[:, :, :3], poses[:, :, 3]
+    R_rel = R @ R[ref].T
+    t_rel = t - np.einsum("fij,j->fi", R_rel, t[ref])
+    return R_rel, -np.einsum("fji,fj->fi", R_rel, t_rel)  # centres = -R_rel^T t_rel
+
+
 def relative_trajectory(poses: np.ndarray, ref: int, over: np.ndarray | None = None
                         ) -> tuple[np.ndarray, np.ndarray, float]:
     """World-to-camera poses (F, 3, 4) -> rotations relative to frame `ref` (F, 3, 3), camera centres in the
     reference camera's frame divided by their largest norm over the frames `over` (F,) bool, default all (F, 3),
     and that norm (the trajectory's scale). Both trajectories of a comparison take their scale over the same
     frames, so an estimate missing the last frames is not stretched against a target that has them."""
-    R, t = poses[:, :, :3], poses[:, :, 3]
-    R_rel = R @ R[ref].T
-    t_rel = t - np.einsum("fij,j->fi", R_rel, t[ref])
-    centres = -np.einsum("fji,fj->fi", R_rel, t_rel)  # -R_rel^T t_rel
+    R_rel, centres = relative_centres(poses, ref)
     norms = np.linalg.norm(centres, axis=1)
     scale = float(np.nanmax(norms if over is None else norms[over]))
     return R_rel, (centres / scale if scale > 1e-9 else np.zeros_like(centres)), scale
@@ -106,7 +120,8 @@ def geodesic_deg(R_est: np.ndarray, R_gt: np.ndarray) -> np.ndarray:
 def trajectory_errors(est: PoseEstimate, gt: np.ndarray, min_target_translation: float) -> dict:
     """Per-frame errors of an estimate against ground-truth world-to-camera poses gt (F, 3, 4).
 
-    Returns rot, trans, cammc (F,) (NaN where not measured), ref (the reference frame, -1 when no frame was placed),
+    Returns rot, trans (CamI2V's), trans_aligned (the score's, module docstring), cammc (F,) (NaN where not
+    measured), ref (the reference frame, -1 when no frame was placed),
     translation ("scored" | "dropped": the target barely translates | "unknown": the estimate has none),
     target_scale (the target's largest centre distance)."""
     F = gt.shape[0]
@@ -116,20 +131,27 @@ def trajectory_errors(est: PoseEstimate, gt: np.ndarray, min_target_translation:
     translation = "dropped" if target_scale < min_target_translation else \
         ("scored" if est.has_translation else "unknown")
     if len(placed) == 0:
-        return {"rot": nan, "trans": nan.copy(), "cammc": nan.copy(), "ref": -1, "translation": translation,
-                "target_scale": target_scale}
+        return {"rot": nan, "trans": nan.copy(), "trans_aligned": nan.copy(), "cammc": nan.copy(), "ref": -1,
+                "translation": translation, "target_scale": target_scale}
     ref = int(placed[0])
     R_gt, c_gt, _ = relative_trajectory(gt, ref, est.ok)
-    R_est, c_est, _ = relative_trajectory(np.where(est.ok[:, None, None], est.poses, est.poses[ref]), ref, est.ok)
+    placed_poses = np.where(est.ok[:, None, None], est.poses, est.poses[ref])
+    R_est, c_est, _ = relative_trajectory(placed_poses, ref, est.ok)
     rot = np.where(est.ok, geodesic_deg(R_est, R_gt), np.nan)
     trans = np.where(est.ok, np.linalg.norm(c_est - c_gt, axis=1), np.nan) if translation == "scored" else nan
+    aligned = nan.copy()
+    if translation == "scored":
+        raw = relative_centres(placed_poses, ref)[1]
+        denom = float((raw[est.ok] ** 2).sum())
+        s = max(0.0, float((raw[est.ok] * c_gt[est.ok]).sum()) / denom) if denom > 1e-12 else 0.0
+        aligned = np.where(est.ok, np.minimum(np.linalg.norm(s * raw - c_gt, axis=1), WORST_TRANS), np.nan)
     t_est, t_gt = -np.einsum("fij,fj->fi", R_est, c_est), -np.einsum("fij,fj->fi", R_gt, c_gt)
     if translation != "scored":  # only the rotation part of [R | t] is comparable
         t_est = t_gt = np.zeros_like(t_gt)
     diff = np.concatenate([R_est - R_gt, (t_est - t_gt)[:, :, None]], axis=2)
     cammc = np.where(est.ok, np.linalg.norm(diff.reshape(F, -1), axis=1), np.nan)
-    return {"rot": rot, "trans": trans, "cammc": cammc, "ref": ref, "translation": translation,
-            "target_scale": target_scale}
+    return {"rot": rot, "trans": trans, "trans_aligned": aligned, "cammc": cammc, "ref": ref,
+            "translation": translation, "target_scale": target_scale}
 
 
 def frame_scores(err: dict, ok: np.ndarray, rot_scale_deg: float, trans_scale: float) -> np.ndarray:
@@ -140,7 +162,7 @@ def frame_scores(err: dict, ok: np.ndarray, rot_scale_deg: float, trans_scale: f
     elif err["translation"] == "unknown":
         trans = np.full_like(rot, WORST_TRANS)
     else:
-        trans = np.where(ok, err["trans"], WORST_TRANS)
+        trans = np.where(ok, err["trans_aligned"], WORST_TRANS)
     return np.exp(-rot / rot_scale_deg) * np.exp(-trans / trans_scale)
 
 
