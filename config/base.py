@@ -194,6 +194,31 @@ def get_config() -> ml_collections.ConfigDict:
     c.reward.discriminator.reg_weight = 0.1  # weight of that penalty
     c.reward.discriminator.steps_per_epoch = 4  # critic updates per epoch (teacher = ground-truth renders)
 
+    # ---- motion domain (recam/domains/motion; presets motion_tiny_cpu, motion_smoke, mdm_humanml3d_8npu) ----
+    # Data: data.source "synthetic" (MotionWorld's train / validation / held_out splits from data.seed) or "humanml3d"
+    # (data.root a HumanML3D folder: train / val / test, data.num_*_conditions evenly strided over each, 0 = all).
+    # Batches are the engine's: samples per epoch = processes x sample.batch_size x sample.num_batches_per_epoch and
+    # conditions per epoch = samples / sample.k (motion_tiny_cpu: 1 x 8 x 4 = 32 samples = 8 conditions x k 4).
+    c.motion = ml_collections.ConfigDict()
+    c.motion.format = "base"  # "base": a scripts/pretrain_motion_base.py folder | "mdm": an MDM release's model*.pt
+    c.motion.pretrained = "checkpoints/motion_tiny_base"  # the base folder, or the MDM .pt file (format "mdm")
+    c.motion.mdm_args = ""  # mdm: path of args.json; "" = the args.json beside the .pt
+    c.motion.mdm_use_ema = True  # mdm: an EMA checkpoint's averaged weights (model_avg), as MDM's own loaders take
+    c.motion.text_encoder = "base"  # "base": the word-level encoder in <pretrained>/text_encoder | "clip": clip_path
+    c.motion.clip_path = ""  # text_encoder "clip": a local CLIP folder (e.g. clip-vit-base-patch32), never downloaded
+    c.motion.mask_frames = True  # padded frames get no attention (MDM's released checkpoints: trained without, False)
+    c.motion.diffusion_steps = 1000  # DDPM steps of the cosine schedule the model was trained on (MDM: 1000)
+    c.motion.eta = 1.0  # DDIM eta of the trained steps (1: DDPM-like ancestral); the untrained tail and evaluation: 0
+    c.motion.guidance_scale = 2.5  # classifier-free guidance on x0 (MDM: 2.5); 1 = the conditional pass alone
+    c.motion.log_prob_reduction = "mean"  # log-probs over the real frames: "mean" | "sum" (to reproduce summing runs)
+    c.motion.evaluator = "checkpoints/motion_evaluator"  # motion_alignment's evaluator (train_motion_evaluator.py)
+    c.motion.metric_evaluator = ""  # evaluator of R-precision, MM-Dist, FID, Diversity; "" = motion.evaluator
+    c.motion.eval_repetitions = 10  # shuffles of the evaluated pairs the protocol metrics average over
+    c.motion.physics_skating_scale = 0.1  # motion_physics = exp(-skating ratio / this - ...)
+    c.motion.physics_floating_scale = 0.05  # ... - floating (m) / this ...
+    c.motion.physics_penetration_scale = 0.05  # ... - ground penetration (m) / this ...
+    c.motion.physics_jitter_scale = 200.0  # ... - jitter (m/s^3) / this), not yet calibrated on real clips
+
     # ---- evaluation ----
     c.eval = ml_collections.ConfigDict()
     c.eval.freq = 2  # evaluate every N epochs (plus start and end); each evaluation is a candidate for eval.select_by

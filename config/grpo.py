@@ -180,6 +180,125 @@ def toy():
     return c
 
 
+def motion_tiny_cpu():
+    """The motion domain's embedded job: a tiny MDM (latent 64, 3 layers, 147k parameters) with its word-level text
+    encoder, pretrained on the synthetic text-to-motion world by scripts/pretrain_motion_base.py into
+    checkpoints/motion_tiny_base, post-trained on that world's captions on one CPU process.
+
+    Per epoch 1 process x 8 samples x 4 batches = 32 samples = 8 conditions x k 4; 20 DDIM steps over the cosine
+    1000-step schedule, the 6 noisiest stochastic (eta 1) and trained, two optimizer steps. Rewards: motion_alignment
+    (checkpoints/motion_evaluator, from scripts/train_motion_evaluator.py) plus half-weighted motion_physics;
+    evaluation on 64 held-out captions (two pools of 32 for R-precision) and 32 validation captions that choose the
+    reported checkpoint. Sized for about 10 minutes on 2 CPU cores."""
+    c = base_config()
+    c.run_name = "motion_tiny_cpu"
+    c.run_dir = "runs/motion_tiny_cpu"
+    c.domain = "motion"
+    c.num_epochs = 24
+    c.num_threads = 2
+    c.keep_checkpoints = 2
+    c.data.num_train_conditions = 512
+    c.data.num_heldout_conditions = 64
+    c.data.num_val_conditions = 32
+    c.model.lora_rank = 0  # full fine-tuning; the reference is a frozen copy
+    c.sample.batch_size = 8
+    c.sample.k = 4
+    c.sample.num_batches_per_epoch = 4  # 32 samples = 8 conditions x k 4 per epoch
+    c.sample.num_steps = 20
+    c.sample.eval_num_steps = 20
+    c.train.batch_size = 8
+    c.train.gradient_accumulation_steps = 2  # 4 micro-batches of 8: two optimizer steps per epoch
+    c.train.timestep_fraction = 0.3  # 6 of the 20 steps trained: the noisiest, where a motion's content forms
+    c.train.learning_rate = 1e-4
+    c.train.beta = 0.01
+    c.reward.weights = ml_collections.ConfigDict({"motion_alignment": 1.0, "motion_physics": 0.5})
+    c.reward.constraint = ""
+    c.reward.max_retries = 0  # local, deterministic rewards: a NaN motion scores NaN again, so it is excluded at once
+    c.eval.freq = 4
+    c.eval.batch_size = 32
+    c.eval.num_videos = 2  # stick-figure GIFs (reference | generated) of the first held-out captions
+    c.eval.report_rewards = "motion_alignment,motion_physics"
+    c.eval.select_by = "motion_alignment"
+    c.eval.select_guard = "motion_physics"
+    c.eval.select_max_drop = 0.02
+    c.motion.format = "base"
+    c.motion.pretrained = "checkpoints/motion_tiny_base"
+    c.motion.text_encoder = "base"
+    c.motion.evaluator = "checkpoints/motion_evaluator"
+    return c
+
+
+def motion_smoke():
+    """motion_tiny_cpu cut down to a minute or two (tests): 2 epochs of one batch (2 conditions x k 4), 6 DDIM
+    steps, 8 held-out and 4 validation captions."""
+    c = motion_tiny_cpu()
+    c.run_name = "motion_smoke"
+    c.run_dir = "runs/motion_smoke"
+    c.num_epochs = 2
+    c.num_threads = 1
+    c.logging.wandb_mode = "disabled"
+    c.data.num_train_conditions = 16
+    c.data.num_heldout_conditions = 8
+    c.data.num_val_conditions = 4
+    c.sample.num_batches_per_epoch = 1
+    c.sample.num_steps = 6
+    c.sample.eval_num_steps = 6
+    c.train.gradient_accumulation_steps = 1
+    c.train.timestep_fraction = 0.5  # 3 of the 6 steps
+    c.eval.freq = 2
+    c.eval.batch_size = 8
+    c.eval.num_videos = 1
+    c.motion.eval_repetitions = 2
+    return c
+
+
+def mdm_humanml3d_8npu():
+    """MDM (trans_enc, latent 512, 8 layers, 17.9M parameters, CLIP ViT-B/32 text) on HumanML3D, 8 processes x 2
+    samples per device, k = 4, 4 batches per epoch: 64 samples, 16 conditions per epoch (recam_8npu's arithmetic);
+    50 DDIM steps over MDM's 1000-step cosine schedule, the 25 noisiest trained; guidance 2.5 as MDM samples.
+
+    Nothing is downloaded; it expects MDM's HumanML3D release (models/MDM/humanml_trans_enc_512/model000475000.pt
+    with its args.json), a local CLIP folder (models/clip-vit-base-patch32), the HumanML3D folder (data/HumanML3D:
+    new_joint_vecs/, texts/, Mean.npy, Std.npy, train/val/test.txt) and a retrieval evaluator trained on it
+    (scripts/train_motion_evaluator.py --source humanml3d --root data/HumanML3D --out
+    checkpoints/motion_evaluator_humanml3d). Held-out metrics on 512 test captions (16 pools of 32); 256 val
+    captions choose the reported checkpoint."""
+    c = motion_tiny_cpu()
+    c.run_name = "mdm_humanml3d_8npu"
+    c.run_dir = "runs/mdm_humanml3d_8npu"
+    c.expected_num_processes = 8
+    c.num_epochs = 100
+    c.num_threads = 0
+    c.logging.wandb_mode = "offline"
+    c.data.source = "humanml3d"
+    c.data.root = "data/HumanML3D"
+    c.data.num_train_conditions = 0  # every caption of the train split
+    c.data.num_heldout_conditions = 512
+    c.data.num_val_conditions = 256
+    c.sample.batch_size = 2
+    c.sample.k = 4
+    c.sample.num_batches_per_epoch = 4  # 8 x 2 x 4 = 64 samples = 16 conditions x k 4
+    c.sample.num_steps = 50
+    c.sample.eval_num_steps = 50
+    c.train.batch_size = 2
+    c.train.gradient_accumulation_steps = 2  # 4 micro-batches of 2 per process: two optimizer steps per epoch
+    c.train.timestep_fraction = 0.5
+    c.train.learning_rate = 1e-5
+    c.eval.freq = 10
+    c.eval.batch_size = 32
+    c.eval.num_videos = 4
+    c.motion.format = "mdm"
+    c.motion.pretrained = "models/MDM/humanml_trans_enc_512/model000475000.pt"
+    c.motion.text_encoder = "clip"
+    c.motion.clip_path = "models/clip-vit-base-patch32"
+    c.motion.mask_frames = False  # MDM's release was trained attending to every frame
+    c.motion.diffusion_steps = 1000
+    c.motion.guidance_scale = 2.5
+    c.motion.evaluator = "checkpoints/motion_evaluator_humanml3d"
+    c.motion.eval_repetitions = 20  # T2M's protocol
+    return c
+
+
 def _variants(c, name, **flags):
     """tiny_cpu with policy-optimization variants switched on (see config/base.py, recam/engine/variants.py)."""
     c.run_name = name
@@ -241,7 +360,9 @@ def balanced():
 VARIANT_PRESETS = (ema, gradient_adaptive, amic, ptrw, temporal_decay, asymmetric, conservative, aggressive,
                    balanced)
 REAL_SCALE_PRESETS = (recam_wan_1_3b_8npu, recam_wan_14b_multinode)
-PRESETS = {f.__name__: f for f in (tiny_cpu, smoke, recam_8npu, toy, *VARIANT_PRESETS, *REAL_SCALE_PRESETS)}
+MOTION_PRESETS = (motion_tiny_cpu, motion_smoke, mdm_humanml3d_8npu)
+PRESETS = {f.__name__: f for f in (tiny_cpu, smoke, recam_8npu, toy, *VARIANT_PRESETS, *REAL_SCALE_PRESETS,
+                                     *MOTION_PRESETS)}
 
 
 def get_config(name: str = "tiny_cpu"):

@@ -123,7 +123,7 @@ class MultiReward:
 
 
 def _register_builtin() -> None:
-    from rewards import cam_score, fidelity  # noqa: F401  (self-registering)
+    from rewards import cam_score, fidelity, motion  # noqa: F401  (self-registering)
 
     for module_name in ("unified", "discriminator"):
         try:

@@ -2,3 +2,4 @@
 registers the built-in ones."""
 
 from recam.domains import camera, toy  # noqa: F401
+from recam.domains.motion import domain as motion  # noqa: F401  (its submodules stay importable on their own)

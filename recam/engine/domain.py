@@ -89,3 +89,9 @@ class Domain(Protocol):
     # motion padded to 196 frames is not real after its length); log-probs and KLs average over those only.
     # Optional: references(batch) -> {name: samples in decoded space}, reference samples scored once per run by the
     # evaluation rewards (trainer.evaluate_references), e.g. the ground truth, whose score is the reward's ceiling.
+    # Optional: decode_batch(samples, batch) -> what the rewards see, used instead of decode when decoding needs the
+    # batch (a motion padded to 196 frames is cut at its condition's length).
+    # Optional: evaluation_items(decoded, batch) -> one picklable item per sample, and evaluation_metrics(items) ->
+    # {name: float} over a whole evaluated split (every process's items, in dataset order), logged as
+    # <prefix>/<name> beside the per-condition means: metrics over sets of samples, such as retrieval precision
+    # within pools of conditions or a distance between generated and real distributions.

@@ -200,7 +200,7 @@ class GRPOTrainer:
             noise = per_sample_noise(keys, self.scheduler.num_steps + 1, self.sample_shape)
             out = rollout(self.domain.denoiser(model, batch, self.autocast), noise.to(self.accelerator.device),
                           self.scheduler, self.element_mask(batch))
-            samples = self.domain.decode(out.final)  # rewards see what the domain decodes (pixels, motions)
+            samples = self.decode(out.final, batch)  # rewards see what the domain decodes (pixels, motions)
             self.runner.submit(position, samples, batch.conditions)  # scored while the next batch samples
             index.append(torch.tensor(indices))
             states.append(out.states.cpu())
@@ -208,6 +208,12 @@ class GRPOTrainer:
             if keep_decoded:
                 decoded.append(samples)
         return Rollouts(torch.cat(index), torch.cat(states), torch.cat(log_probs), decoded)
+
+    def decode(self, final: torch.Tensor, batch):
+        """What the rewards see: the domain's optional decode_batch when decoding needs the batch (a padded motion is
+        cut at its condition's length), else its decode."""
+        fn = getattr(self.domain, "decode_batch", None)
+        return fn(final, batch) if fn is not None else self.domain.decode(final)
 
     def score(self) -> Scores:
         """This process's rewards. A reward server found down on any process stops every process (the others
@@ -435,7 +441,7 @@ class GRPOTrainer:
         """Deterministic sampling from fixed per-condition noise, rank-sharded; metrics as <prefix>/<name>."""
         cfg, acc = self.config, self.accelerator
         idx = list(range(acc.process_index, len(dataset), acc.num_processes))
-        rows = []
+        rows, items = [], []
         for start in tqdm(range(0, len(idx), cfg.eval.batch_size), desc=f"{tag} {prefix}", leave=False,
                           disable=not self.log.enabled):
             chunk = idx[start:start + cfg.eval.batch_size]
@@ -443,11 +449,28 @@ class GRPOTrainer:
             noise = per_sample_noise([(cfg.eval.seed, i) for i in chunk], 1, self.sample_shape)[:, 0]
             final = deterministic_sample(self.domain.denoiser(self.model, batch, self.autocast), noise.to(acc.device),
                                          self.eval_scheduler)
-            decoded = self.domain.decode(final)
+            decoded = self.decode(final, batch)
             rows += self.score_rows(decoded, batch, chunk)
+            items += self.split_items(decoded, batch, chunk)
             if acc.is_main_process and start == 0 and cfg.eval.num_videos > 0 and examples_dir is not None:
                 self.domain.write_examples(examples_dir / tag, batch, decoded, cfg.eval.num_videos)
-        return runlog.summarise_eval(sorted(gather_object(rows), key=lambda r: r["index"]), prefix)
+        return self.summarise_split(rows, items, prefix)
+
+    def split_items(self, decoded, batch, chunk: list[int]) -> list[tuple[int, object]]:
+        """(dataset index, item) per condition for the domain's optional split metrics (evaluation_items)."""
+        fn = getattr(self.domain, "evaluation_items", None)
+        return [] if fn is None else list(zip(chunk, fn(decoded, batch), strict=True))
+
+    def summarise_split(self, rows: list[dict], items: list, prefix: str) -> dict:
+        """Per-condition means of the rows, plus the domain's optional evaluation_metrics(items) over the whole split
+        (every process's items in index order): metrics a mean over conditions cannot express, e.g. retrieval
+        precision within pools of conditions, or a distance between the distributions of generated and real samples."""
+        out = runlog.summarise_eval(sorted(gather_object(rows), key=lambda r: r["index"]), prefix)
+        fn = getattr(self.domain, "evaluation_metrics", None)
+        if fn is not None:
+            every = [item for _, item in sorted(gather_object(items), key=lambda r: r[0])]
+            out.update({f"{prefix}/{k}": float(v) for k, v in fn(every).items()})
+        return out
 
     def score_rows(self, decoded: torch.Tensor, batch, chunk: list[int]) -> list[dict]:
         """One row per condition: its evaluation rewards and their per-sample numeric details, less wall times (an
@@ -474,15 +497,16 @@ class GRPOTrainer:
         cfg, acc = self.config, self.accelerator
         idx = list(range(acc.process_index, len(self.heldout), acc.num_processes))
         rows: dict[str, list[dict]] = {}
+        items: dict[str, list] = {}
         for start in range(0, len(idx), cfg.eval.batch_size):
             chunk = idx[start:start + cfg.eval.batch_size]
             batch = self.domain.collate(self.heldout, chunk)
             for name, samples in references(batch).items():
                 rows.setdefault(name, []).extend(self.score_rows(samples, batch, chunk))
+                items.setdefault(name, []).extend(self.split_items(samples, batch, chunk))
         summary = {}
         for name in sorted(rows):
-            summary.update(runlog.summarise_eval(sorted(gather_object(rows[name]), key=lambda r: r["index"]),
-                                                 f"ref_{name}"))
+            summary.update(self.summarise_split(rows[name], items[name], f"ref_{name}"))
         self.log.reference_record(self.global_step, summary)
         return summary
 
