@@ -198,7 +198,7 @@ def get_config() -> ml_collections.ConfigDict:
     # Data: data.source "synthetic" (MotionWorld's train / validation / held_out splits from data.seed) or "humanml3d"
     # (data.root a HumanML3D folder: train / val / test, data.num_*_conditions evenly strided over each, 0 = all).
     # Batches are the engine's: samples per epoch = processes x sample.batch_size x sample.num_batches_per_epoch and
-    # conditions per epoch = samples / sample.k (motion_tiny_cpu: 1 x 8 x 4 = 32 samples = 8 conditions x k 4).
+    # conditions per epoch = samples / sample.k (motion_tiny_cpu: 1 x 8 x 8 = 64 samples = 16 conditions x k 4).
     c.motion = ml_collections.ConfigDict()
     c.motion.format = "base"  # "base": a scripts/pretrain_motion_base.py folder | "mdm": an MDM release's model*.pt
     c.motion.pretrained = "checkpoints/motion_tiny_base"  # the base folder, or the MDM .pt file (format "mdm")

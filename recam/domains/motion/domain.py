@@ -286,7 +286,8 @@ class MotionSamples:
 def motion_samples(normalised: torch.Tensor, lengths: torch.Tensor, mean, std) -> MotionSamples:
     """Normalised features (b, T, 263) -> MotionSamples: de-normalised, joints by features_to_joints, cut at lengths."""
     x = normalised.detach().float().cpu()
-    x = x * torch.as_tensor(np.asarray(std), dtype=x.dtype) + torch.as_tensor(np.asarray(mean), dtype=x.dtype)
+    # copies: the world's statistics are read-only arrays, which torch will not wrap
+    x = x * torch.tensor(np.array(std, dtype=np.float32)) + torch.tensor(np.array(mean, dtype=np.float32))
     lengths = torch.as_tensor(lengths).long().cpu()
     real = torch.arange(x.shape[1])[None, :] < lengths[:, None]
     zero = torch.zeros((), dtype=x.dtype)
