@@ -58,8 +58,11 @@ class MotionAlignment:
         _check_motions(motions, conditions)
         features, lengths = motions.features.float(), torch.as_tensor(motions.lengths).long()
         finite = finite_motions(features, lengths)
-        # the encoder would turn one NaN into a NaN embedding anyway; zeros keep the batch's other rows clean
-        features = torch.where(finite[:, None, None], features, torch.zeros((), dtype=features.dtype))
+        # a non-finite motion's rows and every padded frame are zeroed before encoding: whatever they hold must not
+        # reach the embedding (NaN times a zero mask is still NaN)
+        real = valid_frames(lengths, features.shape[0], features.shape[1], features.device)
+        keep = real & finite[:, None]
+        features = torch.where(keep[:, :, None], features, torch.zeros((), dtype=features.dtype))
         text = self.evaluator.encode_text([c.caption for c in conditions])
         motion = self.evaluator.encode_motion(features, lengths)
         cos = similarity(text, motion).cpu().float()

@@ -236,11 +236,10 @@ class MotionSplit(Sequence):
         return self.dataset[self.indices[i]]
 
     def condition_id(self, i: int) -> str:
-        ids = getattr(self.dataset, "condition_ids", None)
-        if ids is None:  # the synthetic world builds (and keeps) the item
+        if self._ids is None:  # HumanML3D lists every id in one pass over its index (once: it rebuilds the list)
+            self._ids = getattr(self.dataset, "condition_ids", None) or ()
+        if not self._ids:  # the synthetic world builds (and keeps) the item
             return self.dataset[self.indices[i]].condition_id
-        if self._ids is None:  # HumanML3D: one pass over the index
-            self._ids = ids
         return self._ids[self.indices[i]]
 
 
@@ -372,11 +371,12 @@ def check_config(config, conditions_per_batch: int, require) -> None:
             f"motion.guidance_scale must be a finite number >= 0 (1 = no guidance), got {m.guidance_scale!r}")
     require(m.log_prob_reduction in REDUCTIONS,
             f"motion.log_prob_reduction={m.log_prob_reduction!r} unknown; use one of {list(REDUCTIONS)}")
-    require(isinstance(m.evaluator, str) and (m.evaluator.strip() != "" or "motion_alignment" not in scored),
-            f"motion.evaluator must name a retrieval evaluator folder (scripts/train_motion_evaluator.py), got "
-            f"{m.evaluator!r}")
     require(isinstance(m.metric_evaluator, str),
             f"motion.metric_evaluator must be a string ('' = motion.evaluator), got {m.metric_evaluator!r}")
+    require(isinstance(m.evaluator, str) and (m.evaluator.strip() != "" or
+                                              ("motion_alignment" not in scored and m.metric_evaluator.strip() != "")),
+            f"motion.evaluator must name a retrieval evaluator folder (scripts/train_motion_evaluator.py): "
+            f"motion_alignment and the evaluation metrics read it, got {m.evaluator!r}")
     require(is_int(m.eval_repetitions) and m.eval_repetitions >= 1,
             f"motion.eval_repetitions must be an integer >= 1, got {m.eval_repetitions!r}")
     for field in ("physics_skating_scale", "physics_floating_scale", "physics_penetration_scale",
@@ -496,14 +496,13 @@ class MotionDomain:
         return Batch(torch.as_tensor([int(i) for i in indices]), items, inputs)
 
     def text_embeddings(self, captions: list[str], cache: dict | None) -> torch.Tensor:
-        """(b, text_dim) on the device; with the epoch's `cache` each caption is encoded once per epoch."""
-        if cache is None:
-            return self.text_encoder().encode(captions).float().to(self.device)
-        store = cache.setdefault("motion_text", {})
-        new = [c for c in dict.fromkeys(captions) if c not in store]
-        if new:
-            for c, e in zip(new, self.text_encoder().encode(new).float(), strict=True):
-                store[c] = e
+        """(b, text_dim) on the device. Each caption is encoded on its own: in a batch its padding would change the
+        rounding, and a sample must be rescored with exactly the conditioning it was drawn with whatever batch it
+        lands in. With the epoch's `cache`, a caption is encoded once per epoch."""
+        store = {} if cache is None else cache.setdefault("motion_text", {})
+        for caption in dict.fromkeys(captions):
+            if caption not in store:
+                store[caption] = self.text_encoder().encode([caption])[0].float()
         return torch.stack([store[c] for c in captions]).to(self.device)
 
     def text_encoder(self):

@@ -168,7 +168,8 @@ class TextEncoder(nn.Module):
 def _zero_after(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """x (B, T, C) with the steps t >= lengths[b] set to 0."""
     keep = torch.arange(x.shape[1], device=x.device)[None, :] < lengths.to(x.device)[:, None]
-    return x * keep[:, :, None].to(x.dtype)
+    # where, not a multiply: NaN or inf in the padding times 0 would still reach the embedding
+    return torch.where(keep[:, :, None], x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
 class MotionEncoder(nn.Module):

@@ -1,0 +1,267 @@
+"""The motion domain on the shared engine (recam/domains/motion/domain.py): batches and their padding masks, the
+denoiser's padded frames, exact on-policy ratios under the frame mask, decoding, the motion rewards, config checks,
+and an end-to-end run of the motion_smoke preset. Everything runs on an untrained tiny base and evaluator written
+here, so nothing depends on committed checkpoints."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from config import grpo
+from config.validate import ConfigError, validate, validate_files
+from recam.domains.motion import evaluator as ev
+from recam.domains.motion.domain import (
+    MotionDomain,
+    MotionSamples,
+    WordTextConfig,
+    WordTextEncoder,
+    cosine_alphas_cumprod,
+    save_base,
+)
+from recam.domains.motion.model import MotionDiffusionModel, tiny_config
+from recam.domains.motion.skeleton import MAX_FRAMES, NUM_FEATURES, NUM_JOINTS
+from recam.domains.motion.world import MotionWorld, reference_mean_std
+from recam.engine.rollout import per_sample_noise, rescore, rollout
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # tiny ops on a shared 2-core machine: a second thread only contends
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, Path]:
+    """An untrained tiny base (model + word-level text encoder) and a small untrained evaluator."""
+    root = tmp_path_factory.mktemp("motion")
+    captions = [MotionWorld("train", 32, 0)[i].caption for i in range(32)]
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        save_base(root / "base", MotionDiffusionModel(**tiny_config()),
+                  WordTextEncoder.from_captions(captions, WordTextConfig(text_dim=tiny_config()["text_dim"])),
+                  {"diffusion_steps": 1000, "noise_schedule": "cosine", "mask_frames": True, "prediction": "x0",
+                   "data": "synthetic"})
+        evaluator = ev.TextMotionEvaluator.from_captions(captions, word_dim=16, text_hidden=16, motion_channels=16,
+                                                         motion_hidden=16, embed_dim=16)
+    mean, std = reference_mean_std()
+    evaluator.set_feature_stats(mean.copy(), std.copy())
+    evaluator.save(root / "evaluator")
+    return {"base": root / "base", "evaluator": root / "evaluator"}
+
+
+def smoke_config(folders):
+    c = grpo.get_config("motion_smoke")
+    c.motion.pretrained = str(folders["base"])
+    c.motion.evaluator = str(folders["evaluator"])
+    return c
+
+
+@pytest.fixture(scope="module")
+def domain(folders):
+    d = MotionDomain(smoke_config(folders), "cpu", None)
+    d.policy = d.build_policy()
+    return d
+
+
+def test_collate_shapes_masks_and_text(domain):
+    train = domain.datasets().train
+    batch = domain.collate(train, [0, 0, 3, 3])
+    items = [train[i] for i in (0, 0, 3, 3)]
+    x = batch.inputs
+    assert x.features.shape == (4, NUM_FEATURES, 1, MAX_FRAMES)
+    assert x.lengths.tolist() == [it.length for it in items]
+    frames = torch.arange(MAX_FRAMES)[None, :]
+    assert torch.equal(x.padding_mask, frames >= x.lengths[:, None])
+    assert bool((x.features[x.padding_mask[:, None, None, :].expand_as(x.features)] == 0).all())
+    assert x.captions == [it.caption for it in items]
+    assert x.text_emb.shape == (4, tiny_config()["text_dim"]) and torch.isfinite(x.text_emb).all()
+    assert torch.equal(x.text_emb[0], x.text_emb[1]) and not torch.equal(x.text_emb[0], x.text_emb[2])
+    mask = domain.element_mask(batch)
+    assert mask.shape == (4, 1, 1, MAX_FRAMES) and mask.dtype == torch.bool
+    assert mask[:, 0, 0].sum(1).tolist() == x.lengths.tolist()
+    # ids are the world's, stable: the same condition has the same id in every run
+    assert domain.condition_id(train, 3) == train[3].condition_id == "synth-train-s0-000003"
+    cached = domain.collate(train, [3], cache={})
+    assert torch.equal(cached.inputs.text_emb[0], x.text_emb[2])
+
+
+def test_denoiser_keeps_padding_at_zero_and_matches_guided_forward(domain):
+    batch = domain.collate(domain.datasets().train, [1, 2])
+    x = torch.randn(2, NUM_FEATURES, 1, MAX_FRAMES, generator=torch.Generator().manual_seed(0))
+    t = torch.tensor([700, 700])
+    with torch.no_grad():
+        out = domain.denoiser(domain.policy, batch, contextlib.nullcontext)(x, t)
+        guided = domain.policy.guided_forward(x, t, batch.inputs.text_emb, domain.config.motion.guidance_scale,
+                                              batch.inputs.padding_mask)
+    padded = batch.inputs.padding_mask[:, None, None, :].expand_as(out)
+    assert bool((out[padded] == 0).all()) and bool((out[~padded] != 0).all())
+    torch.testing.assert_close(out[~padded], guided[~padded], rtol=1e-5, atol=1e-5)
+
+
+def test_rollout_and_rescore_give_ratio_exactly_one_under_the_frame_mask(domain):
+    scheduler = domain.scheduler("cpu")
+    T = scheduler.num_train_steps
+    assert 0 < T < scheduler.num_steps  # the last step, to clean data, is never trained
+    assert scheduler.prediction_type == "sample" and scheduler.eta == domain.config.motion.eta
+    torch.testing.assert_close(scheduler.alphas_cumprod, cosine_alphas_cumprod(1000))
+    train = domain.datasets().train
+    indices = [4, 4, 4, 4, 5, 5, 5, 5]
+    batch = domain.collate(train, indices)
+    mask = domain.element_mask(batch)
+    noise = per_sample_noise([(0, 0, n) for n in range(len(indices))], scheduler.num_steps + 1, domain.sample_shape())
+    out = rollout(domain.denoiser(domain.policy, batch, contextlib.nullcontext), noise, scheduler, mask)
+    assert out.states.shape == (8, T + 1, *domain.sample_shape()) and out.log_probs.shape == (8, T)
+    padded = (~mask).expand_as(out.final)
+    assert bool((out.final[padded] == 0).all())  # the final motion's padding is exactly zero
+    # training rescores other micro-batches, in training mode, with gradients
+    sel = torch.tensor([6, 1, 3])
+    sub = domain.collate(train, [indices[i] for i in sel])
+    domain.policy.train()
+    try:
+        for j in range(T):
+            new = rescore(domain.denoiser(domain.policy, sub, contextlib.nullcontext), out.states[sel], scheduler, j,
+                          domain.element_mask(sub)).log_prob
+            assert torch.equal(torch.exp(new - out.log_probs[sel, j]), torch.ones(3)), j
+        # the mask matters: averaging over every frame scores the same transition differently
+        unmasked = rescore(domain.denoiser(domain.policy, sub, contextlib.nullcontext), out.states[sel], scheduler,
+                           0).log_prob
+        assert not torch.equal(unmasked, out.log_probs[sel, 0])
+    finally:
+        domain.policy.eval()
+
+
+def test_decode_gives_joints_cut_at_the_lengths_and_references_are_the_ground_truth(domain):
+    heldout = domain.datasets().heldout
+    batch = domain.collate(heldout, [0, 1, 2])
+    reference = domain.references(batch)["target"]
+    assert isinstance(reference, MotionSamples)
+    assert reference.features.shape == (3, MAX_FRAMES, NUM_FEATURES)
+    assert reference.joints.shape == (3, MAX_FRAMES, NUM_JOINTS, 3)
+    for i, item in enumerate(batch.conditions):
+        n = item.length
+        # decoding the stored features recovers the world's own joints
+        torch.testing.assert_close(reference.joints[i, :n], torch.as_tensor(item.joints[:n]), atol=2e-4, rtol=0)
+        assert bool((reference.joints[i, n:] == 0).all()) and bool((reference.features[i, n:] == 0).all())
+    decoded = domain.decode_batch(torch.randn(3, *domain.sample_shape()), batch)
+    assert decoded.joints.shape == (3, MAX_FRAMES, NUM_JOINTS, 3) and decoded.lengths.tolist() == [
+        it.length for it in batch.conditions]
+    # shaped like a batch where the reward runner needs it: rows by index, shape, detach
+    rows = decoded[torch.tensor([2, 0])]
+    assert len(rows) == 2 and rows.shape[0] == 2 and torch.equal(rows.joints[0], decoded.joints[2])
+
+
+def test_rewards_on_references_are_finite_in_the_unit_interval_and_nan_on_nan(domain):
+    heldout = domain.datasets().heldout
+    batch = domain.collate(heldout, [0, 1, 2, 3])
+    fn = domain.reward_fn({"motion_alignment": 1.0, "motion_physics": 0.5})
+    reference = domain.references(batch)["target"]
+    scores, details = fn(reference, batch.conditions)
+    for name in ("motion_alignment", "motion_physics", "avg"):
+        assert torch.isfinite(scores[name]).all() and bool(((scores[name] >= 0) & (scores[name] <= 1)).all()), name
+    assert {"motion_physics/skating", "motion_alignment/cosine"} <= set(details)
+    # a NaN in a real frame fails that sample (NaN, never a number); NaN in padding is never read
+    broken = MotionSamples(reference.features.clone(), reference.joints.clone(), reference.lengths)
+    broken.features[1, 5, 10] = float("nan")
+    broken.joints[1, 5, 3, 1] = float("nan")
+    n = int(reference.lengths[2])
+    broken.features[2, n + 1] = float("nan")
+    broken.joints[2, n + 1] = float("nan")
+    got, _ = fn(broken, batch.conditions)
+    for name in ("motion_alignment", "motion_physics", "avg"):
+        assert torch.isnan(got[name][1]) and torch.isfinite(got[name][[0, 2, 3]]).all(), name
+    torch.testing.assert_close(got["avg"][[0, 2, 3]], scores["avg"][[0, 2, 3]])
+
+
+def test_split_metrics_follow_the_protocol_and_are_repeatable(domain):
+    heldout = domain.datasets().heldout
+    batch = domain.collate(heldout, list(range(len(heldout))))
+    reference = domain.references(batch)["target"]
+    items = domain.evaluation_items(reference, batch)
+    metrics = domain.evaluation_metrics(items)
+    assert metrics["fid"] == pytest.approx(0.0, abs=1e-6)  # the references against themselves
+    assert metrics["r_precision_pool"] == len(heldout)  # fewer than 32 conditions: one pool of all
+    assert 0 <= metrics["r_precision_top1"] <= metrics["r_precision_top2"] <= metrics["r_precision_top3"] <= 1
+    assert metrics == domain.evaluation_metrics(items)  # fixed shuffles: two evaluations of the same weights agree
+    items[0]["finite"] = False
+    assert domain.evaluation_metrics(items)["nonfinite_motions"] == 1.0
+
+
+@pytest.mark.parametrize("mutate,field", [
+    (lambda c: c.reward.weights.__setitem__("cam_score", 1.0), "reward.weights.cam_score"),
+    (lambda c: setattr(c.eval, "report_rewards", "fidelity"), "eval.report_rewards"),
+    (lambda c: setattr(c.motion, "eta", 0.0), "motion.eta"),
+    (lambda c: setattr(c.motion, "format", "onnx"), "motion.format"),
+    (lambda c: setattr(c.motion, "diffusion_steps", 4), "motion.diffusion_steps"),
+    (lambda c: setattr(c.motion, "log_prob_reduction", "max"), "motion.log_prob_reduction"),
+    (lambda c: setattr(c.motion, "physics_jitter_scale", 0.0), "motion.physics_jitter_scale"),
+    (lambda c: setattr(c.motion, "text_encoder", "clip"), "motion.clip_path"),
+    (lambda c: setattr(c.sample, "num_steps", 1), "sample.num_steps"),
+    (lambda c: setattr(c.data, "source", "recammaster"), "data.source"),
+    (lambda c: setattr(c.data, "num_train_conditions", 1), "data.num_train_conditions"),
+])
+def test_broken_motion_config_names_the_field(mutate, field):
+    c = grpo.get_config("motion_smoke")
+    mutate(c)
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        validate(c, 1)
+
+
+def test_motion_presets_validate_and_check_their_files(folders, tmp_path):
+    for name in ("motion_smoke", "motion_tiny_cpu"):
+        c = grpo.get_config(name)
+        validate(c, 1)
+    c = smoke_config(folders)
+    validate_files(c)
+    c.motion.diffusion_steps = 500  # the base recorded 1000
+    with pytest.raises(ConfigError, match=r"motion\.diffusion_steps"):
+        validate_files(c)
+    c = smoke_config(folders)
+    c.motion.pretrained = str(tmp_path / "missing")
+    with pytest.raises(ConfigError, match=r"motion\.pretrained"):
+        validate_files(c)
+
+
+def test_motion_smoke_trains_end_to_end(folders, tmp_path):
+    cmd = [sys.executable, str(ROOT / "scripts" / "train_recam.py"), "--config", "config/grpo.py:motion_smoke",
+           f"--config.run_dir={tmp_path}", f"--config.motion.pretrained={folders['base']}",
+           f"--config.motion.evaluator={folders['evaluator']}"]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    c = grpo.get_config("motion_smoke")
+    k, per_epoch = c.sample.k, c.sample.batch_size * c.sample.num_batches_per_epoch
+    epochs = [r for r in records if r["type"] == "epoch"]
+    assert [e["epoch"] for e in epochs] == list(range(c.num_epochs))
+    for e in epochs:
+        counts = Counter(e["dataset_indices"])
+        assert len(e["dataset_indices"]) == per_epoch and set(counts.values()) == {k}, counts
+        assert all(cid.startswith("synth-train-") for cid in e["condition_ids"])
+        assert e["first_step_ratio_deviation"] == 0.0  # on-policy first step, padded frames masked
+    evals = {r["tag"]: r for r in records if r["type"] == "eval"}
+    for tag in ("start", "final"):
+        r = evals[tag]
+        assert r["eval/num_conditions"] == c.data.num_heldout_conditions
+        for key in ("eval/motion_alignment", "eval/motion_physics", "eval/r_precision_top3", "eval/fid",
+                    "eval/mm_dist", "eval/diversity", "eval/skating", "val/motion_alignment"):
+            assert key in r, key
+    reference = next(r for r in records if r["type"] == "reference")
+    assert 0 <= reference["ref_target/motion_physics"] <= 1
+    assert reference["ref_target/fid"] == pytest.approx(0, abs=1e-6)  # the ground truth against itself
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| R-precision top-3 |" in summary and "| physics |" in summary
+    assert list((tmp_path / "motions" / "final").glob("*.gif"))
