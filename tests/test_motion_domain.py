@@ -13,6 +13,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -198,6 +199,46 @@ def test_split_metrics_follow_the_protocol_and_are_repeatable(domain):
     assert metrics == domain.evaluation_metrics(items)  # fixed shuffles: two evaluations of the same weights agree
     items[0]["finite"] = False
     assert domain.evaluation_metrics(items)["nonfinite_motions"] == 1.0
+
+
+def test_humanml3d_folders_give_the_same_batches_as_the_world(folders, tmp_path):
+    """data.source 'humanml3d': a HumanML3D-layout folder written from synthetic motions is read as conditions with
+    HumanML3D's ids, lengths cut to MDM's units of 4, its own Mean/Std, and decodes to the motions' joints."""
+    world = MotionWorld("train", 10, 0)
+    mean, std = reference_mean_std()
+    root = tmp_path / "HumanML3D"
+    (root / "new_joint_vecs").mkdir(parents=True)
+    (root / "texts").mkdir()
+    ids = [f"{i:06d}" for i in range(10)]
+    for motion_id, item in zip(ids, (world[i] for i in range(10)), strict=True):
+        raw = item.features[:item.length] * std + mean
+        np.save(root / "new_joint_vecs" / f"{motion_id}.npy", raw.astype(np.float32))
+        tokens = " ".join(f"{w}/X" for w in item.caption.split())
+        (root / "texts" / f"{motion_id}.txt").write_text(f"{item.caption}#{tokens}#0.0#0.0\n")
+    np.save(root / "Mean.npy", mean.astype(np.float32))
+    np.save(root / "Std.npy", std.astype(np.float32))
+    for split, members in (("train", ids[:6]), ("val", ids[6:8]), ("test", ids[8:])):
+        (root / f"{split}.txt").write_text("\n".join(members) + "\n")
+    c = smoke_config(folders)
+    c.data.source, c.data.root = "humanml3d", str(root)
+    c.data.num_train_conditions, c.data.num_heldout_conditions, c.data.num_val_conditions = 0, 0, 2
+    validate(c, 1)
+    validate_files(c)
+    d = MotionDomain(c, "cpu", None)
+    splits = d.datasets()
+    assert (len(splits.train), len(splits.heldout), len(splits.val)) == (6, 2, 2)
+    assert d.condition_id(splits.train, 2) == f"000002:0-{world[2].length}:1"
+    batch = d.collate(splits.train, [2, 2, 5])
+    assert batch.inputs.features.shape == (3, NUM_FEATURES, 1, MAX_FRAMES)
+    lengths = batch.inputs.lengths.tolist()
+    assert all(n % 4 == 0 and n <= world[i].length for n, i in zip(lengths, (2, 2, 5), strict=True))
+    assert d.element_mask(batch)[:, 0, 0].sum(1).tolist() == batch.inputs.lengths.tolist()
+    reference = d.references(batch)["target"]
+    n = int(batch.inputs.lengths[2])
+    torch.testing.assert_close(reference.joints[2, :n], torch.as_tensor(world[5].joints[:n]), atol=2e-4, rtol=0)
+    c.data.root = str(tmp_path / "missing")
+    with pytest.raises(ConfigError, match=r"data\.root"):
+        validate_files(c)
 
 
 @pytest.mark.parametrize("mutate,field", [
