@@ -249,6 +249,9 @@ def motion_smoke():
     c.eval.batch_size = 8
     c.eval.num_videos = 1
     c.motion.eval_repetitions = 2
+    # The guard's reward rules compare epoch means, and two conditions per epoch make those means mostly a matter
+    # of which captions were drawn (a jump floats, a walk does not): at this size a drop is reported, not acted on.
+    c.health.action = "warn"
     return c
 
 

@@ -43,7 +43,7 @@ def finite_motions(features: torch.Tensor, lengths: torch.Tensor) -> torch.Tenso
 
 
 class MotionAlignment:
-    """(cos(text, motion) + 1) / 2 in the evaluator's embedding; details: the raw cosine."""
+    """(cos(text, motion) + 1) / 2 in the evaluator's embedding; details: the raw cosine (text_motion_cosine)."""
 
     def __init__(self, evaluator: TextMotionEvaluator, source: str = ""):
         self.evaluator = evaluator.eval().requires_grad_(False)
@@ -67,7 +67,7 @@ class MotionAlignment:
         motion = self.evaluator.encode_motion(features, lengths)
         cos = similarity(text, motion).cpu().float()
         cos = torch.where(finite, cos, torch.full_like(cos, float("nan")))
-        return (cos + 1.0) / 2.0, {"cosine": cos}
+        return (cos + 1.0) / 2.0, {"text_motion_cosine": cos}
 
 
 class MotionPhysics:

@@ -143,7 +143,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num-eval-conditions", type=int, default=64, help="held-out captions evaluated")
     p.add_argument("--steps", type=int, default=6000)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=2e-4)
+    p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--weight-decay", type=float, default=1e-4)
     p.add_argument("--warmup-steps", type=int, default=200)
     p.add_argument("--grad-clip", type=float, default=1.0)

@@ -173,7 +173,7 @@ def test_rewards_on_references_are_finite_in_the_unit_interval_and_nan_on_nan(do
     scores, details = fn(reference, batch.conditions)
     for name in ("motion_alignment", "motion_physics", "avg"):
         assert torch.isfinite(scores[name]).all() and bool(((scores[name] >= 0) & (scores[name] <= 1)).all()), name
-    assert {"motion_physics/skating", "motion_alignment/cosine"} <= set(details)
+    assert {"motion_physics/skating", "motion_alignment/text_motion_cosine"} <= set(details)
     # a NaN in a real frame fails that sample (NaN, never a number); NaN in padding is never read
     broken = MotionSamples(reference.features.clone(), reference.joints.clone(), reference.lengths)
     broken.features[1, 5, 10] = float("nan")
