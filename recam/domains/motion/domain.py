@@ -327,7 +327,7 @@ def check_config(config, conditions_per_batch: int, require) -> None:
                 f"eval.{field}={e[field]!r} must be '' or a motion reward scored at evaluation: {sorted(scored)}")
     require(d.source in DATA_SOURCES, f"data.source={d.source!r} unknown for the motion domain; use one of "
             f"{list(DATA_SOURCES)}")
-    require(not e.select_by or d.num_val_conditions >= 1,
+    require(not e.select_by or d.num_val_conditions >= 1 or d.source == "humanml3d",
             f"eval.select_by={e.select_by!r} needs validation conditions: data.num_val_conditions must be >= 1, got "
             f"{d.num_val_conditions}")
     if d.source == "synthetic":
@@ -545,7 +545,7 @@ class MotionDomain:
         from config.validate import num_train_timesteps
 
         s, m = self.config.sample, self.config.motion
-        return DDIMScheduler(cosine_alphas_cumprod(m.diffusion_steps).float(), s.num_steps, m.eta, "sample",
+        return DDIMScheduler(cosine_alphas_cumprod(m.diffusion_steps), s.num_steps, m.eta, "sample",
                              num_train_timesteps(s.num_steps, self.config.train.timestep_fraction), device,
                              reduction=m.log_prob_reduction)
 
