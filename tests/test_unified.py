@@ -85,10 +85,13 @@ class FakeJudge:
                     if judge.hold_s:
                         judge.stop.wait(judge.hold_s)
                     actions = judge.script.get(sample, [judge.default])
-                    self._act(actions[min(n, len(actions) - 1)])
                 finally:
+                    # Out of flight before the answer is written: once the client has it, it may send the next
+                    # request at once, and a server thread descheduled between writing and counting (a loaded
+                    # machine) would count both.
                     with judge.lock:
                         judge.in_flight -= 1
+                self._act(actions[min(n, len(actions) - 1)])
 
             def _act(self, action):
                 kind = action[0]

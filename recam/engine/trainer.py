@@ -544,6 +544,11 @@ class GRPOTrainer:
         ckpt = self.load(newest)
         self.check_resume(ckpt)
         self.epoch, self.global_step = ckpt.state["epoch"], ckpt.state["global_step"]
+        # The guard compares each step with the ones before it since the last rollback (a reward collapse is a drop
+        # from the best epoch so far): a resumed run that forgot them would let pass what the uninterrupted run
+        # rolls back. Checkpoints written before the guard's state was saved resume with an empty history.
+        guard = ckpt.state.get("guard", {})
+        self.history, self.rollbacks = list(guard.get("history", [])), int(guard.get("rollbacks", 0))
         self.resumed_from = ckpt.path
         self.base_record = self.base_evaluation(ckpt)
         self.log.truncate_after(self.epoch, base_record=self.base_record)
@@ -614,7 +619,8 @@ class GRPOTrainer:
         carries the base's evaluation, so that pruning epoch_0000 does not lose it."""
         state = {"epoch": epoch, "global_step": self.global_step,
                  "sampler_position": epoch * self.config.sample.num_batches_per_epoch,
-                 "learning_rate": self.optimizer.param_groups[0]["lr"], "healthy": True}
+                 "learning_rate": self.optimizer.param_groups[0]["lr"], "healthy": True,
+                 "guard": {"history": self.history, "rollbacks": self.rollbacks}}
         for h in self.hooks:
             if h.state_key:
                 state[h.state_key] = h.state_dict()
