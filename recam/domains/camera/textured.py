@@ -44,7 +44,7 @@ from recam.domains.camera.world import (
     Condition,
     _look_at_c2w,
     _motion_phrase,
-    c2w_to_w2c,
+    condition_from_trajectories,
     trajectory_c2w,
 )
 
@@ -656,24 +656,10 @@ def make_textured_condition(scene: TexturedScene, split: str, cond_index: int, s
     aim = scene.centre + rng.uniform([-0.3, -0.2, -0.3], [0.3, 0.2, 0.3])
     tgt_c2w, tgt_kind, phrase = sample_family(rng, scene, _look_at_c2w(start_pos, aim), num_frames,
                                               exclude=tuple(src_kind.split("+")))
-    src_cams = torch.from_numpy(c2w_to_w2c(src_c2w)).float()
-    src_cams[0] = torch.eye(3, 4)
-    tgt_cams = torch.from_numpy(c2w_to_w2c(tgt_c2w)).float()
-    return Condition(
-        condition_id=f"{split}/s{scene.scene_id:06d}/c{cond_index}",
-        scene_id=scene.scene_id,
-        split=split,
-        caption=f"{phrase} in {scene.description()}",
-        source_video=render_textured(scene, src_cams, K, height, width),
-        source_cams=src_cams,
-        target_cams=tgt_cams,
-        target_video=render_textured(scene, tgt_cams, K, height, width),
-        intrinsics=K,
-        landmarks=torch.zeros(0, 3),
-        landmark_colors=torch.zeros(0, 3),
-        trajectory=tgt_kind,
-        source_trajectory=src_kind,
-    )
+    return condition_from_trajectories(
+        split, scene.scene_id, cond_index, f"{phrase} in {scene.description()}", src_c2w, tgt_c2w, K,
+        lambda cams: render_textured(scene, cams, K, height, width), torch.zeros(0, 3), torch.zeros(0, 3),
+        tgt_kind, src_kind)
 
 
 class TexturedWorld(Dataset):

@@ -420,24 +420,34 @@ def make_condition(
     tgt_c2w, tgt_kind, phrase = sample_trajectory(
         rng, scene, start, num_frames, size, exclude=tuple(src_kind.split("+"))
     )
+    return condition_from_trajectories(
+        split, scene.scene_id, cond_index, f"{phrase} around {len(scene.landmarks)} coloured spheres",
+        src_c2w, tgt_c2w, K, lambda cams: render(scene, cams, K, size, size),
+        torch.from_numpy(scene.landmarks).float(), torch.from_numpy(scene.colors).float(), tgt_kind, src_kind)
+
+
+def condition_from_trajectories(split: str, scene_id: int, cond_index: int, caption: str, src_c2w: np.ndarray,
+                                tgt_c2w: np.ndarray, K: torch.Tensor, render_fn, landmarks: torch.Tensor,
+                                landmark_colors: torch.Tensor, trajectory: str, source_trajectory: str) -> Condition:
+    """A Condition from its two camera-to-world trajectories (F, 4, 4) and a render_fn(w2c (F, 3, 4)) -> video;
+    shared by the synthetic worlds (this one and recam.domains.camera.textured)."""
     src_cams = torch.from_numpy(c2w_to_w2c(src_c2w)).float()
     src_cams[0] = torch.eye(3, 4)  # exact identity, free of float round-off
     tgt_cams = torch.from_numpy(c2w_to_w2c(tgt_c2w)).float()
-    n = len(scene.landmarks)
     return Condition(
-        condition_id=f"{split}/s{scene.scene_id:06d}/c{cond_index}",
-        scene_id=scene.scene_id,
+        condition_id=f"{split}/s{scene_id:06d}/c{cond_index}",
+        scene_id=scene_id,
         split=split,
-        caption=f"{phrase} around {n} coloured spheres",
-        source_video=render(scene, src_cams, K, size, size),
+        caption=caption,
+        source_video=render_fn(src_cams),
         source_cams=src_cams,
         target_cams=tgt_cams,
-        target_video=render(scene, tgt_cams, K, size, size),
+        target_video=render_fn(tgt_cams),
         intrinsics=K,
-        landmarks=torch.from_numpy(scene.landmarks).float(),
-        landmark_colors=torch.from_numpy(scene.colors).float(),
-        trajectory=tgt_kind,
-        source_trajectory=src_kind,
+        landmarks=landmarks,
+        landmark_colors=landmark_colors,
+        trajectory=trajectory,
+        source_trajectory=source_trajectory,
     )
 
 
