@@ -46,12 +46,12 @@ from recam.domains.motion.skeleton import KINEMATIC_CHAINS, MAX_FRAMES, NUM_FEAT
 from recam.engine.containers import Batch
 from recam.engine.domain import Splits, register_domain
 from recam.engine.scheduler import DDIMScheduler
+from recam.engine.sde import REDUCTIONS
 from recam.infra.lora import adapter_disabled
 
 DATA_SOURCES = ("synthetic", "humanml3d")
 MODEL_FORMATS = ("base", "mdm")
 TEXT_ENCODERS = ("base", "clip")
-REDUCTIONS = ("mean", "sum")
 BASE_META = "motion_base.json"  # what a base folder was trained with (schedule, frame masking, text encoder)
 TEXT_ENCODER_DIR = "text_encoder"
 _TEXT_FORMAT = "recam.motion.word_text_encoder/1"
