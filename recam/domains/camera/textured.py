@@ -32,16 +32,14 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 import torch
-from torch.utils.data import Dataset
 
 from recam.domains.camera.world import (
     _AMOUNT_RANGES,
     _ROTATION_KINDS,
-    _SCENE_OFFSETS,
     _TRANSLATION_KINDS,
-    SPLITS,
     TRAJECTORY_KINDS,
     Condition,
+    SeededWorld,
     _look_at_c2w,
     _motion_phrase,
     condition_from_trajectories,
@@ -662,44 +660,22 @@ def make_textured_condition(scene: TexturedScene, split: str, cond_index: int, s
         tgt_kind, src_kind)
 
 
-class TexturedWorld(Dataset):
-    """Seeded dataset of textured-room `Condition`s with SyntheticWorld's interface and split scene ranges.
-
-    Item i belongs to scene i // conditions_per_scene of the split (ids offset per split as in world.py, so splits
-    never share a scene). Items are deterministic in (seed, split, i) and cached after the first render, like
-    SyntheticWorld's -- at 16 x 256 x 448 an item holds ~44 MB of video. Scenes (textures ~20-40 MB) are rebuilt on
-    demand; the last two are kept.
+class TexturedWorld(SeededWorld):
+    """Seeded dataset of textured-room `Condition`s with SyntheticWorld's interface and split scene ranges
+    (world.SeededWorld). At 16 x 256 x 448 a cached item holds ~44 MB of video. Scenes (textures ~20-40 MB) are
+    rebuilt on demand; the last two are kept.
     """
 
     _SCENES_KEPT = 2
 
     def __init__(self, split: str, num_conditions: int, seed: int = 0, num_frames: int = 16, height: int = 256,
                  width: int = 448, conditions_per_scene: int = 4) -> None:
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-        if num_conditions < 1:
-            raise ValueError(f"num_conditions must be >= 1, got {num_conditions}")
-        if conditions_per_scene < 1:
-            raise ValueError(f"conditions_per_scene must be >= 1, got {conditions_per_scene}")
-        if num_frames < 2:
-            raise ValueError(f"num_frames must be >= 2, got {num_frames}")
+        super().__init__(split, num_conditions, seed, num_frames, conditions_per_scene)
         if height < 8 or width < 8:
             raise ValueError(f"height and width must be >= 8, got {height}x{width}")
-        self.split = split
-        self.num_conditions = num_conditions
-        self.seed = seed
-        self.num_frames = num_frames
         self.height = height
         self.width = width
-        self.conditions_per_scene = conditions_per_scene
-        self._cache: dict[int, Condition] = {}
         self._scenes: OrderedDict[int, TexturedScene] = OrderedDict()
-
-    def __len__(self) -> int:
-        return self.num_conditions
-
-    def scene_id(self, i: int) -> int:
-        return i // self.conditions_per_scene + _SCENE_OFFSETS[self.split]
 
     def scene(self, scene_id: int) -> TexturedScene:
         """The scene behind items (geometry, textures): for ground-truth checks."""
@@ -714,19 +690,9 @@ class TexturedWorld(Dataset):
     def scene_description(self, scene_id: int) -> str:
         return self.scene(scene_id).description()
 
-    def __getitem__(self, i: int) -> Condition:
-        if not isinstance(i, (int, np.integer)):
-            raise TypeError(f"index must be an int, got {type(i).__name__}")
-        i = int(i)
-        if i < 0:
-            i += self.num_conditions
-        if not 0 <= i < self.num_conditions:
-            raise IndexError(f"index {i} out of range for {self.num_conditions} conditions")
-        if i not in self._cache:
-            self._cache[i] = make_textured_condition(self.scene(self.scene_id(i)), self.split,
-                                                     i % self.conditions_per_scene, self.seed, self.num_frames,
-                                                     self.height, self.width)
-        return self._cache[i]
+    def _make(self, i: int) -> Condition:
+        return make_textured_condition(self.scene(self.scene_id(i)), self.split, i % self.conditions_per_scene,
+                                       self.seed, self.num_frames, self.height, self.width)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -451,24 +451,14 @@ def condition_from_trajectories(split: str, scene_id: int, cond_index: int, capt
     )
 
 
-class SyntheticWorld(Dataset):
-    """Seeded multi-camera dataset of `Condition`s.
+class SeededWorld(Dataset):
+    """What the synthetic worlds share: split checks, scene ids per split, index checks and the item cache.
 
-    Item i belongs to scene i // conditions_per_scene of the split; train scenes have ids
-    0, 1, 2, ..., held-out scenes 10_000_000 + k and validation scenes 20_000_000 + k, so the splits never
-    share a scene.
-    Items are deterministic in (seed, split, i) and cached after the first render.
-    """
+    Item i belongs to scene i // conditions_per_scene of the split; train scenes have ids 0, 1, 2, ..., held-out
+    scenes 10_000_000 + k and validation scenes 20_000_000 + k, so the splits never share a scene. Items are
+    deterministic in (seed, split, i) and cached after the first render. A world implements `_make(i)`."""
 
-    def __init__(
-        self,
-        split: str,
-        num_conditions: int,
-        seed: int = 0,
-        num_frames: int = 8,
-        size: int = 32,
-        conditions_per_scene: int = 4,
-    ) -> None:
+    def __init__(self, split: str, num_conditions: int, seed: int, num_frames: int, conditions_per_scene: int):
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         if num_conditions < 1:
@@ -477,23 +467,21 @@ class SyntheticWorld(Dataset):
             raise ValueError(f"conditions_per_scene must be >= 1, got {conditions_per_scene}")
         if num_frames < 2:
             raise ValueError(f"num_frames must be >= 2, got {num_frames}")
-        if size < 8:
-            raise ValueError(f"size must be >= 8, got {size}")
         self.split = split
         self.num_conditions = num_conditions
         self.seed = seed
         self.num_frames = num_frames
-        self.size = size
         self.conditions_per_scene = conditions_per_scene
         self._cache: dict[int, Condition] = {}
-        self._scenes: dict[int, Scene] = {}
 
     def __len__(self) -> int:
         return self.num_conditions
 
     def scene_id(self, i: int) -> int:
-        k = i // self.conditions_per_scene
-        return k + _SCENE_OFFSETS[self.split]
+        return i // self.conditions_per_scene + _SCENE_OFFSETS[self.split]
+
+    def _make(self, i: int) -> Condition:
+        raise NotImplementedError
 
     def __getitem__(self, i: int) -> Condition:
         if not isinstance(i, (int, np.integer)):
@@ -504,13 +492,34 @@ class SyntheticWorld(Dataset):
         if not 0 <= i < self.num_conditions:
             raise IndexError(f"index {i} out of range for {self.num_conditions} conditions")
         if i not in self._cache:
-            sid = self.scene_id(i)
-            if sid not in self._scenes:
-                self._scenes[sid] = make_scene(sid, self.seed, self.size)
-            self._cache[i] = make_condition(
-                self._scenes[sid], self.split, i % self.conditions_per_scene, self.seed, self.num_frames, self.size
-            )
+            self._cache[i] = self._make(i)
         return self._cache[i]
+
+
+class SyntheticWorld(SeededWorld):
+    """Seeded multi-camera dataset of landmark-scene `Condition`s (SeededWorld: splits, ids, caching)."""
+
+    def __init__(
+        self,
+        split: str,
+        num_conditions: int,
+        seed: int = 0,
+        num_frames: int = 8,
+        size: int = 32,
+        conditions_per_scene: int = 4,
+    ) -> None:
+        super().__init__(split, num_conditions, seed, num_frames, conditions_per_scene)
+        if size < 8:
+            raise ValueError(f"size must be >= 8, got {size}")
+        self.size = size
+        self._scenes: dict[int, Scene] = {}
+
+    def _make(self, i: int) -> Condition:
+        sid = self.scene_id(i)
+        if sid not in self._scenes:
+            self._scenes[sid] = make_scene(sid, self.seed, self.size)
+        return make_condition(self._scenes[sid], self.split, i % self.conditions_per_scene, self.seed,
+                              self.num_frames, self.size)
 
 
 def collate_conditions(conditions: list[Condition]) -> dict:
