@@ -24,7 +24,7 @@ from recam.engine.fast_objectives import (
 )
 from recam.engine.objective import OBJECTIVES, GRPOObjective
 from recam.engine.rollout import rescore, rollout
-from recam.engine.scheduler import FlowMatchScheduler
+from recam.engine.scheduler import DDIMScheduler, FlowMatchScheduler
 
 SHAPE = (2, 3)
 
@@ -72,15 +72,6 @@ class SampleForward:
 
     def output_target(self, x0, noise, u):
         return x0
-
-
-class GuardFlow(FlowMatchScheduler):
-    """FlowMatchScheduler with the attributes grpo_guard reads (in case the scheduler here predates them)."""
-
-    is_flow = True
-
-    def step_dt(self, j):
-        return float(self.sigmas[j] - self.sigmas[j + 1])
 
 
 class Model(torch.nn.Module):
@@ -197,7 +188,7 @@ def test_guard_step_weights_are_inverse_dt_with_mean_one():
 
 
 def guard_case(beta, reference_seed=None, perturb=0.0):
-    sched = GuardFlow(num_steps=6, shift=3.0, noise_level=0.7, sde_type="sde", num_train_steps=3)
+    sched = FlowMatchScheduler(num_steps=6, shift=3.0, noise_level=0.7, sde_type="sde", num_train_steps=3)
     sampler = Model(0)
     b = 4
     noise = torch.randn(b, sched.num_steps + 1, *SHAPE, generator=torch.Generator().manual_seed(2))
@@ -235,10 +226,14 @@ def test_guard_on_policy_ratio_is_one_and_loss_equals_grpo(beta):
     # (the KL term's is the same)
     with torch.no_grad():
         stds = [float(rescore(policy, mb.states, sched, j).std.flatten()[0]) for j in range(3)]
-    if beta == 0:
-        for j in range(3):
-            for a, b in zip(guard_grads[j], grpo_grads[j], strict=True):
-                torch.testing.assert_close(a, stds[j] * b)
+    kl_grads = [[torch.zeros_like(p) for p in params] for _ in range(3)]
+    if beta:  # with A = 0 grpo's policy term has no gradient: what is left is the KL's
+        mb.advantages = torch.zeros_like(mb.advantages)
+        kl_grads = []
+        run(GRPOObjective(t, sched), mb, params, kl_grads)
+    for j in range(3):
+        for a, b, kl in zip(guard_grads[j], grpo_grads[j], kl_grads[j], strict=True):
+            torch.testing.assert_close(a, stds[j] * (b - kl) + kl)
 
 
 def test_guard_dt_weighting_scales_only_the_policy_term():
@@ -344,7 +339,15 @@ def test_nft_output_gradient_matches_the_analytic_form(r):
             torch.testing.assert_close(grad, torch.zeros_like(grad), atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("sched", [FlowForward(), SampleForward()])
+def ddim(prediction_type):
+    betas = torch.linspace(1e-4, 0.02, 1000, dtype=torch.float64)
+    return DDIMScheduler(torch.cumprod(1 - betas, 0), 10, 1.0, prediction_type)
+
+
+FORWARD_SCHEDULERS = [FlowForward(), SampleForward(), FlowMatchScheduler(10, 3.0, 0.7), ddim("epsilon"), ddim("sample")]
+
+
+@pytest.mark.parametrize("sched", FORWARD_SCHEDULERS)
 def test_nft_neutral_case_has_zero_policy_gradient(sched):
     policy = Model(0)
     mb = forward_mb(policy=policy, old=copy.deepcopy(policy), advantages=torch.zeros(4))
@@ -405,8 +408,8 @@ def test_nft_self_normalized_error_floor_and_mask():
 # ---------------------------------------------------------------- Advantage Weighted Matching
 
 
-def test_awm_on_policy_ratio_is_one_and_gradient_is_advantage_weighted_matching():
-    sched = FlowForward()
+@pytest.mark.parametrize("sched", FORWARD_SCHEDULERS)
+def test_awm_on_policy_ratio_is_one_and_gradient_is_advantage_weighted_matching(sched):
     policy = Model(0)
     weight = torch.tensor([0.25, 0.25, 0.5, 0.0])
     adv = torch.tensor([7.0, -1.0, 0.5, 2.0])

@@ -111,7 +111,8 @@ class GRPOGuardObjective:
     mu_old from mb.old_means), so its ratio averages 1 and clipping is symmetric again; with
     train.guard_dt_weighting (default True) the policy term is multiplied by guard_step_weights (1 / |dt_j|,
     mean 1 over the trained steps); the KL to the reference (train.kl_type, train.beta) is added unweighted as in
-    the paper's code. Step loss = mean over trained steps; clip_range etc. as "grpo".
+    the paper's code. Step loss = mean over trained steps; clip_range etc. as "grpo", but the normalised log-ratio
+    mean_e(eps (mu_theta - mu_old)) is s times the raw one's noise part, so train.clip_range wants retuning (smaller).
     """
 
     needs_log_probs = True
@@ -145,7 +146,7 @@ class GRPOGuardObjective:
         step_w = self.step_weights(mb.step_offset, T).to(device)
         out = []
         for j in range(T):
-            cur = _rescore(mb.policy, mb.states, sched, j, mb.element_mask, mb.step_offset)
+            cur = rescore(mb.policy, mb.states, sched, j, mb.element_mask, mb.step_offset)
             old = mb.old_log_probs[:, j].contiguous().to(device)
             norm, bias = ratio_norm_log_ratio(cur.log_prob, old, cur.mean, mb.old_means[:, j].to(device), cur.std,
                                               mb.element_mask)
@@ -154,7 +155,7 @@ class GRPOGuardObjective:
             loss, logged = step_w[j] * policy, step_w[j] * metrics["policy_loss"]
             if t.beta > 0:
                 with torch.no_grad():
-                    ref = _rescore(mb.reference, mb.states, sched, j, mb.element_mask, mb.step_offset)
+                    ref = rescore(mb.reference, mb.states, sched, j, mb.element_mask, mb.step_offset)
                 kl = self.kl_estimator(cur.mean, ref.mean, cur.std, mb.states[:, j + 1], mb.element_mask)
                 kl_term, kl_metric = weighted_terms(kl, weight)
                 loss, logged = loss + t.beta * kl_term, logged + t.beta * kl_metric
@@ -167,13 +168,6 @@ class GRPOGuardObjective:
 
     def end_epoch(self) -> None:
         pass
-
-
-def _rescore(denoise, states: Tensor, scheduler, j: int, mask: Tensor | None, start: int):
-    # rescore took no `start` before windowed rollouts; offset 0 is the same step either way
-    if start:
-        return rescore(denoise, states, scheduler, j, mask, start=start)
-    return rescore(denoise, states, scheduler, j, mask)
 
 
 # ---------------------------------------------------------------- forward-process noise
@@ -327,7 +321,7 @@ class NFTObjective(_ForwardProcess):
                        "nft_loss_negative": weighted_terms(neg, weight)[1], "mean_optimality": r.mean(),
                        "mean_advantage": adv.float().mean(), "mean_noise_level": u.mean(),
                        "old_output_gap": weighted_terms(output_mse(o.detach(), o_old, mask), weight)[1]}
-            logged = policy_metric
+            logged, metrics["kl_penalty"] = policy_metric, torch.zeros_like(policy_metric)
             if t.beta > 0:
                 with torch.no_grad():
                     o_ref = mb.reference(x_t, time)
