@@ -21,6 +21,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.save_freq = 1  # save a checkpoint every N epochs (the last epoch is always saved)
     c.keep_checkpoints = 2  # how many epoch checkpoints to keep besides `latest`; 0 = keep every one
     c.num_threads = 0  # torch CPU threads per process; 0 = torch's default
+    # wall-clock budget: stop after the epoch during which the cumulative training time (epoch_seconds summed:
+    # sampling, rewards and updates, never evaluations) reaches this many seconds, then evaluate and report; 0 = off
+    c.max_train_seconds = 0.0
 
     # ---- data: the embedded synthetic multi-camera world ----
     c.data = ml_collections.ConfigDict()
@@ -70,7 +73,22 @@ def get_config() -> ml_collections.ConfigDict:
     c.sample.shift = 1.0  # sigma schedule time shift (1 = linear sigmas)
     c.sample.sde_type = "sde"  # "sde" (Flow-GRPO) | "cps" (coefficients-preserving)
     c.sample.noise_level = 0.7  # SDE noise scale a in sigma_t = a * sqrt(t / (1 - t)); > 0, and <= 1 for "cps"
-    c.sample.eval_num_steps = 10  # ODE steps for held-out evaluation
+    c.sample.eval_num_steps = 10  # ODE steps for held-out evaluation (always Euler / DDIM: comparable across runs)
+    # ---- stochastic window (Flow-GRPO-Fast, MixGRPO): deterministic steps before and after w stochastic ones ----
+    # w stochastic steps, the only ones stored and trained; 0 = the first round(train.timestep_fraction x num_steps)
+    # steps (start 0); > 0: train.timestep_fraction is ignored. Must end before the last step. Objectives without
+    # log-probs (train.objective "nft", "awm") sample no stochastic step at all and ignore the window.
+    c.sample.window_size = 0
+    # where the window starts each epoch (one start per epoch, shared by every sample): "fixed" (window_start),
+    # "random" (uniform in [0, window_max_start], drawn from (seed, epoch)), "progressive" (window_start + one step
+    # every window_shift_every epochs, up to window_max_start)
+    c.sample.window_mode = "fixed"
+    c.sample.window_start = 0  # the fixed start, or where a progressive window starts
+    c.sample.window_max_start = 0  # the latest start ("random", "progressive"); start + window_size <= num_steps - 1
+    c.sample.window_shift_every = 1  # "progressive": epochs per one-step shift
+    # deterministic steps of a rollout: "euler" (the scheduler's ODE / DDIM eta 0 step) | "dpm2" (DPM-Solver++(2M)
+    # on the x0 prediction, MixGRPO-Flash; flow-matching domains only; first order after the window and at the start)
+    c.sample.ode_solver = "euler"
 
     # ---- training ----
     c.train = ml_collections.ConfigDict()
@@ -84,7 +102,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.num_inner_epochs = 1  # passes over the epoch's samples
     c.train.gradient_accumulation_steps = 16  # micro-batches per optimizer step; 16 = the whole epoch in one step
     c.train.timestep_fraction = 0.5  # fraction of denoising steps trained: the noisiest, where layout and camera form
-    c.train.objective = "grpo"  # how stored samples become a loss (recam.engine.objective.OBJECTIVES)
+    # how stored samples become a loss (recam.engine.objective.OBJECTIVES): "grpo" (clipped ratio per trained step),
+    # "grpo_guard" (GRPO-Guard: ratio normalisation and |dt| weighting; flow SDE only), "nft" (DiffusionNFT) and
+    # "awm" (advantage weighted matching) train on re-noised final samples without log-probs
+    # (recam/engine/fast_objectives.py)
+    c.train.objective = "grpo"
     c.train.policy_loss = "grpo_clip"  # registered policy loss (recam.engine.losses.POLICY_LOSSES)
     # PPO clip epsilon on r = exp(logp - logp_old), logp the exact Gaussian log-density averaged over elements, as in
     # Flow-GRPO's SDE step, so SDE clip ranges carry over. Flow-GRPO's CPS logp is -mean((x' - mean)^2), lacking the
@@ -102,6 +124,20 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.kl_type = "gaussian_mean"
     c.train.ema = False  # keep an EMA of the policy weights, used for evaluation
     c.train.ema_decay = 0.95  # EMA decay per optimizer step
+
+    # ---- forward-process and guarded objectives (recam/engine/fast_objectives.py) ----
+    # the old policy ("nft", "awm"): old = decay x old + (1 - decay) x policy after each epoch's update, in
+    # [0, 1); 0 = the policy as it was when the epoch sampled
+    c.train.old_policy_decay = 0.5
+    c.train.fp_num_timesteps = 2  # re-noised timesteps per final sample per optimizer pass
+    c.train.fp_timestep_sampling = "stratified"  # noise levels: "stratified" (one per equal bin) | "uniform"
+    c.train.fp_min_noise = 0.05  # lowest noise level u in (0, 1) a final sample is re-noised to
+    c.train.fp_max_noise = 0.95  # highest noise level u, above fp_min_noise
+    c.train.nft_beta = 1.0  # DiffusionNFT's beta: v+- = policy and old velocities mixed by it; > 0
+    c.train.awm_adv_scale = 5.0  # AWM: the advantage is divided by this
+    c.train.awm_clip_range = 0.2  # AWM: PPO clip epsilon on exp(-(loss - old loss))
+    c.train.awm_old_kl_weight = 0.1  # AWM: weight of the velocity MSE to the old policy (>= 0)
+    c.train.guard_dt_weighting = True  # GRPO-Guard: divide each step's loss by its |dt|
 
     # ---- policy-optimization variants (recam/engine/variants.py; need train.policy_loss = "grpo_variants") ----
     c.train.use_ema_smoothing = False  # 2.1 EMA of per-trajectory importance weights across inner updates
@@ -222,6 +258,9 @@ def get_config() -> ml_collections.ConfigDict:
     # ---- evaluation ----
     c.eval = ml_collections.ConfigDict()
     c.eval.freq = 2  # evaluate every N epochs (plus start and end); each evaluation is a candidate for eval.select_by
+    # also evaluate (tag time_NNNNNs) after the epoch in which the cumulative training time (max_train_seconds)
+    # crosses the next multiple of this many seconds, for reward-versus-time curves; 0 = off
+    c.eval.every_seconds = 0.0
     c.eval.seed = 1234  # fixed noise seed for evaluation
     c.eval.batch_size = 16  # conditions per evaluation forward
     c.eval.num_videos = 4  # held-out conditions written as source | ground truth | generated videos

@@ -97,6 +97,11 @@ INT_FIELDS = (
     ("model.lora_rank", 0, None, "0 = full fine-tuning"),
     ("sample.eval_num_steps", 1, None, "ODE steps of held-out evaluation"),
     ("train.gradient_weighting_num_probes", 0, None, "0 = exact per-sample gradients, P > 0 = P probes"),
+    ("sample.window_size", 0, None, "0 = the first round(train.timestep_fraction x num_steps) steps"),
+    ("sample.window_start", 0, None, "a scheduler step"),
+    ("sample.window_max_start", 0, None, "a scheduler step"),
+    ("sample.window_shift_every", 1, None, "epochs per one-step shift of a progressive window"),
+    ("train.fp_num_timesteps", 1, None, "re-noised timesteps per final sample per pass"),
     ("reward.max_retries", 0, None, ""),
     ("eval.freq", 1, None, "evaluate every N epochs"),
     ("eval.seed", 0, 2**32 - 1, ""),
@@ -133,11 +138,20 @@ NUMBER_FIELDS = (
     ("reward.retry_backoff_s", 0, None, False, False, False),
     ("eval.select_max_drop", 0, None, False, False, False),
     ("health.rollback_lr_factor", 0, 1, True, False, False),
+    ("train.old_policy_decay", 0, 1, False, True, False),
+    ("train.fp_min_noise", 0, 1, True, True, False),
+    ("train.fp_max_noise", 0, 1, True, True, False),
+    ("train.nft_beta", 0, None, True, False, False),
+    ("train.awm_adv_scale", 0, None, True, False, False),
+    ("train.awm_clip_range", 0, None, True, False, False),
+    ("train.awm_old_kl_weight", 0, None, False, False, False),
+    ("eval.every_seconds", 0, None, False, False, False),
+    ("max_train_seconds", 0, None, False, False, False),
 )
 BOOL_FIELDS = ("resume", "model.gradient_checkpointing", "train.ema", "train.use_ema_smoothing",
                "train.use_gradient_adaptive_weighting", "train.use_amic", "train.use_gspo", "train.use_ptrw",
                "train.use_temporal_decay", "train.temporal_decay_normalize", "train.use_asymmetric_clipping",
-               "advantage.filter_zero_std")
+               "advantage.filter_zero_std", "train.guard_dt_weighting")
 
 # Free-form strings ('' allowed); their contents are checked where they are read (domains, validate_files).
 STR_FIELDS = ("data.root", "model.vae", "model.lora_targets", "eval.report_rewards", "eval.select_by",
@@ -181,13 +195,81 @@ def derived_numbers(config: ml_collections.ConfigDict, num_processes: int) -> di
         "conditions_per_batch": per_batch // s.k,
         "samples_per_epoch": per_batch * s.num_batches_per_epoch,
         "unique_conditions_per_epoch": per_batch * s.num_batches_per_epoch // s.k,
-        "num_train_timesteps": num_train_timesteps(s.num_steps, config.train.timestep_fraction),
+        # the advantages' columns: the trained steps T, or 1 for an objective that stores none (T = 0)
+        "num_train_timesteps": max(1, trained_steps(config)),
     }
 
 
 def num_train_timesteps(num_steps: int, timestep_fraction: float) -> int:
     """Trained denoising steps: the first ceil-free fraction of the rollout, never the final (too peaked) step."""
     return max(1, min(num_steps - 1, int(num_steps * timestep_fraction)))
+
+
+def trained_steps(config: ml_collections.ConfigDict) -> int:
+    """T, the steps a rollout samples stochastically, stores and trains: sample.window_size when a window is set,
+    else the train.timestep_fraction rule; 0 for an objective that needs no log-probs (it samples deterministically
+    and trains on the final samples)."""
+    from recam.engine.objective import objective_needs
+
+    if not objective_needs(config.train.objective, "needs_log_probs"):
+        return 0
+    s = config.sample
+    return s.window_size if s.window_size > 0 else num_train_timesteps(s.num_steps, config.train.timestep_fraction)
+
+
+def scheduler_is_flow(domain: str) -> bool | None:
+    """Whether a registered domain samples with a flow-matching scheduler, read from the return annotation of its
+    `scheduler` method (the scheduler class's is_flow); None when the annotation does not say."""
+    import typing
+
+    from recam.engine.domain import DOMAINS
+
+    try:
+        hint = typing.get_type_hints(DOMAINS[domain].scheduler).get("return")
+    except Exception:  # noqa: BLE001 - a factory or an unresolvable annotation: the trainer checks at build time
+        return None
+    flow = getattr(hint, "is_flow", None)
+    return flow if isinstance(flow, bool) else None
+
+
+FP_TIMESTEP_SAMPLING = ("stratified", "uniform")
+FLOW_ONLY_OBJECTIVES = ("grpo_guard",)  # GRPO-Guard's RatioNorm is derived for the flow SDE's transition
+
+
+def check_window_and_objective(config: ml_collections.ConfigDict) -> None:
+    """The stochastic window, the deterministic solver, and the objectives' own fields (ranges are in the tables
+    above)."""
+    from recam.engine.rollout import ODE_SOLVERS, WINDOW_MODES
+
+    s, t = config.sample, config.train
+    check_choice(config, "sample.window_mode", WINDOW_MODES)
+    check_choice(config, "sample.ode_solver", ODE_SOLVERS)
+    check_choice(config, "train.fp_timestep_sampling", FP_TIMESTEP_SAMPLING)
+    _require(t.fp_min_noise < t.fp_max_noise,
+             f"train.fp_min_noise={t.fp_min_noise} must be below train.fp_max_noise={t.fp_max_noise}")
+    flow = scheduler_is_flow(config.domain)
+    _require(s.ode_solver != "dpm2" or flow is not False,
+             f"sample.ode_solver='dpm2' is a flow-matching solver; domain {config.domain!r} samples with DDIM: use "
+             "'euler' (its deterministic DDIM step)")
+    _require(t.objective not in FLOW_ONLY_OBJECTIVES or flow is not False,
+             f"train.objective={t.objective!r} needs a flow-matching scheduler; domain {config.domain!r} samples "
+             "with DDIM")
+    if s.window_size == 0:
+        return
+    # the last step is never trained (num_train_timesteps): its transition to clean data is too peaked
+    last = s.num_steps - 1
+    if s.window_mode == "fixed":
+        _require(s.window_start + s.window_size <= last,
+                 f"sample.window_start={s.window_start} + sample.window_size={s.window_size} must be <= "
+                 f"sample.num_steps - 1 = {last}: the window may not reach the last step")
+    else:
+        _require(s.window_max_start + s.window_size <= last,
+                 f"sample.window_max_start={s.window_max_start} + sample.window_size={s.window_size} must be <= "
+                 f"sample.num_steps - 1 = {last}: the latest window may not reach the last step")
+    if s.window_mode == "progressive":
+        _require(s.window_start <= s.window_max_start,
+                 f"sample.window_start={s.window_start} must be <= sample.window_max_start={s.window_max_start} "
+                 "(a progressive window slides from the one to the other)")
 
 
 def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
@@ -199,7 +281,7 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
     from recam.engine.advantages import STD_MODES
     from recam.engine.domain import DOMAINS, known_domains
     from recam.engine.losses import KL_ESTIMATORS, POLICY_LOSSES
-    from recam.engine.objective import OBJECTIVES
+    from recam.engine.objective import OBJECTIVES, known_objectives
     from recam.engine.variants import VARIANT_SWITCHES  # (importing it registers the "grpo_variants" policy loss)
     from recam.infra.reward_runner import FailurePolicy
 
@@ -246,7 +328,9 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
     _require(t.policy_loss in POLICY_LOSSES,
              f"train.policy_loss={t.policy_loss!r} is not registered; known: {sorted(POLICY_LOSSES)}")
     _require(t.kl_type in KL_ESTIMATORS, f"train.kl_type={t.kl_type!r} unknown; use one of {sorted(KL_ESTIMATORS)}")
-    _require(t.objective in OBJECTIVES, f"train.objective={t.objective!r} unknown; use one of {sorted(OBJECTIVES)}")
+    _require(t.objective in known_objectives(),
+             f"train.objective={t.objective!r} unknown; use one of {sorted(OBJECTIVES)}")
+    check_window_and_objective(config)
     switched_on = [f for f in VARIANT_SWITCHES if t[f]]
     readers = sorted(n for n, fn in POLICY_LOSSES.items() if getattr(fn, "reads_variants", False))
     _require(not switched_on or t.policy_loss in readers,

@@ -14,13 +14,19 @@ class Rollout:
     """One sampling batch, only what training needs.
 
     final: (n, *sample_shape) the final samples.
-    states: (n, T + 1, *sample_shape) x before each trained step, plus the state after the last trained one.
+    states: (n, T + 1, *sample_shape) x before each trained step, plus the state after the last trained one;
+        (n, 0, *sample_shape) when nothing is trained (T = 0: forward-process objectives train on `final`).
     log_probs: (n, T) float32 log-prob of each trained transition under the sampling policy.
+    start: the scheduler step of trained step 0 (the window's start; 0 without a window), so stored step j is
+        scheduler step start + j.
+    means: (n, T, *sample_shape) float32 the sampling transitions' means, or None when not kept.
     """
 
     final: torch.Tensor
     states: torch.Tensor
     log_probs: torch.Tensor
+    start: int = 0
+    means: torch.Tensor | None = None
 
 
 @dataclass
@@ -28,14 +34,19 @@ class Rollouts:
     """This process's samples of one epoch, in sampling order.
 
     index: (n,) dataset index of each sample's condition.
-    states, log_probs: as in Rollout, batches concatenated.
+    states, log_probs, means: as in Rollout, batches concatenated (means None unless the objective asks for them).
     decoded: per batch, what the rewards saw (videos, motions); kept only when a hook asks for it.
+    start: the window's start, one per epoch (every sample of the epoch shares it).
+    final: (n, *sample_shape) the final samples, on the CPU.
     """
 
     index: torch.Tensor
     states: torch.Tensor
     log_probs: torch.Tensor
     decoded: list = field(default_factory=list)
+    start: int = 0
+    final: torch.Tensor | None = None
+    means: torch.Tensor | None = None
 
 
 @dataclass
@@ -56,7 +67,8 @@ class Groups:
     """Every process's samples after the gather, and what the advantages were computed from.
 
     index: (N,) dataset indices; rewards: name -> (N,); keep: (N,) bool, samples that are trained
-    (False: reward failed, or excluded with a zero-std group); advantages: (N, T) per trained step;
+    (False: reward failed, or excluded with a zero-std group); advantages: (N, T) per trained step, (N, 1) when
+    nothing is stored per step (T = 0, forward-process objectives);
     stats: advantage statistics (group_size, zero_std_ratio, ...); exclusion: counts of excluded samples;
     details: every process's reward details in the same sample order (RewardDetails)."""
 
@@ -89,7 +101,9 @@ class EpochResult:
 
     @property
     def first_step_ratio_deviation(self) -> float | None:
-        return abs(self.steps[0].metrics["mean_ratio"] - 1.0) if self.steps else None
+        """|mean ratio - 1| of the first step; None without a step or when the objective has no ratio."""
+        ratio = self.steps[0].metrics.get("mean_ratio") if self.steps else None
+        return None if ratio is None else abs(ratio - 1.0)
 
 
 @dataclass

@@ -5,6 +5,13 @@ for the policy and the reference, and a `backward(loss)` that accumulates gradie
 backward pass. GRPO rescores each trained transition under the policy and applies a registered policy loss
 with a registered KL estimator; a forward-process objective (DiffusionNFT, advantage-weighted matching)
 registers here too and ignores the log-probs, so the trainer's loop never changes.
+
+Class attributes tell the trainer what to collect (absent means False unless said otherwise):
+  needs_log_probs (default True): sample with a stochastic window and store its states and log-probs; False: the
+      whole trajectory is deterministic (T = 0), the micro-batch carries the final samples and (b, 1) advantages;
+  needs_old_means: keep the sampling transitions' means (MicroBatch.old_means);
+  needs_old_policy: keep a frozen, slowly averaged copy of the policy (MicroBatch.old_policy, train.old_policy_decay).
+Objectives outside this module (recam/engine/fast_objectives.py) register when `known_objectives()` is called.
 """
 
 from __future__ import annotations
@@ -34,14 +41,38 @@ def register_objective(name: str):
     return registrar(OBJECTIVES, "objective", name)
 
 
+def known_objectives() -> list[str]:
+    """Registered objective names, after importing the modules that register more than this one does."""
+    import importlib
+    import importlib.util
+
+    for module in _OBJECTIVE_MODULES:
+        if importlib.util.find_spec(module) is not None:  # a module not written yet registers nothing
+            importlib.import_module(module)
+    return sorted(OBJECTIVES)
+
+
+def objective_needs(name: str, attribute: str) -> bool:
+    """An objective class's collection flag (needs_log_probs defaults to True, every other flag to False)."""
+    known_objectives()
+    return bool(getattr(OBJECTIVES[name], attribute, attribute == "needs_log_probs"))
+
+
+_OBJECTIVE_MODULES = ("recam.engine.fast_objectives",)
+
+
 @dataclass
 class MicroBatch:
     """Stored samples of one micro-batch on this process (b of them) and the closures to score them.
 
-    states: (b, T + 1, *sample_shape); old_log_probs, advantages: (b, T); sample_weight: (b,) each sample's
-    weight in the optimizer step's loss (0: excluded); traj_ids: (b, 2) [dataset index, copy]; policy /
-    reference: denoise(x, t) closures (reference None without a KL term); inner_epoch: pass over this epoch's
-    samples (0 first)."""
+    states: (b, T + 1, *sample_shape) ((b, 0, ...) when T = 0); old_log_probs: (b, T); advantages: (b, T), (b, 1)
+    when T = 0; sample_weight: (b,) each sample's weight in the optimizer step's loss (0: excluded); traj_ids:
+    (b, 2) [dataset index, copy]; policy / reference: denoise(x, t) closures (reference None without a KL term);
+    inner_epoch: pass over this epoch's samples (0 first).
+    final: (b, *sample_shape) the final samples; old_policy: denoise(x, t) over the frozen old policy (objectives
+    with needs_old_policy, else None); old_means: (b, T, *sample_shape) the sampling transitions' means
+    (needs_old_means, else None); step_offset: the scheduler step of stored step 0 (the window's start), so
+    stored transition j is scheduler step step_offset + j."""
 
     states: torch.Tensor
     old_log_probs: torch.Tensor
@@ -54,6 +85,10 @@ class MicroBatch:
     module: torch.nn.Module | None = None  # the unwrapped policy (for per-sample parameter gradients)
     policy_rows: Callable | None = None  # rows (slice) -> denoise(x, t) over `module` for those samples only
     element_mask: torch.Tensor | None = None  # (b, ...) the elements log-probs and KLs average over (padding: no)
+    final: torch.Tensor | None = None
+    old_policy: Callable | None = None
+    old_means: torch.Tensor | None = None
+    step_offset: int = 0
 
 
 @register_objective("grpo")
@@ -76,16 +111,16 @@ class GRPOObjective:
         """Backward of each trained timestep's loss / T (the step's loss averages its timesteps);
         backward(loss, last) lets the trainer sync gradients only after the last one. Returns the metrics of
         each timestep (detached)."""
-        t, sched, T = self.t, self.scheduler, mb.old_log_probs.shape[1]
+        t, sched, T, k0 = self.t, self.scheduler, mb.old_log_probs.shape[1], mb.step_offset
         device = mb.states.device
         prepared = self.variants.prepare(mb)
         out = []
         for j in range(T):
-            cur = rescore(mb.policy, mb.states, sched, j, mb.element_mask)
+            cur = rescore(mb.policy, mb.states, sched, j, mb.element_mask, k0)
             kl = None
             if mb.reference is not None:
                 with torch.no_grad():
-                    ref = rescore(mb.reference, mb.states, sched, j, mb.element_mask)
+                    ref = rescore(mb.reference, mb.states, sched, j, mb.element_mask, k0)
                 kl = self.kl_estimator(cur.mean, ref.mean, cur.std, mb.states[:, j + 1], mb.element_mask)
             old = mb.old_log_probs[:, j].contiguous().to(device)
             inputs = StepLossInputs(cur.log_prob, old, mb.advantages[:, j].to(device), mb.sample_weight.to(device),
@@ -119,7 +154,7 @@ class VariantInputs:
         if not self.needs_pass:
             return out
         states, T = mb.states, mb.old_log_probs.shape[1]
-        steps = [rescore(mb.policy, states, self.scheduler, j, mb.element_mask) for j in range(T)]
+        steps = [rescore(mb.policy, states, self.scheduler, j, mb.element_mask, mb.step_offset) for j in range(T)]
         seq = torch.stack([o.log_prob for o in steps], 1)
         out["seq_log_prob"], out["seq_old_log_prob"] = seq, mb.old_log_probs.to(seq.device)
         keys = [tuple(r) for r in mb.traj_ids.tolist()]
@@ -137,9 +172,9 @@ class VariantInputs:
         """||grad_theta log p|| of each sample's transition j (recam.engine.variants.policy_gradient_norms): the
         model is
         evaluated with the given parameters by binding them into the policy for the duration of one call."""
-        states, sched, module = mb.states, self.scheduler, mb.module
-        x, t = states[:, j], sched.model_time(j, states.shape[0])
-        u = log_prob_output_gradient(states[:, j + 1], step.mean, step.std, sched.output_coefficient(j),
+        states, sched, module, k = mb.states, self.scheduler, mb.module, mb.step_offset + j
+        x, t = states[:, j], sched.model_time(k, states.shape[0])
+        u = log_prob_output_gradient(states[:, j + 1], step.mean, step.std, sched.output_coefficient(k),
                                      mb.element_mask)
         params = {k: p.detach() for k, p in module.named_parameters() if p.requires_grad}
 

@@ -1,5 +1,9 @@
 """Rollouts with log-probs, deterministic sampling, and re-scoring stored transitions under the current policy.
 
+A rollout is deterministic before a window of T = scheduler.num_train_steps consecutive steps, stochastic (with
+log-probs, stored and trained) inside it, and deterministic after it (Flow-GRPO-Fast, MixGRPO). The window
+starts at step `start`; start 0 is the classic setting where the T noisiest steps are trained.
+
 The policy is any `denoise(x (N, *sample_shape), t (N,)) -> model output (N, *sample_shape)` closure: the
 domain closes the conditioning over its model, the scheduler says what the output means. These functions know
 nothing about models, domains or configs.
@@ -12,6 +16,31 @@ import torch
 
 from recam.engine.containers import Rollout
 from recam.engine.sde import StepOutput
+
+WINDOW_MODES = ("fixed", "random", "progressive")
+ODE_SOLVERS = ("euler", "dpm2")
+_WINDOW_STREAM = 0x57494E  # keeps the window's draws apart from the noise streams keyed by (seed, ...)
+
+
+def window_start(mode: str, epoch: int, seed: int, start: int, max_start: int, shift_every: int) -> int:
+    """The scheduler step where epoch `epoch`'s stochastic window starts.
+
+    fixed: `start`; random: uniform in [0, max_start] from a generator seeded by (seed, epoch) alone, so every
+    process, and a run resumed at this epoch, draws the same start; progressive: start + epoch // shift_every,
+    capped at max_start (MixGRPO's sliding window). One start per epoch, shared by every sample: the k copies of
+    a condition must be drawn with the same window for their rewards to be a fair group comparison, and an
+    epoch's stored steps then share one scheduler offset.
+    """
+    if mode == "fixed":
+        return int(start)
+    if mode == "random":
+        rng = np.random.default_rng([int(seed), int(epoch), _WINDOW_STREAM])
+        return int(rng.integers(0, int(max_start) + 1))
+    if mode == "progressive":
+        if shift_every < 1:
+            raise ValueError(f"shift_every must be >= 1, got {shift_every!r}")
+        return min(int(start) + int(epoch) // int(shift_every), int(max_start))
+    raise ValueError(f"window mode must be one of {WINDOW_MODES}, got {mode!r}")
 
 
 def per_sample_noise(keys: list[tuple[int, ...]], num_draws: int, shape: tuple[int, ...]) -> torch.Tensor:
@@ -28,43 +57,81 @@ def per_sample_noise(keys: list[tuple[int, ...]], num_draws: int, shape: tuple[i
 
 
 @torch.no_grad()
-def rollout(denoise, noise: torch.Tensor, scheduler, mask: torch.Tensor | None = None) -> Rollout:
-    """Sample N outputs; the first T steps are stochastic with log-probs, the rest deterministic.
+def rollout(denoise, noise: torch.Tensor, scheduler, mask: torch.Tensor | None = None, start: int = 0,
+            store_means: bool = False, ode_solver: str = "euler") -> Rollout:
+    """Sample N outputs: steps start .. start + T - 1 stochastic with log-probs, every other step deterministic.
 
-    The untrained tail is deterministic: noise there would stay visible in the output while no trained step
-    is responsible for it.
+    Steps after the window stay deterministic because noise there would stay visible in the output while no
+    trained step is responsible for it; steps before it are deterministic so that only the trained steps draw
+    noise (Flow-GRPO-Fast). With T = 0 the whole trajectory is deterministic and nothing is stored.
 
-    noise: (N, S + 1, *sample_shape) standard normal draws: [:, 0] the initial x, [:, j + 1] step j's noise.
+    noise: (N, S + 1, *sample_shape) standard normal draws: [:, 0] the initial x, [:, j + 1] step j's noise (read
+        only inside the window).
     mask: the elements the log-probs average over (broadcastable to a sample batch), all when None.
+    store_means: keep each stored transition's mean (objectives that compare with the sampling policy's means).
+    ode_solver: "euler" (the scheduler's deterministic step) or "dpm2" (DPM-Solver++(2M), flow schedulers only;
+        first order on the first deterministic step and on the first one after the window).
     """
+    T, S = scheduler.num_train_steps, scheduler.num_steps
+    if not 0 <= start <= S - T:
+        raise ValueError(f"a window of {T} steps starting at {start} does not fit in {S} steps")
+    _check_solver(ode_solver, scheduler)
     x = noise[:, 0]
-    states, log_probs = [x], []
-    for j in range(scheduler.num_steps):
+    states, log_probs, means = [], [], []
+    previous = None  # the 2M solver's last x0 prediction; None restarts it at first order
+    for j in range(S):
         out = denoise(x, scheduler.model_time(j, x.shape[0]))
-        if j < scheduler.num_train_steps:
+        if start <= j < start + T:
+            states.append(x)
             step = scheduler.transition(j, out, x, noise=noise[:, j + 1], mask=mask)
             x = step.prev_sample
-            states.append(x)
             log_probs.append(step.log_prob)
+            if store_means:
+                means.append(step.mean)
+            previous = None
+        elif ode_solver == "dpm2":
+            x, previous = scheduler.deterministic_2m(j, out, x, previous)
         else:
             x = scheduler.deterministic(j, out, x)
-    return Rollout(final=x, states=torch.stack(states, 1), log_probs=torch.stack(log_probs, 1))
+        if T and j == start + T - 1:
+            states.append(x)
+    n, shape = x.shape[0], tuple(x.shape[1:])
+    return Rollout(final=x,
+                   states=torch.stack(states, 1) if states else x.new_empty((n, 0, *shape)),
+                   log_probs=torch.stack(log_probs, 1) if log_probs else torch.empty(n, 0, device=x.device),
+                   start=start,
+                   means=(torch.stack(means, 1) if means else torch.empty(n, 0, *shape, device=x.device))
+                   if store_means else None)
+
+
+def _check_solver(ode_solver: str, scheduler) -> None:
+    if ode_solver not in ODE_SOLVERS:
+        raise ValueError(f"ode_solver must be one of {ODE_SOLVERS}, got {ode_solver!r}")
+    if ode_solver == "dpm2" and not getattr(scheduler, "is_flow", False):
+        raise ValueError(f"ode_solver 'dpm2' is written for flow matching; {type(scheduler).__name__} is not")
 
 
 @torch.no_grad()
-def deterministic_sample(denoise, noise: torch.Tensor, scheduler) -> torch.Tensor:
+def deterministic_sample(denoise, noise: torch.Tensor, scheduler, ode_solver: str = "euler") -> torch.Tensor:
     """Noise-free sampling from noise (N, *sample_shape); used for evaluation."""
-    x = noise
+    _check_solver(ode_solver, scheduler)
+    x, previous = noise, None
     for j in range(scheduler.num_steps):
-        x = scheduler.deterministic(j, denoise(x, scheduler.model_time(j, x.shape[0])), x)
+        out = denoise(x, scheduler.model_time(j, x.shape[0]))
+        if ode_solver == "dpm2":
+            x, previous = scheduler.deterministic_2m(j, out, x, previous)
+        else:
+            x = scheduler.deterministic(j, out, x)
     return x
 
 
-def rescore(denoise, states: torch.Tensor, scheduler, j: int, mask: torch.Tensor | None = None) -> StepOutput:
-    """The stored transition states[:, j] -> states[:, j + 1] under `denoise`: log-prob (N,), mean and std.
+def rescore(denoise, states: torch.Tensor, scheduler, j: int, mask: torch.Tensor | None = None,
+            start: int = 0) -> StepOutput:
+    """The stored transition states[:, j] -> states[:, j + 1], which is scheduler step start + j, under
+    `denoise`: log-prob (N,), mean and std.
 
     Gradients flow through the model output into the log-prob and the mean.
     """
-    x = states[:, j]
-    return scheduler.transition(j, denoise(x, scheduler.model_time(j, x.shape[0])), x, next_state=states[:, j + 1],
-                                mask=mask)
+    x, step = states[:, j], start + j
+    return scheduler.transition(step, denoise(x, scheduler.model_time(step, x.shape[0])), x,
+                                next_state=states[:, j + 1], mask=mask)

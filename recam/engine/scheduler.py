@@ -2,9 +2,14 @@
 
 A scheduler owns its time grid. For step j it gives the time the denoiser is called with (`model_time`),
 the stochastic transition with its Gaussian log-prob, mean and std (`transition`), and the deterministic
-step used outside the trained steps and for evaluation (`deterministic`). Rollouts store only the first
-`num_train_steps` transitions (the noisiest ones). The engine knows nothing else about a scheduler, so flow
-matching (SDE / CPS / ODE) and DDPM/DDIM models (epsilon or x0 prediction) share one loop.
+step used outside the trained steps and for evaluation (`deterministic`). Rollouts store only `num_train_steps`
+transitions: a window of consecutive steps that starts where the rollout says (recam.engine.rollout; step 0, the
+noisiest, unless a window is configured). The engine knows nothing else about a scheduler, so flow matching
+(SDE / CPS / ODE) and DDPM/DDIM models (epsilon or x0 prediction) share one loop.
+
+Objectives that train on re-noised final samples (recam.engine.fast_objectives) use the forward process:
+`noise_to(x0, noise, u)` puts a clean sample at noise level u in (0, 1) and gives the time the model is called
+with there, `output_target` is what the model is trained to output, `x0_from_output` inverts it.
 
 Every transition's log-prob is float32 and averaged over a sample's elements (recam.engine.sde), over those a
 `mask` marks as real when one is given (a padded motion's frames are not); `reduction="sum"` sums instead, only to
@@ -13,12 +18,25 @@ reproduce runs that did.
 
 from __future__ import annotations
 
+import copy
 from typing import Protocol
 
 import torch
 from torch import Tensor
 
-from recam.engine.sde import StepOutput, cps_step, ddim_step_with_logprob, flow_sde_step, flow_sigmas, ode_step
+from recam.engine.sde import (
+    StepOutput,
+    cps_step,
+    ddim_noise_to,
+    ddim_step_with_logprob,
+    ddim_x0_from_output,
+    flow_dpm2_step,
+    flow_noise_to,
+    flow_sde_step,
+    flow_sigmas,
+    flow_x0_from_velocity,
+    ode_step,
+)
 
 FLOW_STEPS = {"sde": flow_sde_step, "cps": cps_step}
 # the noise level a each flow step accepts: (low, high), low exclusive, high inclusive (None: unbounded), and why
@@ -28,7 +46,8 @@ FLOW_NOISE_RANGE = {"sde": (0.0, None, "the SDE needs noise for a stochastic pol
 
 class Scheduler(Protocol):
     num_steps: int  # S denoising steps of a rollout
-    num_train_steps: int  # T: the first T steps are stochastic, stored and trained
+    num_train_steps: int  # T: the stochastic, stored and trained steps (a window of them, see rollout)
+    is_flow: bool  # flow matching (velocity output, sigma time) rather than DDPM/DDIM
 
     def model_time(self, j: int, n: int) -> Tensor:
         """(n,) time the denoiser is called with at step j."""
@@ -44,6 +63,18 @@ class Scheduler(Protocol):
     def with_steps(self, num_steps: int) -> Scheduler:
         """The same scheduler on another number of steps (evaluation), nothing trained."""
 
+    def with_train_steps(self, num_train_steps: int) -> Scheduler:
+        """The same scheduler with another number of trained steps (a window's size; 0: none)."""
+
+    def noise_to(self, x0: Tensor, noise: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+        """The forward process at noise level u (n,) in (0, 1): (x_u, the time the model is called with)."""
+
+    def x0_from_output(self, output: Tensor, x_t: Tensor, u: Tensor) -> Tensor:
+        """The clean sample a model output at (x_u, u) points to."""
+
+    def output_target(self, x0: Tensor, noise: Tensor, u: Tensor) -> Tensor:
+        """What the model is trained to output at x_u = noise_to(x0, noise, u)."""
+
 
 def _draw_or_score(step, next_state: Tensor | None, noise: Tensor | None, x: Tensor) -> StepOutput:
     """Shared by the schedulers: draw from the step's Gaussian with the given noise, then score the draw.
@@ -56,10 +87,22 @@ def _draw_or_score(step, next_state: Tensor | None, noise: Tensor | None, x: Ten
     return step(next_state)
 
 
+def _with_train_steps(scheduler, num_train_steps: int):
+    """A shallow copy: the time grid and its tensors are shared, bit for bit, only T differs."""
+    if isinstance(num_train_steps, bool) or not isinstance(num_train_steps, int) \
+            or not 0 <= num_train_steps <= scheduler.num_steps:
+        raise ValueError(f"num_train_steps must be an int in [0, {scheduler.num_steps}], got {num_train_steps!r}")
+    out = copy.copy(scheduler)
+    out.num_train_steps = num_train_steps
+    return out
+
+
 class FlowMatchScheduler:
     """Flow matching, x_sigma = (1 - sigma) x0 + sigma noise, model output = velocity (recam.engine.sde).
 
     sde_type "sde" is Flow-GRPO's SDE, "cps" coefficients-preserving sampling; noise_level a scales the noise."""
+
+    is_flow = True
 
     def __init__(self, num_steps: int, shift: float, noise_level: float, sde_type: str = "sde",
                  num_train_steps: int = 0, device: torch.device | str = "cpu", reduction: str = "mean"):
@@ -81,6 +124,27 @@ class FlowMatchScheduler:
     def deterministic(self, j, output, x) -> Tensor:
         return ode_step(output, self.sigmas[j], self.sigmas[j + 1], x)
 
+    def deterministic_2m(self, j: int, output: Tensor, x: Tensor, previous: tuple[Tensor, float] | None):
+        """Step j with DPM-Solver++(2M) (recam.engine.sde.flow_dpm2_step): returns (x_next, (x0, sigma_j)), the
+        second item being the next step's `previous`; None starts first order."""
+        s, s_next = float(self.sigmas[j]), float(self.sigmas[j + 1])
+        x_next, x0 = flow_dpm2_step(output, s, s_next, x, previous)
+        return x_next, (x0, s)
+
+    def step_dt(self, j: int) -> float:
+        """|dt| of step j: sigmas[j] - sigmas[j + 1] > 0."""
+        return float(self.sigmas[j] - self.sigmas[j + 1])
+
+    def noise_to(self, x0, noise, u) -> tuple[Tensor, Tensor]:
+        # the model is called with sigma itself (model_time), and sigma = u
+        return flow_noise_to(x0, noise, u).to(x0.dtype), u.to(self.sigmas.device, self.sigmas.dtype)
+
+    def x0_from_output(self, output, x_t, u) -> Tensor:
+        return flow_x0_from_velocity(output, x_t, u)
+
+    def output_target(self, x0, noise, u) -> Tensor:
+        return noise.float() - x0.float()  # the velocity d x_u / d u, whatever u
+
     def output_coefficient(self, j: int) -> float:
         """|d mean / d output| of step j's transition (the step is affine in the model output)."""
         one, zero = torch.ones(1, 1), torch.zeros(1, 1)
@@ -93,6 +157,9 @@ class FlowMatchScheduler:
         return FlowMatchScheduler(num_steps, self.shift, self.noise_level, self.sde_type, 0, self.device,
                                   self.reduction)
 
+    def with_train_steps(self, num_train_steps: int):
+        return _with_train_steps(self, num_train_steps)
+
 
 class DDIMScheduler:
     """DDPM-trained models sampled with DDIM (DDPO's log-prob step): model output is the predicted noise
@@ -100,6 +167,8 @@ class DDIMScheduler:
 
     alphas_cumprod: (T_train,) from the model's training schedule (e.g. diffusers' DDPMScheduler); the S
     sampling timesteps are evenly spaced over it, descending."""
+
+    is_flow = False
 
     def __init__(self, alphas_cumprod: Tensor, num_steps: int, eta: float, prediction_type: str = "epsilon",
                  num_train_steps: int = 0, device: torch.device | str = "cpu", reduction: str = "mean"):
@@ -138,3 +207,24 @@ class DDIMScheduler:
     def with_steps(self, num_steps: int) -> DDIMScheduler:
         return DDIMScheduler(self.alphas_cumprod.float(), num_steps, self.eta, self.prediction_type, 0, self.device,
                              self.reduction)
+
+    def with_train_steps(self, num_train_steps: int):
+        return _with_train_steps(self, num_train_steps)
+
+    def training_timestep(self, u: Tensor) -> Tensor:
+        """(n,) int64 index into alphas_cumprod for noise level u (n,) in (0, 1): round(u * (len - 1))."""
+        last = self.alphas_cumprod.shape[0] - 1
+        return torch.round(u.double() * last).long().clamp(0, last).to(self.alphas_cumprod.device)
+
+    def alpha_bar(self, u: Tensor) -> Tensor:
+        return self.alphas_cumprod[self.training_timestep(u)].float()
+
+    def noise_to(self, x0, noise, u) -> tuple[Tensor, Tensor]:
+        t = self.training_timestep(u)
+        return ddim_noise_to(x0, noise, self.alphas_cumprod[t].float()).to(x0.dtype), t
+
+    def x0_from_output(self, output, x_t, u) -> Tensor:
+        return ddim_x0_from_output(output, x_t, self.alpha_bar(u), self.prediction_type)
+
+    def output_target(self, x0, noise, u) -> Tensor:
+        return (x0 if self.prediction_type == "sample" else noise).float()

@@ -28,9 +28,14 @@ __all__ = [
     "StepOutput",
     "checked_std",
     "cps_step",
+    "ddim_noise_to",
     "ddim_step_with_logprob",
+    "ddim_x0_from_output",
+    "flow_dpm2_step",
+    "flow_noise_to",
     "flow_sde_step",
     "flow_sigmas",
+    "flow_x0_from_velocity",
     "gaussian_kl_between_means",
     "ode_step",
     "reduce_elements",
@@ -174,6 +179,66 @@ def ode_step(velocity: Tensor, sigma: float | Tensor, sigma_next: float | Tensor
     _check_pair(velocity, sample, None, "velocity")
     s, s_next = _flow_sigma_columns(sigma, sigma_next, sample)
     return (sample.float() + (s_next - s) * velocity.float()).to(sample.dtype)
+
+
+def _flow_log_snr(sigma: float) -> float:
+    """lambda = log(alpha / sigma) of x_sigma = (1 - sigma) x0 + sigma noise: -inf at pure noise, +inf at data."""
+    if sigma >= 1.0:
+        return -math.inf
+    if sigma <= 0.0:
+        return math.inf
+    return math.log1p(-sigma) - math.log(sigma)
+
+
+def flow_dpm2_step(velocity: Tensor, sigma: float, sigma_next: float, sample: Tensor,
+                   previous: tuple[Tensor, float] | None = None) -> tuple[Tensor, Tensor]:
+    """One deterministic step of DPM-Solver++(2M) on the flow ODE, written with the x0 prediction.
+
+    With alpha = 1 - sigma and lambda = log(alpha / sigma), h = lambda_next - lambda and x0 = x - sigma v:
+        x_next = (sigma_next / sigma) x - alpha_next (exp(-h) - 1) D
+    D = x0 is first order, which equals the Euler step exactly in exact arithmetic; with the previous step's x0
+    prediction x0_prev made at sigma_prev, r = (lambda - lambda_prev) / h and
+        D = (1 + 1 / (2 r)) x0 - 1 / (2 r) x0_prev.
+    The step falls back to first order without a previous prediction, when that prediction was made at
+    sigma_prev = 1 (lambda_prev = -inf, r infinite: the correction vanishes in the limit anyway), and on the final
+    step to sigma_next = 0 (h infinite, r 0: the extrapolation diverges, so the step lands on x0 itself, as
+    DPM-Solver++'s lower-order final step does).
+
+    velocity, sample: (B, ...); sigma, sigma_next: floats, 0 <= sigma_next < sigma <= 1; previous: (x0_prev
+    (B, ...), sigma_prev) or None. Returns (x_next in sample's dtype, this step's x0 prediction float32) so the
+    caller can pass (x0, sigma) on as the next step's `previous`.
+    """
+    _check_pair(velocity, sample, None, "velocity")
+    sigma, sigma_next = float(sigma), float(sigma_next)
+    if not 0.0 <= sigma_next < sigma <= 1.0:
+        raise ValueError(f"need 0 <= sigma_next < sigma <= 1, got sigma={sigma}, sigma_next={sigma_next}")
+    x = sample.float()
+    x0 = x - sigma * velocity.float()
+    if sigma_next == 0.0:
+        return x0.to(sample.dtype), x0
+    lam, lam_next = _flow_log_snr(sigma), _flow_log_snr(sigma_next)
+    h = lam_next - lam
+    denoised = x0
+    if previous is not None and math.isfinite(lam):
+        x0_prev, sigma_prev = previous
+        lam_prev = _flow_log_snr(float(sigma_prev))
+        if math.isfinite(lam_prev):
+            r = (lam - lam_prev) / h
+            denoised = (1.0 + 0.5 / r) * x0 - (0.5 / r) * x0_prev.float()
+    # -expm1(-h) = 1 - exp(-h), without cancellation when h is small; it is 1 at sigma = 1 (h = inf)
+    x_next = (sigma_next / sigma) * x + ((1.0 - sigma_next) * -math.expm1(-h)) * denoised
+    return x_next.to(sample.dtype), x0
+
+
+def flow_noise_to(x0: Tensor, noise: Tensor, u: Tensor) -> Tensor:
+    """The flow forward process at noise level u (B,) in (0, 1): x_u = (1 - u) x0 + u noise, float32."""
+    col = _batch_column(u, "u", x0)
+    return (1.0 - col) * x0.float() + col * noise.float()
+
+
+def flow_x0_from_velocity(velocity: Tensor, x_t: Tensor, u: Tensor) -> Tensor:
+    """x0 = x_u - u v, the clean sample a velocity v at level u (B,) points to, float32."""
+    return x_t.float() - _batch_column(u, "u", x_t) * velocity.float()
 
 
 def flow_sde_step(
@@ -357,6 +422,23 @@ def ddim_step_with_logprob(
         eps_hat = (x - column(torch.sqrt(a_t)) * x0_hat) / column(torch.sqrt(1.0 - a_t))
     mean = column(torch.sqrt(a_s)) * x0_hat + column(dir_coef) * eps_hat
     return _finish_step(mean, column(std64), sample, prev_sample, generator, eta == 0, mask, reduction)
+
+
+def ddim_noise_to(x0: Tensor, noise: Tensor, alpha_bar: Tensor) -> Tensor:
+    """The DDPM forward process: x_t = sqrt(abar) x0 + sqrt(1 - abar) noise with abar (B,), float32."""
+    a = _batch_column(alpha_bar, "alpha_bar", x0)
+    return a.sqrt() * x0.float() + (1.0 - a).sqrt() * noise.float()
+
+
+def ddim_x0_from_output(output: Tensor, x_t: Tensor, alpha_bar: Tensor, prediction_type: str) -> Tensor:
+    """The clean sample a DDPM model's output at x_t points to: the output itself for "sample", else
+    (x_t - sqrt(1 - abar) eps) / sqrt(abar) for "epsilon"; float32."""
+    if prediction_type == "sample":
+        return output.float()
+    if prediction_type != "epsilon":
+        raise ValueError(f"prediction_type must be 'epsilon' or 'sample', got {prediction_type!r}")
+    a = _batch_column(alpha_bar, "alpha_bar", x_t)
+    return (x_t.float() - (1.0 - a).sqrt() * output.float()) / a.sqrt()
 
 
 def checked_std(std: float | Tensor, like: Tensor) -> Tensor:

@@ -7,8 +7,10 @@ The trainer knows a domain only through recam.engine.domain.Domain, an algorithm
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import copy
+import json
 import math
 import time
 from pathlib import Path
@@ -21,8 +23,8 @@ from recam.engine.advantages import broadcast_over_timesteps, nonzero_group_mask
 from recam.engine.containers import EpochResult, Groups, Rollouts, Scores, StepStats
 from recam.engine.health import SAMPLE_RULES, Finding, diagnose_step
 from recam.engine.hooks import ConstraintHook, FaultInjectionHook
-from recam.engine.objective import OBJECTIVES, MicroBatch
-from recam.engine.rollout import deterministic_sample, per_sample_noise, rollout
+from recam.engine.objective import OBJECTIVES, MicroBatch, known_objectives, objective_needs
+from recam.engine.rollout import deterministic_sample, per_sample_noise, rollout, window_start
 from recam.engine.sampler import KRepeatBatchSampler
 from recam.engine.selection import select_checkpoint
 from recam.infra import runlog
@@ -30,6 +32,7 @@ from recam.infra.checkpoint import (
     BASE_EVAL,
     SELECTED,
     Checkpoint,
+    CheckpointCorrupt,
     ResumeMismatch,
     apply_model_weights,
     checkpoint_before,
@@ -55,6 +58,8 @@ from recam.infra.reward_runner import (
     masked_group_advantages,
 )
 from recam.infra.schema import reward_terms
+
+OLD_POLICY = "old_policy.json"  # checkpoint side file: the old policy's trainable parameters, exact
 
 
 class GRPOTrainer:
@@ -108,9 +113,28 @@ class GRPOTrainer:
         self.model = accelerator.unwrap_model(self.policy)
         self.optimizer.zero_grad(set_to_none=True)  # whatever built the policy leaves no gradient in step 1
         self.autocast = accelerator.autocast if config.mixed_precision != "no" else contextlib.nullcontext
-        self.scheduler = domain.scheduler(accelerator.device)
+        known_objectives()
+        self.needs_log_probs = objective_needs(t.objective, "needs_log_probs")
+        self.needs_old_means = objective_needs(t.objective, "needs_old_means")
+        from config.validate import trained_steps
+
+        scheduler = domain.scheduler(accelerator.device)
+        T = trained_steps(config)  # the window's size, the timestep_fraction rule, or 0 without log-probs
+        self.scheduler = scheduler if scheduler.num_train_steps == T else scheduler.with_train_steps(T)
+        if s.ode_solver == "dpm2" and not getattr(self.scheduler, "is_flow", False):
+            raise ValueError(f"sample.ode_solver='dpm2' needs a flow-matching scheduler; the {config.domain} domain "
+                             f"samples with {type(self.scheduler).__name__}")
         self.eval_scheduler = self.scheduler.with_steps(s.eval_num_steps)
         self.objective = OBJECTIVES[t.objective](t, self.scheduler)
+        # the old policy of forward-process objectives: a frozen copy averaged toward the policy after each epoch
+        self.old_policy = None
+        if objective_needs(t.objective, "needs_old_policy"):
+            self.old_policy = copy.deepcopy(self.model).requires_grad_(False).eval()
+        # denoiser evaluations (rows) of this epoch on this process, and the run's budget so far (all processes)
+        self.nfe = {"sampling": 0, "training": 0}
+        self.train_seconds, self.nfe_sampling_total, self.nfe_training_total = 0.0, 0, 0
+        self.budget_stop = False
+        self.next_time_eval, self.time_eval_due = config.eval.every_seconds, None
         self.sampler = KRepeatBatchSampler(len(self.train_set), s.batch_size, s.k, self.world_size, self.rank,
                                            config.seed, s.num_batches_per_epoch)
         self.sample_shape = domain.sample_shape()
@@ -123,31 +147,49 @@ class GRPOTrainer:
     # the loop
 
     def train(self) -> str | None:
-        """Run to config.num_epochs (or a stop); returns why the run stopped early, or None."""
+        """Run to config.num_epochs (or a stop); returns why the run stopped early, or None. Reaching
+        max_train_seconds is the run's planned end: self.stopped_by says so, and None is returned."""
         cfg = self.config
         finished = self.log.read_eval("final")  # read before a resume drops it from the log
         eval_before = self.resume_or_start()  # the base's evaluation: made once, then read from the checkpoint
-        if self.epoch < cfg.num_epochs:
+        if self.epoch < cfg.num_epochs and not self.budget_spent():
             finished = None  # this invocation trains: its end is evaluated anew
         self.eval_missed_at_resume()
         self.selected = self.selected_eval()  # its checkpoint is never pruned
         while self.epoch < cfg.num_epochs:
+            if self.budget_spent():
+                self.budget_stop = True
+                self.stopped_by = (f"max_train_seconds={cfg.max_train_seconds:g} reached after epoch {self.epoch - 1} "
+                                   f"({self.train_seconds:.1f} s of training)")
+                self.log.info(self.stopped_by)
+                break
             epoch_t0 = time.time()
+            self.nfe = {"sampling": 0, "training": 0}
             rollouts = self.sample(self.epoch)                       # 1. k copies per condition, with log-probs
+            t_sampled = time.time()
             try:
                 scores = self.score()                                # 2. rewards (scored while sampling went on)
             except RewardServerDown as e:
                 self.stopped_by = f"reward server down at epoch {self.epoch}: {e}"
                 self.log.info(f"{self.stopped_by}; the last checkpoint {latest_checkpoint(self.ckpt_root)} is intact")
                 break
+            t_scored = time.time()
             groups = self.advantages(rollouts, scores)               # 3. gather, group-relative advantages
             record = self.epoch_record(rollouts, scores, groups)
             signal = {"zero_std_ratio": record["zero_std_ratio"],    # the guard's reward rules compare epochs
                       **reward_terms(record, include_avg=True)}
+            t_update = time.time()
             result = self.update(rollouts, groups, signal)          # 4. clipped-ratio policy updates with KL
+            self.update_old_policy()
+            t_updated = time.time()
             record["optimizer_steps"] = [st.metrics for st in result.steps]
             record["first_step_ratio_deviation"] = result.first_step_ratio_deviation
-            record["epoch_seconds"] = time.time() - epoch_t0
+            record.update(self.budget_record(rollouts, t_sampled - epoch_t0, t_scored - t_sampled,
+                                             t_updated - t_update))
+            # the slowest process's time, so that every process agrees on the budget and the time grid
+            record["epoch_seconds"] = self.max_over_processes(time.time() - epoch_t0)
+            self.train_seconds += record["epoch_seconds"]  # evaluations and checkpoints never count
+            record["train_seconds"] = self.train_seconds
             self.log.epoch_record(record)
             self.log.info(runlog.epoch_line(record))
             critical = result.critical or self.nonfinite_state()
@@ -158,15 +200,71 @@ class GRPOTrainer:
             for h in self.hooks:
                 h.epoch_done(groups)
             self.epoch += 1
+            self.time_eval_due = self.crossed_time_grid()
             self.checkpoint()                                        # 6. checkpoint, 7. evaluate
             if self.epoch % cfg.eval.freq == 0 and self.epoch != cfg.num_epochs:
                 self.evaluate(f"epoch_{self.epoch:04d}", f"epoch_{self.epoch:04d}")
+                self.selected = self.selected_eval()
+            if self.time_eval_due:
+                self.evaluate(self.time_eval_due, f"epoch_{self.epoch:04d}")
                 self.selected = self.selected_eval()
         self.runner.close()
         eval_after = self.final_evaluation(finished)
         self.selected = self.selected_eval()
         self.report(eval_before, eval_after)
-        return self.stopped_by
+        return None if self.budget_stop else self.stopped_by
+
+    # ------------------------------------------------------------------------------------------------------
+    # the time-to-reward budget: wall-clock and denoiser evaluations
+
+    def budget_spent(self) -> bool:
+        budget = self.config.max_train_seconds
+        return budget > 0 and self.train_seconds >= budget
+
+    def budget_record(self, rollouts: Rollouts, sampling: float, rewards: float, training: float) -> dict:
+        """The epoch's phase times (this process's) and denoiser evaluations (summed over processes), and the run's
+        totals after it. seconds_rewards is the wait in score(): rewards are computed while sampling goes on."""
+        counts = torch.tensor([self.nfe["sampling"], self.nfe["training"]], dtype=torch.long,
+                              device=self.accelerator.device)
+        if self.world_size > 1:
+            counts = self.accelerator.gather(counts[None]).sum(0)
+        nfe_sampling, nfe_training = (int(c) for c in counts.cpu())
+        self.nfe_sampling_total += nfe_sampling
+        self.nfe_training_total += nfe_training
+        return {"window_start": rollouts.start, "seconds_sampling": sampling, "seconds_rewards": rewards,
+                "seconds_training": training, "nfe_sampling": nfe_sampling, "nfe_training": nfe_training,
+                "nfe_sampling_total": self.nfe_sampling_total, "nfe_training_total": self.nfe_training_total}
+
+    def max_over_processes(self, value: float) -> float:
+        if self.world_size == 1:
+            return value
+        return float(self.accelerator.gather(torch.tensor([value], dtype=torch.float64,
+                                                          device=self.accelerator.device)).max())
+
+    def counted(self, denoise, phase: str):
+        """denoise, counting each call as as many evaluations as it has rows. A domain that runs classifier-free
+        guidance inside its closure (two passes per row) counts once: the count is of closure rows, which is what
+        every run of one domain shares."""
+        def call(x, t):
+            self.nfe[phase] += int(x.shape[0])
+            return denoise(x, t)
+        return call
+
+    def crossed_time_grid(self) -> str | None:
+        """The tag of the eval.every_seconds grid point the cumulative training time has reached since the last one
+        evaluated (the latest when it reached several in one epoch), or None; moves the grid past it. An epoch
+        that was rolled back reaches nothing: its point waits for the next healthy epoch."""
+        every = self.config.eval.every_seconds
+        if every <= 0 or self.train_seconds < self.next_time_eval:
+            return None
+        point = math.floor(self.train_seconds / every) * every
+        self.next_time_eval = point + every
+        return time_eval_tag(point)
+
+    def progress(self) -> dict:
+        """What every evaluation record carries: where in the run's budget it was taken."""
+        return {"train_seconds": self.train_seconds, "nfe_sampling_total": self.nfe_sampling_total,
+                "nfe_training_total": self.nfe_training_total}
 
     def final_evaluation(self, finished: dict | None) -> dict:
         """The evaluation of the weights the run ends with (a stopped run holds those of `latest`). A run directory
@@ -184,13 +282,22 @@ class GRPOTrainer:
     # ------------------------------------------------------------------------------------------------------
     # phases
 
+    def window_start(self, epoch: int) -> int:
+        """The scheduler step where this epoch's stochastic window starts (0 without a window)."""
+        s = self.config.sample
+        if s.window_size == 0 or self.scheduler.num_train_steps == 0:
+            return 0
+        return window_start(s.window_mode, epoch, self.config.seed, s.window_start, s.window_max_start,
+                            s.window_shift_every)
+
     def sample(self, epoch: int) -> Rollouts:
         """k copies of each condition of this process's batches; rewards are submitted as each batch finishes."""
         s, model = self.config.sample, self.model
         model.eval()
         self.epoch_cache = {}  # this epoch's shared work (e.g. encoded source videos), for sampling and training
-        index, states, log_probs, decoded = [], [], [], []
+        index, states, log_probs, decoded, finals, means = [], [], [], [], [], []
         keep_decoded = any(getattr(h, "needs_samples", False) for h in self.hooks)
+        start = self.window_start(epoch)
         for b in tqdm(range(s.num_batches_per_epoch), desc=f"epoch {epoch} sampling", disable=not self.log.enabled,
                       leave=False):
             position = epoch * s.num_batches_per_epoch + b
@@ -198,16 +305,21 @@ class GRPOTrainer:
             batch = self.domain.collate(self.train_set, indices, self.epoch_cache)
             keys = [(self.config.seed, position, self.rank * s.batch_size + n) for n in range(len(indices))]
             noise = per_sample_noise(keys, self.scheduler.num_steps + 1, self.sample_shape)
-            out = rollout(self.domain.denoiser(model, batch, self.autocast), noise.to(self.accelerator.device),
-                          self.scheduler, self.element_mask(batch))
+            denoise = self.counted(self.domain.denoiser(model, batch, self.autocast), "sampling")
+            out = rollout(denoise, noise.to(self.accelerator.device), self.scheduler, self.element_mask(batch),
+                          start=start, store_means=self.needs_old_means, ode_solver=s.ode_solver)
             samples = self.decode(out.final, batch)  # rewards see what the domain decodes (pixels, motions)
             self.runner.submit(position, samples, batch.conditions)  # scored while the next batch samples
             index.append(torch.tensor(indices))
             states.append(out.states.cpu())
             log_probs.append(out.log_probs.cpu())
+            finals.append(out.final.cpu())
+            if out.means is not None:
+                means.append(out.means.cpu())
             if keep_decoded:
                 decoded.append(samples)
-        return Rollouts(torch.cat(index), torch.cat(states), torch.cat(log_probs), decoded)
+        return Rollouts(torch.cat(index), torch.cat(states), torch.cat(log_probs), decoded, start=start,
+                        final=torch.cat(finals), means=torch.cat(means) if means else None)
 
     def decode(self, final: torch.Tensor, batch):
         """What the rewards see: the domain's optional decode_batch when decoding needs the batch (a padded motion is
@@ -249,7 +361,9 @@ class GRPOTrainer:
         advantages, _, stats = masked_group_advantages(rewards["avg"], index, keep, adv_cfg.std_mode, adv_cfg.eps)
         if adv_cfg.filter_zero_std:
             keep &= nonzero_group_mask(advantages, index)
-        return Groups(index, rewards, keep, broadcast_over_timesteps(advantages, self.scheduler.num_train_steps),
+        # one column per trained step; one for an objective that trains no stored step (T = 0)
+        columns = max(1, self.scheduler.num_train_steps)
+        return Groups(index, rewards, keep, broadcast_over_timesteps(advantages, columns),
                       stats, exclusion, self.gather_details(scores.details))
 
     def gather_details(self, details: RewardDetails | None) -> RewardDetails:
@@ -339,13 +453,21 @@ class GRPOTrainer:
             reference = self.domain.denoiser(self.model, batch, self.autocast, adapter_off=True)
         elif self.reference is not None:
             reference = self.domain.denoiser(self.reference, batch, self.autocast)
+        old_policy = None
+        if self.old_policy is not None:
+            old_policy = self.counted(self.domain.denoiser(self.old_policy, batch, self.autocast), "training")
 
         def policy_rows(rows: slice):
             rows_batch = self.domain.collate(self.train_set, indices[rows], self.epoch_cache)
-            return self.domain.denoiser(self.model, rows_batch, self.autocast)
+            return self.counted(self.domain.denoiser(self.model, rows_batch, self.autocast), "training")
         return MicroBatch(rollouts.states[sel].to(dev), rollouts.log_probs[sel], adv[sel], weight[sel], traj[sel],
-                          self.domain.denoiser(self.policy, batch, self.autocast), reference, inner, self.model,
-                          policy_rows, self.element_mask(batch))
+                          self.counted(self.domain.denoiser(self.policy, batch, self.autocast), "training"),
+                          None if reference is None else self.counted(reference, "training"), inner, self.model,
+                          policy_rows, self.element_mask(batch),
+                          final=None if rollouts.final is None else rollouts.final[sel].to(dev),
+                          old_policy=old_policy,
+                          old_means=None if rollouts.means is None else rollouts.means[sel].to(dev),
+                          step_offset=rollouts.start)
 
     def element_mask(self, batch):
         """The elements of the batch's samples that log-probs and KLs average over (the domain's optional
@@ -359,9 +481,14 @@ class GRPOTrainer:
         critical (a broken step never reaches the weights)."""
         t = self.config.train
         grad_norm = self.accelerator.clip_grad_norm_(self.policy.parameters(), t.max_grad_norm)
-        m = {k: float(torch.stack([a[k] for a in acc_metrics]).mean()) for k in acc_metrics[0]}  # one sync
-        m["ratio_max"] = max(float(a["ratio_max"]) for a in acc_metrics)
-        m["ratio_min"] = min(float(a["ratio_min"]) for a in acc_metrics)
+        # metrics every backward pass reported, one sync; an objective without ratios (DiffusionNFT) reports none,
+        # and the guard's ratio rules then have nothing to judge
+        common = [k for k in acc_metrics[0] if all(k in a for a in acc_metrics)]
+        m = {k: float(torch.stack([torch.as_tensor(a[k]) for a in acc_metrics]).mean()) for k in common}
+        if "ratio_max" in m:
+            m["ratio_max"] = max(float(a["ratio_max"]) for a in acc_metrics)
+        if "ratio_min" in m:
+            m["ratio_min"] = min(float(a["ratio_min"]) for a in acc_metrics)
         m["grad_norm"] = float(grad_norm)
         m["learning_rate"] = self.optimizer.param_groups[0]["lr"]
         m = runlog.mean_over_processes(m, self.accelerator)
@@ -520,7 +647,7 @@ class GRPOTrainer:
                 out.update(self.evaluate_split(self.val_set, tag, "val", None))
         # epoch = the last trained epoch, so resuming or rolling back keeps exactly that checkpoint's evaluations
         self.log.eval_record(tag, self.global_step, out, epoch=int(checkpoint.removeprefix("epoch_")) - 1,
-                             checkpoint=checkpoint)
+                             checkpoint=checkpoint, progress=self.progress())
         return out
 
     # ------------------------------------------------------------------------------------------------------
@@ -536,7 +663,7 @@ class GRPOTrainer:
             self.evaluate_references()
             summary = self.evaluate("start", "epoch_0000")
             self.base_record = {"type": "eval", "tag": "start", "step": self.global_step, "epoch": -1,
-                                "checkpoint": "epoch_0000", **summary}
+                                "checkpoint": "epoch_0000", **summary, **self.progress()}
             if self.accelerator.is_main_process:
                 self.save(0)
             self.accelerator.wait_for_everyone()
@@ -549,6 +676,15 @@ class GRPOTrainer:
         # rolls back. Checkpoints written before the guard's state was saved resume with an empty history.
         guard = ckpt.state.get("guard", {})
         self.history, self.rollbacks = list(guard.get("history", [])), int(guard.get("rollbacks", 0))
+        # the budget so far; checkpoints written before it was saved resume from zero
+        budget = ckpt.state.get("budget", {})
+        self.train_seconds = float(budget.get("train_seconds", 0.0))
+        self.nfe_sampling_total = int(budget.get("nfe_sampling_total", 0))
+        self.nfe_training_total = int(budget.get("nfe_training_total", 0))
+        every = self.config.eval.every_seconds
+        self.next_time_eval = float(budget.get("next_time_eval", (math.floor(self.train_seconds / every) + 1) * every
+                                               if every > 0 else 0.0))
+        self.time_eval_due = budget.get("time_eval_due")
         self.resumed_from = ckpt.path
         self.base_record = self.base_evaluation(ckpt)
         self.log.truncate_after(self.epoch, base_record=self.base_record)
@@ -572,7 +708,7 @@ class GRPOTrainer:
         if ckpt.state["epoch"] == 0:  # the weights in memory are the base's
             summary = self.evaluate("start", ckpt.path.name)
             return {"type": "eval", "tag": "start", "step": self.global_step, "epoch": -1,
-                    "checkpoint": ckpt.path.name, **summary}
+                    "checkpoint": ckpt.path.name, **summary, **self.progress()}
         raise ResumeMismatch(f"refusing to resume from {ckpt.path}: neither it (no {BASE_EVAL}) nor {self.log.path} "
                              "holds the base's evaluation, and the resumed weights are not the base's")
 
@@ -608,11 +744,14 @@ class GRPOTrainer:
             raise ResumeMismatch(f"refusing to resume from {source}: " + "; ".join(problems))
 
     def eval_missed_at_resume(self) -> None:
-        """The run died between a checkpoint and its evaluation: evaluate it now."""
+        """The run died between a checkpoint and its evaluation (an epoch's, or a time grid point's): evaluate it
+        now."""
         ckpt, cfg, e = self.resumed_from, self.config, self.epoch
         if ckpt is not None and 0 < e < cfg.num_epochs and e % cfg.eval.freq == 0 \
                 and self.log.read_eval(f"epoch_{e:04d}") is None:
             self.evaluate(f"epoch_{e:04d}", ckpt.name)
+        if ckpt is not None and self.time_eval_due and self.log.read_eval(self.time_eval_due) is None:
+            self.evaluate(self.time_eval_due, ckpt.name)
 
     def save(self, epoch: int, protect: tuple[str, ...] = ()) -> None:
         """Checkpoint at an epoch boundary: only healthy states get here; `protect`: never pruned. Every checkpoint
@@ -620,12 +759,18 @@ class GRPOTrainer:
         state = {"epoch": epoch, "global_step": self.global_step,
                  "sampler_position": epoch * self.config.sample.num_batches_per_epoch,
                  "learning_rate": self.optimizer.param_groups[0]["lr"], "healthy": True,
-                 "guard": {"history": self.history, "rollbacks": self.rollbacks}}
+                 "guard": {"history": self.history, "rollbacks": self.rollbacks},
+                 "budget": {**self.progress(), "next_time_eval": self.next_time_eval,
+                            "time_eval_due": self.time_eval_due}}
         for h in self.hooks:
             if h.state_key:
                 state[h.state_key] = h.state_dict()
+        side_files = {BASE_EVAL: self.base_record}
+        if self.old_policy is not None:
+            side_files[OLD_POLICY] = {"decay": self.config.train.old_policy_decay,
+                                      "tensors": encode_tensors(self.old_policy_tensors())}
         save_checkpoint(self.ckpt_root, f"epoch_{epoch:04d}", self.model, self.optimizer, self.ema, state,
-                        keep=self.config.keep_checkpoints, protect=protect, side_files={BASE_EVAL: self.base_record})
+                        keep=self.config.keep_checkpoints, protect=protect, side_files=side_files)
 
     def load(self, newest: Path, lr_factor: float = 1.0) -> Checkpoint:
         """Restore weights, optimizer, EMA, RNG and hook state from checkpoint `newest`, or, when it fails its
@@ -643,8 +788,46 @@ class GRPOTrainer:
             group["lr"] = state["learning_rate"] * lr_factor
         if self.ema is not None and trainer["ema"] is not None:
             self.ema.load_state_dict(trainer["ema"])
+        self.load_old_policy(ckpt)
         set_rng_state(trainer["rng"])
         return ckpt
+
+    # ------------------------------------------------------------------------------------------------------
+    # the old policy of forward-process objectives
+
+    def old_policy_tensors(self) -> dict[str, torch.Tensor]:
+        """The old policy's copies of the trainable parameters (the frozen rest equals the policy's)."""
+        params = dict(self.old_policy.named_parameters())
+        return {n: params[n] for n, p in self.model.named_parameters() if p.requires_grad}
+
+    def update_old_policy(self) -> None:
+        if self.old_policy is None:
+            return
+        old = self.old_policy_tensors()
+        live = dict(self.model.named_parameters())
+        blend_into(list(old.values()), [live[n].detach() for n in old], self.config.train.old_policy_decay)
+
+    def load_old_policy(self, ckpt: Checkpoint) -> None:
+        """The old policy as saved with the checkpoint (its side file is sealed in the manifest); a checkpoint
+        without one (written by a run without an old policy) starts it from the restored policy."""
+        if self.old_policy is None:
+            return
+        path = ckpt.path / OLD_POLICY
+        old = self.old_policy_tensors()
+        if not path.exists():
+            self.log.info(f"{ckpt.path} holds no {OLD_POLICY}: the old policy starts from the restored policy")
+            live = dict(self.model.named_parameters())
+            blend_into(list(old.values()), [live[n].detach() for n in old], 0.0)
+            return
+        try:
+            saved = decode_tensors(json.loads(path.read_bytes())["tensors"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise CheckpointCorrupt(f"{path} is unreadable ({type(e).__name__}: {e})") from e
+        if sorted(saved) != sorted(old) or any(saved[n].shape != old[n].shape for n in old):
+            raise CheckpointCorrupt(f"{path} does not hold this run's trainable parameters")
+        if not all(torch.isfinite(v).all() for v in saved.values() if v.is_floating_point()):
+            raise CheckpointCorrupt(f"{path} holds non-finite values")
+        blend_into(list(old.values()), [saved[n] for n in old], 0.0)
 
     def selected_eval(self) -> dict | None:
         """The evaluation record the run reports (eval.select_by on val/...), or None when it reports its end."""
@@ -670,6 +853,38 @@ class GRPOTrainer:
                          note=self.stopped_by and f"stopped early: {self.stopped_by}", rollbacks=self.rollbacks,
                          selected=self.selected, selection=rule, rows=self.domain.summary_rows,
                          examples=self.run_dir / self.domain.examples_dir)
+
+
+def time_eval_tag(seconds: float) -> str:
+    """time_NNNNNs for a whole number of seconds, time_NNNNN.NNNs otherwise (a grid finer than a second)."""
+    return f"time_{int(seconds):05d}s" if float(seconds).is_integer() else f"time_{seconds:09.3f}s"
+
+
+def blend_into(old: list[torch.Tensor], new: list[torch.Tensor], decay: float) -> None:
+    """old = decay * old + (1 - decay) * new, in place; decay 0 copies new exactly."""
+    with torch.no_grad():
+        for o, n in zip(old, new, strict=True):
+            if decay == 0:
+                o.copy_(n)
+            else:
+                o.mul_(decay).add_(n.to(o.dtype), alpha=1.0 - decay)
+
+
+def encode_tensors(tensors: dict[str, torch.Tensor]) -> dict:
+    """Tensors as JSON (dtype, shape, base64 of the raw bytes): exact, for a checkpoint's side files."""
+    return {k: {"dtype": str(v.dtype).removeprefix("torch."), "shape": list(v.shape),
+                "base64": base64.b64encode(v.detach().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
+                .decode("ascii")}
+            for k, v in tensors.items()}
+
+
+def decode_tensors(encoded: dict) -> dict[str, torch.Tensor]:
+    out = {}
+    for k, e in encoded.items():
+        raw, dtype = bytearray(base64.b64decode(e["base64"])), getattr(torch, e["dtype"])
+        flat = torch.frombuffer(raw, dtype=torch.uint8).view(dtype) if raw else torch.empty(0, dtype=dtype)
+        out[k] = flat.reshape(e["shape"])
+    return out
 
 
 def step_sample_weights(keep: torch.Tensor, positions: torch.Tensor, rank: int) -> torch.Tensor | None:

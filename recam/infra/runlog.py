@@ -66,12 +66,16 @@ class RunLog:
             flat = {k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
             self.wandb.log(flat, step=record["step"])
 
-    def eval_record(self, tag: str, step: int, summary: dict, epoch: int = -1, checkpoint: str = "") -> None:
+    def eval_record(self, tag: str, step: int, summary: dict, epoch: int = -1, checkpoint: str = "",
+                    progress: dict | None = None) -> None:
         """An evaluation of the weights in checkpoint folder `checkpoint`; epoch = its last trained epoch (-1 for the
-        base), so that truncate_after keeps exactly the evaluations of the weights a resumed run continues from."""
+        base), so that truncate_after keeps exactly the evaluations of the weights a resumed run continues from.
+        progress: where in the run's budget it was taken (train_seconds, nfe_sampling_total, nfe_training_total),
+        for reward-versus-time and reward-versus-NFE curves."""
         if not self.enabled:
             return
-        self._append({"type": "eval", "tag": tag, "step": step, "epoch": epoch, "checkpoint": checkpoint, **summary})
+        self._append({"type": "eval", "tag": tag, "step": step, "epoch": epoch, "checkpoint": checkpoint, **summary,
+                      **(progress or {})})
         if self.wandb:
             self.wandb.log({k: v for k, v in summary.items() if k.startswith(("eval/", "val/"))}, step=step)
 
@@ -283,7 +287,7 @@ def epoch_line(rec: dict) -> str:
 
 
 def mean_over_processes(metrics: dict, accelerator) -> dict:
-    """Average scalar metrics over processes (min/max for ratio_min/ratio_max)."""
+    """Average scalar metrics over processes (min/max for ratio_min/ratio_max, when the objective has ratios)."""
     if accelerator.num_processes == 1:
         return metrics
     keys = sorted(metrics)
@@ -292,6 +296,7 @@ def mean_over_processes(metrics: dict, accelerator) -> dict:
     out = dict(zip(keys, g.mean(0).tolist(), strict=True))
     if "ratio_max" in out:
         out["ratio_max"] = float(g[:, keys.index("ratio_max")].max())
+    if "ratio_min" in out:
         out["ratio_min"] = float(g[:, keys.index("ratio_min")].min())
     return out
 
