@@ -559,7 +559,8 @@ class GRPOTrainer:
         """Save the state at an epoch boundary (every save_freq epochs and the last): only healthy states get here."""
         acc, cfg = self.accelerator, self.config
         acc.wait_for_everyone()
-        if acc.is_main_process and (self.epoch % cfg.save_freq == 0 or self.epoch == cfg.num_epochs):
+        last = self.epoch == cfg.num_epochs or self.budget_spent()  # the run ends here: its weights are the final
+        if acc.is_main_process and (self.epoch % cfg.save_freq == 0 or last):
             self.save(self.epoch, protect=(self.selected["checkpoint"],) if self.selected else ())
         acc.wait_for_everyone()
 
@@ -850,7 +851,8 @@ class GRPOTrainer:
             guard = f", {e.select_guard} at most {e.select_max_drop:g} below the base's" if e.select_guard else ""
             rule = f"best validation {e.select_by} over {len(self.val_set)} validation conditions{guard}"
         self.log.summary(eval_before, eval_after, extra_paths=reports,
-                         note=self.stopped_by and f"stopped early: {self.stopped_by}", rollbacks=self.rollbacks,
+                         note=None if self.budget_stop else self.stopped_by and f"stopped early: {self.stopped_by}",
+                         budget=self.stopped_by if self.budget_stop else None, rollbacks=self.rollbacks,
                          selected=self.selected, selection=rule, rows=self.domain.summary_rows,
                          examples=self.run_dir / self.domain.examples_dir)
 

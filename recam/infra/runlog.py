@@ -147,10 +147,11 @@ class RunLog:
 
     def summary(self, before: dict, after: dict, extra_paths: dict | None = None, note: str | None = None,
                 rollbacks: int = 0, selected: dict | None = None, selection: str | None = None,
-                rows: tuple[tuple[str, str], ...] = (), examples: Path | None = None) -> str:
+                rows: tuple[tuple[str, str], ...] = (), examples: Path | None = None, budget: str | None = None) -> str:
         """The before/after table. With `selected` (the evaluation record of the checkpoint chosen on validation
         conditions) the run reports that checkpoint, and the last epoch stays beside it for comparison.
-        rows: the domain's (label, metric key) pairs, e.g. ("cam_score", "eval/cam_score")."""
+        rows: the domain's (label, metric key) pairs, e.g. ("cam_score", "eval/cam_score"). budget: how the run's
+        wall-clock budget (max_train_seconds) ended it, when it did."""
         def f4(x):  # a missing value (absent, None, NaN) prints as "n/a"
             return fmt_or_na(x, ".4f")
 
@@ -177,6 +178,8 @@ class RunLog:
             lines.append(f"selected checkpoint: {self.run_dir / 'checkpoints' / selected['checkpoint']} ({selection}; "
                          "the held-out conditions play no part in the choice)")
         lines.append(f"health guard: {note or 'ran to the end'}; rollbacks: {rollbacks}")
+        if budget:
+            lines.append(f"budget: {budget}")
         paths = {"metrics": self.path, "examples": examples or self.run_dir / "videos",
                  "checkpoints": self.run_dir / "checkpoints"}
         paths.update(extra_paths or {})
