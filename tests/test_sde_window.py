@@ -285,6 +285,7 @@ def test_with_train_steps_shares_the_grid_and_checks_its_range():
     (lambda c: setattr(c.sample, "ode_solver", "dpm2"), "sample.ode_solver"),  # the toy domain is DDIM
     (lambda c: setattr(c.sample, "ode_solver", "heun"), "sample.ode_solver"),
     (lambda c: setattr(c.train, "objective", "ppo"), "train.objective"),
+    (lambda c: setattr(c.train, "objective", "grpo_guard"), "train.objective"),  # flow SDE only; the toy is DDIM
     (lambda c: setattr(c.train, "old_policy_decay", 1.0), "train.old_policy_decay"),
     (lambda c: setattr(c.train, "fp_num_timesteps", 0), "train.fp_num_timesteps"),
     (lambda c: setattr(c.train, "fp_timestep_sampling", "sobol"), "train.fp_timestep_sampling"),

@@ -114,7 +114,6 @@ class GRPOTrainer:
         self.optimizer.zero_grad(set_to_none=True)  # whatever built the policy leaves no gradient in step 1
         self.autocast = accelerator.autocast if config.mixed_precision != "no" else contextlib.nullcontext
         known_objectives()
-        self.needs_log_probs = objective_needs(t.objective, "needs_log_probs")
         self.needs_old_means = objective_needs(t.objective, "needs_old_means")
         from config.validate import trained_steps
 
