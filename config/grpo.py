@@ -6,6 +6,7 @@ Each preset is a function over the commented base config in config/base.py.
 import ml_collections
 
 from config.base import get_config as base_config
+from config.methods import apply_method
 
 
 def tiny_cpu():
@@ -369,7 +370,10 @@ PRESETS = {f.__name__: f for f in (tiny_cpu, smoke, recam_8npu, toy, *VARIANT_PR
 
 
 def get_config(name: str = "tiny_cpu"):
+    """A preset by name; "<preset>+<method>" applies a policy-optimisation method of config/methods.py to it."""
     name = name or "tiny_cpu"
+    name, _, method = name.partition("+")
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r} in config/grpo.py; known presets: {sorted(PRESETS)}")
-    return PRESETS[name]()
+    c = PRESETS[name]()
+    return apply_method(c, method) if method else c

@@ -1,0 +1,94 @@
+"""Policy-optimisation methods as changes to a preset: `--config config/grpo.py:<preset>+<method>`.
+
+One list (METHODS) that scripts/bench_time_to_reward.py compares and any preset can take. Each method only sets
+the fields that define it; everything else (model, rewards, group size, conditions per epoch, evaluation) stays the
+preset's, so methods differ in the algorithm alone. Formulas: recam/engine/fast_objectives.py (objectives) and
+recam/engine/rollout.py (windows, solvers); defaults and their sources in docs/time_to_reward.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import ml_collections
+
+# domains whose scheduler is flow matching (GRPO-Guard's normalisation and DPM-Solver++ on x0 are written for it)
+FLOW_DOMAINS = ("camera",)
+
+
+def _flow(c: ml_collections.ConfigDict) -> bool:
+    return c.domain in FLOW_DOMAINS
+
+
+def preset(c: ml_collections.ConfigDict) -> None:
+    """The preset as it is (its own window / timestep_fraction): the codebase's default before any switch."""
+
+
+def flow_grpo(c: ml_collections.ConfigDict) -> None:
+    """Flow-GRPO's recipe, the baseline: stochastic on every step, every step but the last (deterministic) trained."""
+    c.train.objective = "grpo"
+    c.sample.window_size = c.sample.num_steps - 1
+    c.sample.window_mode, c.sample.window_start = "fixed", 0
+
+
+def flow_grpo_fast(c: ml_collections.ConfigDict) -> None:
+    """Flow-GRPO-Fast: an ODE trajectory with a window of 2 stochastic, trained steps, placed at a random start in
+    the noisier half each epoch."""
+    c.train.objective = "grpo"
+    c.sample.window_size = 2
+    c.sample.window_mode, c.sample.window_start = "random", 0
+    c.sample.window_max_start = max(0, c.sample.num_steps // 2 - 1)
+
+
+def mixgrpo(c: ml_collections.ConfigDict) -> None:
+    """MixGRPO: a window of up to 4 stochastic steps sliding one step later every 2 epochs (progressive), ODE
+    elsewhere."""
+    c.train.objective = "grpo"
+    w = min(4, c.sample.num_steps - 1)
+    c.sample.window_size = w
+    c.sample.window_mode, c.sample.window_start = "progressive", 0
+    c.sample.window_max_start = c.sample.num_steps - 1 - w
+    c.sample.window_shift_every = 2
+
+
+def mixgrpo_flash(c: ml_collections.ConfigDict) -> None:
+    """MixGRPO-Flash: MixGRPO with DPM-Solver++(2M) for the deterministic steps (flow domains; elsewhere MixGRPO)."""
+    mixgrpo(c)
+    if _flow(c):
+        c.sample.ode_solver = "dpm2"
+
+
+def grpo_guard(c: ml_collections.ConfigDict) -> None:
+    """GRPO-Guard on Flow-GRPO's recipe: ratio normalisation and 1/|dt| step weights. The normalised log-ratio is
+    the raw one times the step's std (about 0.2 on these schedules), so the clip range shrinks with it."""
+    flow_grpo(c)
+    c.train.objective = "grpo_guard"
+    c.train.clip_range = c.train.clip_range * 0.25
+
+
+def nft(c: ml_collections.ConfigDict) -> None:
+    """DiffusionNFT: deterministic sampling (DPM-Solver++(2M) on flow domains), training on re-noised final
+    samples with implicit positive / negative policies; the old policy an EMA of the policy."""
+    c.train.objective = "nft"
+    if _flow(c):
+        c.sample.ode_solver = "dpm2"
+
+
+def awm(c: ml_collections.ConfigDict) -> None:
+    """Advantage weighted matching: the clipped ratio of re-noised flow-matching losses, KL to the reference and
+    to the old (EMA) policy as output MSE."""
+    c.train.objective = "awm"
+
+
+METHODS: dict[str, Callable[[ml_collections.ConfigDict], None]] = {
+    "preset": preset, "flow_grpo": flow_grpo, "flow_grpo_fast": flow_grpo_fast, "mixgrpo": mixgrpo,
+    "mixgrpo_flash": mixgrpo_flash, "grpo_guard": grpo_guard, "nft": nft, "awm": awm,
+}
+
+
+def apply_method(c: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r} after '+' in the preset name; known methods: {sorted(METHODS)}")
+    METHODS[name](c)
+    c.run_name = f"{c.run_name}+{name}"
+    return c

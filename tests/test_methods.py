@@ -1,0 +1,111 @@
+"""config/methods.py (policy-optimisation methods over presets) and the time-to-reward benchmark's statistics."""
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from config.grpo import get_config  # noqa: E402
+from config.methods import METHODS  # noqa: E402
+from config.validate import validate  # noqa: E402
+from scripts.bench_time_to_reward import first_reach, mean_interval, run_command, seed_mean_curve, summarize  # noqa: E402
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_every_method_validates_on_the_camera_preset(method):
+    c = get_config(f"tiny_cpu+{method}")
+    validate(c, 1)
+    assert c.run_name.endswith(f"+{method}")
+
+
+def test_methods_change_only_the_algorithm():
+    base = get_config("tiny_cpu")
+    for name in METHODS:
+        c = get_config(f"tiny_cpu+{name}")
+        for field in ("seed", "domain"):
+            assert c[field] == base[field]
+        fixed = {"sample": ("batch_size", "k", "num_batches_per_epoch", "num_steps", "eval_num_steps"),
+                 "reward": ("weights",), "data": ("num_train_conditions", "num_heldout_conditions")}
+        for section, keys in fixed.items():
+            for k in keys:
+                assert c[section][k] == base[section][k], (name, section, k)
+
+
+def test_baseline_trains_every_step_but_the_last_and_fast_windows_are_short():
+    c = get_config("tiny_cpu+flow_grpo")
+    assert c.sample.window_size == c.sample.num_steps - 1 and c.sample.window_start == 0
+    fast = get_config("tiny_cpu+flow_grpo_fast")
+    assert fast.sample.window_size == 2 and fast.sample.window_mode == "random"
+    mix = get_config("tiny_cpu+mixgrpo")
+    assert mix.sample.window_max_start + mix.sample.window_size == mix.sample.num_steps - 1
+
+
+def test_motion_preset_takes_the_ddim_methods_and_refuses_the_flow_only_one():
+    for name in METHODS:
+        c = get_config(f"motion_tiny_cpu+{name}")
+        if name == "grpo_guard":
+            with pytest.raises(ValueError, match="train.objective"):
+                validate(c, 1)
+        else:
+            validate(c, 1)
+            assert c.sample.ode_solver == "euler"  # DPM-Solver++ on x0 is written for flow matching here
+
+
+def test_unknown_method_is_named():
+    with pytest.raises(ValueError, match="unknown method 'nope'"):
+        get_config("tiny_cpu+nope")
+
+
+def test_mean_interval_matches_hand_computation():
+    m, h = mean_interval([1.0, 2.0, 4.0])
+    sd = math.sqrt(((1 - 7 / 3) ** 2 + (2 - 7 / 3) ** 2 + (4 - 7 / 3) ** 2) / 2)
+    assert m == pytest.approx(7 / 3)
+    assert h == pytest.approx(4.303 * sd / math.sqrt(3))
+    assert math.isnan(mean_interval([3.0])[1]) and mean_interval([3.0])[0] == 3.0
+    assert math.isnan(mean_interval([None, float("nan")])[0])
+
+
+def test_curves_and_first_reach():
+    curves = [{0.0: 0.1, 30.0: 0.2, 60.0: 0.3}, {0.0: 0.1, 30.0: 0.4}]
+    assert seed_mean_curve(curves) == {0.0: pytest.approx(0.1), 30.0: pytest.approx(0.3)}
+    assert first_reach(curves[0], 0.25) == 60.0
+    assert first_reach(curves[0], 0.5) is None
+
+
+def _run(curve, final):
+    return {"curve": curve, "nfe": {t: (int(t) * 10, int(t) * 20) for t in curve},
+            "epochs": [{"seconds_sampling": 1.0, "seconds_rewards": 0.5, "seconds_training": 2.0, "epoch_seconds": 3.5,
+                        "nfe_sampling": 100, "nfe_training": 200}], "final": final}
+
+
+def test_summary_target_speedup_and_reach_counts():
+    runs = {"base": {0: _run({0.0: 0.1, 30.0: 0.2, 60.0: 0.3, 90.0: 0.25}, 0.25),
+                     1: _run({0.0: 0.1, 30.0: 0.2, 60.0: 0.5, 90.0: 0.3}, 0.3)},
+            "fast": {0: _run({0.0: 0.1, 30.0: 0.45, 60.0: 0.3, 90.0: 0.3}, 0.3),
+                     1: _run({0.0: 0.1, 30.0: 0.4, 60.0: 0.45, 90.0: 0.5}, 0.5)},
+            "slow": {0: _run({0.0: 0.1, 30.0: 0.1, 60.0: 0.1, 90.0: 0.1}, 0.1),
+                     1: _run({0.0: 0.1, 30.0: 0.5, 60.0: 0.1, 90.0: 0.1}, 0.1)}}
+    s = summarize(runs, "base")
+    assert s["target"] == pytest.approx(0.4) and s["baseline_best_at_s"] == 60.0
+    fast, base, slow = s["methods"]["fast"], s["methods"]["base"], s["methods"]["slow"]
+    assert base["seconds_to_target"] == 60.0 and base["speedup_vs_baseline"] == pytest.approx(1.0)
+    assert fast["seconds_to_target"] == 30.0 and fast["speedup_vs_baseline"] == pytest.approx(2.0)  # mean 0.425
+    assert fast["reached"] == "2/2" and fast["seconds_to_target_per_seed"] == [30.0, 30.0]
+    assert base["reached"] == "1/2"  # a baseline seed alone may miss the seed-mean best
+    assert slow["seconds_to_target"] is None and slow["speedup_vs_baseline"] is None and slow["reached"] == "1/2"
+    assert fast["nfe_to_target_sampling"][0] == pytest.approx(300.0)
+    assert fast["nfe_to_target_training"][0] == pytest.approx(600.0)
+    assert fast["gain_best"][0] == pytest.approx((0.35 + 0.4) / 2)
+    assert fast["final"][0] == pytest.approx(0.4)
+    assert fast["epoch_timing_median"]["seconds_training"] == 2.0
+
+
+def test_run_command_sets_budget_grid_and_method():
+    cmd = run_command("tiny_cpu", "nft", 2, Path("/tmp/x"), 120.0, 15.0, 1)
+    text = " ".join(cmd)
+    assert "grpo.py:tiny_cpu+nft" in text and "--config.seed=2" in text
+    assert "--config.max_train_seconds=120.0" in text and "--config.eval.every_seconds=15.0" in text
