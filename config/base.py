@@ -249,6 +249,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.motion.log_prob_reduction = "mean"  # log-probs over the real frames: "mean" | "sum" (to reproduce summing runs)
     c.motion.evaluator = "checkpoints/motion_evaluator"  # motion_alignment's evaluator (train_motion_evaluator.py)
     c.motion.metric_evaluator = ""  # evaluator of R-precision, MM-Dist, FID, Diversity; "" = motion.evaluator
+    # motion_retrieval: temperature of the own caption's retrieval probability, and how many training captions
+    # (evenly strided over the training split) form its fixed pool of negatives
+    c.motion.retrieval_temperature = 0.1
+    c.motion.retrieval_negatives = 256
     c.motion.eval_repetitions = 10  # shuffles of the evaluated pairs the protocol metrics average over
     c.motion.physics_skating_scale = 0.1  # motion_physics = exp(-skating ratio / this - ...)
     c.motion.physics_floating_scale = 0.05  # ... - floating (m) / this ...

@@ -9,6 +9,12 @@ generator's conditioning, only by changing the motion.
 - motion_alignment: cosine similarity of the motion's embedding to its caption's in a contrastive text/motion
   retrieval evaluator (recam.domains.motion.evaluator.TextMotionEvaluator, trained by
   scripts/train_motion_evaluator.py; folder `motion.evaluator`), mapped from [-1, 1] to [0, 1] by (cos + 1) / 2.
+- motion_retrieval: how well the motion picks its own caption out of a crowd, the probability
+  e^(s_own / tau) / (e^(s_own / tau) + 31 * mean_j e^(s_j / tau)) with s the evaluator's cosines and the s_j those of a
+  fixed pool of training captions (its own text excluded): the chance of retrieving its caption from a pool of 32
+  typical ones, R-precision's question. A raw cosine can be raised by moving every motion towards a hub of the
+  embedding that is near all captions at once; this cannot, since the negatives rise with it. The pool is given by
+  the domain (`set_negative_captions`): without it the reward refuses to score.
 - motion_physics: recam.domains.motion.physics.physics_reward on the joints (foot skating, floating, ground
   penetration, jitter; scales `motion.physics_*`), in [0, 1].
 
@@ -19,12 +25,14 @@ advantages), never a number.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from recam.domains.motion.evaluator import TextMotionEvaluator, similarity
 from recam.domains.motion.physics import PhysicsRewardConfig, physics_reward, valid_frames
 from rewards import Reward, register_reward
 
-MOTION_REWARDS = ("motion_alignment", "motion_physics")
+MOTION_REWARDS = ("motion_alignment", "motion_retrieval", "motion_physics")
+RETRIEVAL_POOL = 32  # candidates of a retrieval, the own caption included: T2M's R-precision pool
 
 
 def _check_motions(motions, conditions: list) -> None:
@@ -70,6 +78,52 @@ class MotionAlignment:
         return (cos + 1.0) / 2.0, {"text_motion_cosine": cos}
 
 
+class MotionRetrieval(MotionAlignment):
+    """Retrieval probability of the own caption against RETRIEVAL_POOL - 1 typical negatives (module docstring);
+    details: the raw cosine (text_motion_cosine) and the negatives' mean cosine (negative_cosine)."""
+
+    def __init__(self, evaluator: TextMotionEvaluator, source: str = "", temperature: float = 0.1):
+        super().__init__(evaluator, source)
+        if not temperature > 0:
+            raise ValueError(f"motion.retrieval_temperature must be > 0, got {temperature!r}")
+        self.temperature = temperature
+        self.negatives: list[str] = []
+        self._negative_emb: torch.Tensor | None = None
+
+    def describe(self) -> str:
+        return (f"retrieval probability among {RETRIEVAL_POOL} (temperature {self.temperature:g}, "
+                f"{len(self.negatives)} negative captions), {super().describe()}")
+
+    @torch.no_grad()
+    def set_negative_captions(self, captions: list[str]) -> None:
+        self.negatives = list(dict.fromkeys(c for c in captions if c.strip()))
+        if len(self.negatives) < 2:
+            raise ValueError(f"motion_retrieval needs at least 2 distinct negative captions, got {len(self.negatives)}")
+        self._negative_emb = F.normalize(self.evaluator.encode_text(self.negatives).float(), dim=-1)
+
+    @torch.no_grad()
+    def __call__(self, motions, conditions: list) -> tuple[torch.Tensor, dict]:
+        if self._negative_emb is None:
+            raise RuntimeError("motion_retrieval has no negative captions: the domain sets them "
+                               "(set_negative_captions) before the first score")
+        _, details = super().__call__(motions, conditions)
+        own = details["text_motion_cosine"]
+        features, lengths = motions.features.float(), torch.as_tensor(motions.lengths).long()
+        real = valid_frames(lengths, features.shape[0], features.shape[1], features.device)
+        features = torch.where(real[:, :, None], torch.nan_to_num(features), torch.zeros((), dtype=features.dtype))
+        motion = F.normalize(self.evaluator.encode_motion(features, lengths).float(), dim=-1).cpu()
+        cos = motion @ self._negative_emb.T  # (B, M)
+        same = torch.tensor([[n == c.caption for n in self.negatives] for c in conditions], dtype=torch.bool)
+        weight = (~same).float()
+        # mean over the negatives of exp(s_j / tau), relative to exp(s_own / tau) for stability
+        rel = torch.exp((cos - own[:, None]) / self.temperature) * weight
+        mean_rel = rel.sum(1) / weight.sum(1).clamp_min(1.0)
+        prob = 1.0 / (1.0 + (RETRIEVAL_POOL - 1) * mean_rel)
+        prob = torch.where(torch.isfinite(own), prob, torch.full_like(prob, float("nan")))
+        negative = (cos * weight).sum(1) / weight.sum(1).clamp_min(1.0)
+        return prob, {"text_motion_cosine": own, "negative_cosine": negative}
+
+
 class MotionPhysics:
     """physics_reward of the decoded joints; details: each physics metric per sample."""
 
@@ -104,6 +158,16 @@ def build_motion_alignment(config=None) -> Reward:
         raise ValueError("motion_alignment needs motion.evaluator, the folder of a trained retrieval evaluator "
                          "(scripts/train_motion_evaluator.py)")
     return MotionAlignment(TextMotionEvaluator.load(config.motion.evaluator), config.motion.evaluator)
+
+
+@register_reward("motion_retrieval")
+def build_motion_retrieval(config=None) -> Reward:
+    """Like motion_alignment (motion.evaluator), with motion.retrieval_temperature; the domain gives the negatives."""
+    if config is None or "motion" not in config or not config.motion.evaluator:
+        raise ValueError("motion_retrieval needs motion.evaluator, the folder of a trained retrieval evaluator "
+                         "(scripts/train_motion_evaluator.py)")
+    return MotionRetrieval(TextMotionEvaluator.load(config.motion.evaluator), config.motion.evaluator,
+                           config.motion.retrieval_temperature)
 
 
 @register_reward("motion_physics")

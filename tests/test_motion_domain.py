@@ -187,6 +187,27 @@ def test_rewards_on_references_are_finite_in_the_unit_interval_and_nan_on_nan(do
     torch.testing.assert_close(got["avg"][[0, 2, 3]], scores["avg"][[0, 2, 3]])
 
 
+def test_retrieval_reward_matches_a_loop_over_training_negatives(domain):
+    heldout = domain.datasets().heldout
+    batch = domain.collate(heldout, [0, 1, 2])
+    fn = domain.reward_fn({"motion_retrieval": 1.0})
+    reward = domain._built_rewards["motion_retrieval"]
+    negatives = domain.negative_captions(domain.config.motion.retrieval_negatives)
+    train_captions = {domain.datasets().train[i].caption for i in range(len(domain.datasets().train))}
+    assert reward.negatives and set(reward.negatives) <= train_captions  # never held-out text
+    reference = domain.references(batch)["target"]
+    scores, details = fn(reference, batch.conditions)
+    evaluator, tau = reward.evaluator, reward.temperature
+    motion = evaluator.encode_motion(reference.features.float(), torch.as_tensor(reference.lengths).long())
+    for i, cond in enumerate(batch.conditions):
+        own = float(ev.similarity(evaluator.encode_text([cond.caption]), motion[i:i + 1]))
+        negs = [c for c in dict.fromkeys(negatives) if c != cond.caption]
+        cos = [float(ev.similarity(evaluator.encode_text([c]), motion[i:i + 1])) for c in negs]
+        expected = np.exp(own / tau) / (np.exp(own / tau) + 31 * np.mean(np.exp(np.array(cos) / tau)))
+        assert float(scores["motion_retrieval"][i]) == pytest.approx(expected, rel=1e-4)
+        assert float(details["motion_retrieval/negative_cosine"][i]) == pytest.approx(np.mean(cos), abs=1e-5)
+
+
 def test_split_metrics_follow_the_protocol_and_are_repeatable(domain):
     heldout = domain.datasets().heldout
     batch = domain.collate(heldout, list(range(len(heldout))))

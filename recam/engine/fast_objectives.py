@@ -367,6 +367,7 @@ class AWMObjective(_ForwardProcess):
     needs_log_probs = False
     needs_old_means = False
     needs_old_policy = True
+    first_step_ratio_is_one = False  # the ratio is against the EMA old policy, not the one that sampled
 
     def __init__(self, train_config, scheduler):
         super().__init__(train_config, scheduler)

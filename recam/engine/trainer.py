@@ -182,7 +182,10 @@ class GRPOTrainer:
             self.update_old_policy()
             t_updated = time.time()
             record["optimizer_steps"] = [st.metrics for st in result.steps]
-            record["first_step_ratio_deviation"] = result.first_step_ratio_deviation
+            # an objective whose ratio is taken against another policy than the sampling one (AWM's old policy is
+            # an average of earlier ones) has no first step at ratio 1 to check
+            on_policy = getattr(self.objective, "first_step_ratio_is_one", True)
+            record["first_step_ratio_deviation"] = result.first_step_ratio_deviation if on_policy else None
             record.update(self.budget_record(rollouts, t_sampled - epoch_t0, t_scored - t_sampled,
                                              t_updated - t_update))
             # the slowest process's time, so that every process agrees on the budget and the time grid

@@ -374,11 +374,17 @@ def check_config(config, conditions_per_batch: int, require) -> None:
     require(isinstance(m.metric_evaluator, str),
             f"motion.metric_evaluator must be a string ('' = motion.evaluator), got {m.metric_evaluator!r}")
     require(isinstance(m.evaluator, str) and (m.evaluator.strip() != "" or
-                                              ("motion_alignment" not in scored and m.metric_evaluator.strip() != "")),
+                                              (not {"motion_alignment", "motion_retrieval"} & set(scored)
+                                                   and m.metric_evaluator.strip() != "")),
             f"motion.evaluator must name a retrieval evaluator folder (scripts/train_motion_evaluator.py): "
             f"motion_alignment and the evaluation metrics read it, got {m.evaluator!r}")
     require(is_int(m.eval_repetitions) and m.eval_repetitions >= 1,
             f"motion.eval_repetitions must be an integer >= 1, got {m.eval_repetitions!r}")
+    require(is_num(m.retrieval_temperature) and m.retrieval_temperature > 0,
+            f"motion.retrieval_temperature must be a finite number > 0, got {m.retrieval_temperature!r}")
+    require(is_int(m.retrieval_negatives) and m.retrieval_negatives >= 2,
+            f"motion.retrieval_negatives must be an integer >= 2 (training captions motion_retrieval compares "
+            f"against), got {m.retrieval_negatives!r}")
     for field in ("physics_skating_scale", "physics_floating_scale", "physics_penetration_scale",
                   "physics_jitter_scale"):
         require(is_num(m[field]) and m[field] > 0, f"motion.{field} must be a finite number > 0, got {m[field]!r}")
@@ -441,6 +447,7 @@ class MotionDomain:
     examples_dir = "motions"
     summary_rows = (("R-precision top-1", "eval/r_precision_top1"), ("R-precision top-3", "eval/r_precision_top3"),
                     ("alignment (evaluator cosine in [0, 1])", "eval/motion_alignment"),
+                    ("retrieval probability (pool of 32)", "eval/motion_retrieval"),
                     ("MM-Dist", "eval/mm_dist"), ("FID (evaluator embedding)", "eval/fid"),
                     ("diversity", "eval/diversity"), ("physics", "eval/motion_physics"),
                     ("foot skating ratio", "eval/skating"), ("jitter (m/s^3)", "eval/jitter"))
@@ -598,16 +605,25 @@ class MotionDomain:
         names = list(dict.fromkeys(names))
         new = build_rewards([n for n in names if n not in self._built_rewards], self.config)
         for name, reward in new.items():
+            if hasattr(reward, "set_negative_captions"):
+                reward.set_negative_captions(self.negative_captions(self.config.motion.retrieval_negatives))
             self._info(f"{name}: {reward.describe()}")
         self._built_rewards.update(new)
         return {n: self._built_rewards[n] for n in names}
+
+    def negative_captions(self, n: int) -> list[str]:
+        """Captions of n training conditions evenly strided over the training split (retrieval negatives: never
+        held-out or validation text)."""
+        train = self.datasets().train
+        step = max(1, len(train) // max(1, n))
+        return [train[i].caption for i in range(0, len(train), step)][:n]
 
     def metric_evaluator(self) -> ev.TextMotionEvaluator:
         """The evaluator the protocol metrics are measured in: motion.metric_evaluator, else the reward's."""
         if self._metric_evaluator is None:
             m = self.config.motion
             path = m.metric_evaluator or m.evaluator
-            shared = self._built_rewards.get("motion_alignment")
+            shared = self._built_rewards.get("motion_alignment") or self._built_rewards.get("motion_retrieval")
             if not m.metric_evaluator and shared is not None:
                 self._metric_evaluator = shared.evaluator
             else:
