@@ -237,6 +237,18 @@ class _ForwardProcess:
         if self.t.beta > 0 and mb.reference is None:
             raise ValueError("train.beta > 0 needs a reference policy")
 
+    def add_reference_kl(self, mb: MicroBatch, o: Tensor, x_t: Tensor, time: Tensor, mask, weight: Tensor,
+                         loss: Tensor, logged: Tensor, metrics: dict) -> tuple[Tensor, Tensor]:
+        """loss + train.beta * mean_e (o - o_ref)^2 (the KL to the reference as output MSE), and the logged loss
+        with it; metrics gains kl_penalty. Unchanged when beta is 0."""
+        if self.t.beta <= 0:
+            return loss, logged
+        with torch.no_grad():
+            o_ref = mb.reference(x_t, time)
+        kl_term, kl_metric = weighted_terms(output_mse(o, o_ref, mask), weight)
+        metrics["kl_penalty"] = kl_metric
+        return loss + self.t.beta * kl_term, logged + self.t.beta * kl_metric
+
     def end_epoch(self) -> None:
         pass
 
@@ -321,14 +333,8 @@ class NFTObjective(_ForwardProcess):
                        "nft_loss_negative": weighted_terms(neg, weight)[1], "mean_optimality": r.mean(),
                        "mean_advantage": adv.float().mean(), "mean_noise_level": u.mean(),
                        "old_output_gap": weighted_terms(output_mse(o.detach(), o_old, mask), weight)[1]}
-            logged, metrics["kl_penalty"] = policy_metric, torch.zeros_like(policy_metric)
-            if t.beta > 0:
-                with torch.no_grad():
-                    o_ref = mb.reference(x_t, time)
-                kl_term, kl_metric = weighted_terms(output_mse(o, o_ref, mask), weight)
-                loss, logged = loss + t.beta * kl_term, logged + t.beta * kl_metric
-                metrics["kl_penalty"] = kl_metric
-            metrics["loss"] = logged
+            metrics["kl_penalty"] = torch.zeros_like(policy_metric)
+            loss, metrics["loss"] = self.add_reference_kl(mb, o, x_t, time, mask, weight, loss, policy_metric, metrics)
             backward(loss / K, k == K - 1)
             out.append({name: v.detach() for name, v in metrics.items()})
         return out
@@ -400,12 +406,7 @@ class AWMObjective(_ForwardProcess):
             if t.awm_old_kl_weight > 0:
                 loss, logged = loss + t.awm_old_kl_weight * old_term, logged + t.awm_old_kl_weight * old_metric
             metrics["old_kl_penalty"] = old_metric
-            if t.beta > 0:
-                with torch.no_grad():
-                    o_ref = mb.reference(x_t, time)
-                kl_term, kl_metric = weighted_terms(output_mse(o, o_ref, mask), weight)
-                loss, logged = loss + t.beta * kl_term, logged + t.beta * kl_metric
-                metrics["kl_penalty"] = kl_metric
+            loss, logged = self.add_reference_kl(mb, o, x_t, time, mask, weight, loss, logged, metrics)
             metrics.update(loss=logged, fm_loss=weighted_terms(l_cur, weight)[1],
                            fm_loss_old=weighted_terms(l_old, weight)[1], mean_noise_level=u.mean())
             backward(loss / K, k == K - 1)
