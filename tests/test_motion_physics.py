@@ -149,7 +149,7 @@ def test_sliding_stance_skates():
     part = slide(stance(), speed=1.0, start=10, stop=20)
     assert physics.foot_skating_ratio(part).item() == pytest.approx(10 / (T - 1))
     reward, _ = physics.physics_reward(fast)
-    assert reward.item() == pytest.approx(math.exp(-1.0 / 0.1), rel=1e-9)
+    assert reward.item() == pytest.approx(math.exp(-1.0 / physics.PhysicsRewardConfig().skating_scale), rel=1e-9)
 
 
 def test_one_transition_spike_skates_only_without_smoothing():
