@@ -12,7 +12,14 @@ sys.path.insert(0, str(ROOT))
 from config.grpo import get_config  # noqa: E402
 from config.methods import METHODS  # noqa: E402
 from config.validate import validate  # noqa: E402
-from scripts.bench_time_to_reward import first_reach, mean_interval, run_command, seed_mean_curve, summarize  # noqa: E402
+from scripts.bench_time_to_reward import (  # noqa: E402
+    first_reach,
+    mean_interval,
+    run_command,
+    seed_mean_curve,
+    step_curve,
+    summarize,
+)
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
@@ -80,6 +87,17 @@ def _run(curve, final):
     return {"curve": curve, "nfe": {t: (int(t) * 10, int(t) * 20) for t in curve},
             "epochs": [{"seconds_sampling": 1.0, "seconds_rewards": 0.5, "seconds_training": 2.0, "epoch_seconds": 3.5,
                         "nfe_sampling": 100, "nfe_training": 200}], "final": final}
+
+
+def test_step_curve_carries_the_latest_evaluation_forward():
+    assert step_curve({0.0: 0.1, 30.0: 0.3}, [0.0, 15.0, 30.0, 45.0]) == {0.0: 0.1, 15.0: 0.1, 30.0: 0.3, 45.0: 0.3}
+    assert step_curve({10.0: 0.2}, [0.0, 10.0]) == {10.0: 0.2}
+
+
+def test_summary_of_a_baseline_that_never_improved_reports_no_speedup():
+    runs = {"base": {0: _run({0.0: 0.3, 30.0: 0.2}, 0.2)}, "fast": {0: _run({0.0: 0.3, 30.0: 0.5}, 0.5)}}
+    s = summarize(runs, "base")
+    assert not s["baseline_improved"] and s["methods"]["fast"]["speedup_vs_baseline"] is None
 
 
 def test_summary_target_speedup_and_reach_counts():
