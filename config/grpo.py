@@ -191,7 +191,8 @@ def motion_tiny_cpu():
     (checkpoints/motion_evaluator, from scripts/train_motion_evaluator.py) plus half-weighted motion_physics;
     motion_retrieval reported; evaluation on 128 held-out captions (four pools of 32 for R-precision) and 32
     validation captions that choose the reported checkpoint. What these settings gain, and the settings tried
-    (learning rates, trained steps, rewards), are in docs/results.md: the held-out gain is small. Sized for well under 15 minutes on 2 CPU cores (one torch thread: these small ops gain
+    (learning rates, trained steps, rewards), are in docs/results.md: the held-out gain is small.
+    Sized for well under 15 minutes on 2 CPU cores (one torch thread: these small ops gain
     nothing from a second one, and lose much when the machine is shared)."""
     c = base_config()
     c.run_name = "motion_tiny_cpu"
