@@ -103,7 +103,7 @@ def forward_mb(b=4, seed=0, policy=None, old=None, reference=None, advantages=No
     adv = torch.randn(b, generator=g) * 2 if advantages is None else advantages
     weight = torch.full((b,), 1.0 / b) if weight is None else weight
     traj = torch.stack([torch.arange(b) + 10 * seed, torch.arange(b) % 2], 1)
-    return SimpleNamespace(final=final, advantages=adv[:, None], sample_weight=weight, traj_ids=traj,
+    return SimpleNamespace(epoch=0, final=final, advantages=adv[:, None], sample_weight=weight, traj_ids=traj,
                            policy=policy, old_policy=old, reference=reference, inner_epoch=0, element_mask=mask)
 
 

@@ -203,10 +203,7 @@ def forward_noise(keys: list[tuple[int, ...]], num: int, shape: tuple[int, ...],
 
 
 def _forward_keys(mb: MicroBatch) -> list[tuple[int, ...]]:
-    # TODO(trainer): MicroBatch has no epoch yet; until it does, a (dataset index, copy) redraws the same
-    # re-noising in every epoch (its final sample differs, so the loss does too).
-    epoch = int(getattr(mb, "epoch", 0))
-    return [(_FORWARD_NOISE_SALT, epoch, mb.inner_epoch, *(int(v) for v in row)) for row in mb.traj_ids.tolist()]
+    return [(_FORWARD_NOISE_SALT, mb.epoch, mb.inner_epoch, *(int(v) for v in row)) for row in mb.traj_ids.tolist()]
 
 
 def output_mse(output: Tensor, target: Tensor, mask: Tensor | None = None) -> Tensor:

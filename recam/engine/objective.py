@@ -87,6 +87,7 @@ class MicroBatch:
     old_policy: Callable | None = None
     old_means: torch.Tensor | None = None
     step_offset: int = 0
+    epoch: int = 0  # the training epoch (keys per-epoch randomness such as forward-process re-noising)
 
 
 @register_objective("grpo")

@@ -469,7 +469,7 @@ class GRPOTrainer:
                           final=None if rollouts.final is None else rollouts.final[sel].to(dev),
                           old_policy=old_policy,
                           old_means=None if rollouts.means is None else rollouts.means[sel].to(dev),
-                          step_offset=rollouts.start)
+                          step_offset=rollouts.start, epoch=self.epoch)
 
     def element_mask(self, batch):
         """The elements of the batch's samples that log-probs and KLs average over (the domain's optional

@@ -481,7 +481,7 @@ class SeededWorld(Dataset):
         return i // self.conditions_per_scene + _SCENE_OFFSETS[self.split]
 
     def _make(self, i: int) -> Condition:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must build its item i in _make (a SeededWorld hook)")
 
     def __getitem__(self, i: int) -> Condition:
         if not isinstance(i, (int, np.integer)):
