@@ -18,6 +18,11 @@ pytestmark = pytest.mark.skipif(not (ROOT / "checkpoints" / "recam_tiny_base" / 
                                 reason="base checkpoint checkpoints/recam_tiny_base not present")
 
 
+# Three denoising steps instead of the smoke preset's six, for tests about bookkeeping across processes and
+# restarts rather than about what training learns: half the sampling and training time.
+SHORT = ("--config.sample.num_steps=3", "--config.sample.eval_num_steps=3")
+
+
 def run(run_dir, *overrides, check=True, launcher=None):
     cmd = (launcher + TRAIN[1:] if launcher else TRAIN) + [f"--config.run_dir={run_dir}", *overrides]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=400,
@@ -88,7 +93,7 @@ def test_a_run_started_outside_the_repository_finds_its_preset_and_base(tmp_path
 
 
 def test_sigkill_mid_epoch_then_resume_matches_uninterrupted(tmp_path):
-    common = ("--config.num_epochs=3", "--config.train.batch_size=4", "--config.eval.freq=100")
+    common = ("--config.num_epochs=3", "--config.train.batch_size=4", "--config.eval.freq=100", *SHORT)
     run(tmp_path / "a", *common)
     killed = run(tmp_path / "b", *common, "--config.debug.sigkill_at_step=3", check=False)
     assert killed.returncode != 0  # died mid epoch 1 (steps 3-4), after checkpoint epoch_0001
@@ -104,7 +109,7 @@ def test_sigkill_mid_epoch_then_resume_matches_uninterrupted(tmp_path):
 
 
 def test_two_processes_gather_the_same_groups_and_advantages_as_one(tmp_path):
-    one = ("--config.num_epochs=1", "--config.eval.freq=100")
+    one = ("--config.num_epochs=1", "--config.eval.freq=100", *SHORT)
     run(tmp_path / "one", *one)
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                 str(ROOT / "config" / "accelerate" / "cpu_2proc.yaml")]
@@ -121,7 +126,7 @@ def test_two_processes_gather_the_same_groups_and_advantages_as_one(tmp_path):
 @pytest.mark.parametrize("action", ["rollback", "stop"])
 def test_guard_handles_injected_blowup_and_keeps_a_healthy_checkpoint(tmp_path, action):
     p = run(tmp_path, "--config.num_epochs=3", "--config.debug.inject_blowup_at_step=1",
-            f"--config.health.action={action}", "--config.eval.freq=100", check=False)
+            f"--config.health.action={action}", "--config.eval.freq=100", *SHORT, check=False)
     health = records(tmp_path, "health")
     if (tmp_path / "rolled_back.jsonl").exists():  # a rollback archives the broken epoch's records there
         health += [r for r in map(json.loads, (tmp_path / "rolled_back.jsonl").read_text().splitlines())
@@ -171,7 +176,7 @@ def test_lora_run_trains_only_the_adapter_and_its_reference_is_the_base(tmp_path
 
 SMOKE_SIZE = ("--config.num_epochs=1", "--config.data.num_train_conditions=16",
               "--config.data.num_heldout_conditions=4", "--config.sample.num_batches_per_epoch=1",
-              "--config.sample.num_steps=4", "--config.sample.eval_num_steps=4", "--config.eval.freq=100",
+              "--config.sample.num_steps=3", "--config.sample.eval_num_steps=3", "--config.eval.freq=100",
               "--config.eval.num_videos=0", "--config.train.batch_size=4", "--config.data.num_val_conditions=4")
 
 
@@ -205,7 +210,7 @@ def test_constrained_reward_weight_follows_the_dual_step_and_is_checkpointed(tmp
     from rewards import weighted_mean
 
     run(tmp_path, "--config.num_epochs=2", "--config.eval.freq=100", "--config.reward.constraint=fidelity",
-        "--config.reward.constraint_lr=20", "--config.eval.num_videos=0")
+        "--config.reward.constraint_lr=20", "--config.eval.num_videos=0", *SHORT)
     e0, e1 = records(tmp_path, "epoch")
     first_fid = float(np.nanmean(e0["rewards/fidelity"]))
     assert e0["constraint_threshold"] == pytest.approx(first_fid - 0.01)  # the base's samples set the floor
@@ -240,7 +245,7 @@ def test_reward_failing_on_one_process_is_masked_and_the_update_equals_one_proce
     0's two (and, with one micro-batch per step, one optimizer step against rank 0's two: a hang)."""
     common = ("--config.num_epochs=1", "--config.eval.freq=100", "--config.debug.fail_reward_slots=5,6",
               "--config.train.batch_size=2", "--config.eval.select_by=", "--config.eval.select_guard=",
-              "--config.data.num_heldout_conditions=2", "--config.eval.num_videos=0")
+              "--config.data.num_heldout_conditions=2", "--config.eval.num_videos=0", *SHORT)
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                 str(ROOT / "config" / "accelerate" / "cpu_2proc.yaml")]
     run(tmp_path / "one", *common, "--config.train.gradient_accumulation_steps=4")
