@@ -193,7 +193,11 @@ def summarize(runs: dict[str, dict[int, dict]], baseline: str) -> dict:
             "curve_mean": mean_curve,
         }
     out["baseline_improved"] = base_t > 0
-    if base_t == 0:  # the base itself is the target: reaching it says nothing
+    # A target is only a target if the baseline's gain to it is distinguishable from zero over seeds: otherwise it
+    # sits at the base's level plus the noise of a maximum over evaluations, and "time to reach it" measures noise.
+    gain, half = out["methods"][baseline]["gain_best"]
+    out["baseline_gain_significant"] = bool(base_t > 0 and math.isfinite(half) and gain - half > 0)
+    if not out["baseline_gain_significant"]:
         for m in out["methods"].values():
             m["speedup_vs_baseline"] = None
     return out
@@ -210,7 +214,9 @@ def write_markdown(path: Path, summary: dict, reward: str, command: str, args) -
     lines = [f"# Time to reward: {args.preset}, held-out {reward}", "",
              f"Made by `{command}` ({len(args.seeds)} seeds, {args.parallel} runs at a time with {args.threads} "
              f"torch thread(s) each, training budget {args.budget_s:g} s per run, evaluation every "
-             f"{args.eval_every_s:g} training seconds).", "",
+             f"{args.eval_every_s:g} training seconds)"
+             + ("; this report was rewritten from those runs' logs with `--report-only`." if args.report_only else
+                "."), "",
              f"Target: the baseline ({summary['baseline']})'s best seed-mean held-out {reward}, "
              f"{summary['target']:.4f} at {summary['baseline_best_at_s']:g} s. Times are training seconds (sampling, "
              "reward wait and updates; evaluations excluded) at the first evaluation where the seed-mean curve "
@@ -220,6 +226,13 @@ def write_markdown(path: Path, summary: dict, reward: str, command: str, args) -
     if not summary["baseline_improved"]:
         lines += ["**The baseline's seed-mean held-out reward never rose above the base's within the budget: every "
                   "method reaches that target at 0 s, so no speed-up can be read from this run.**", ""]
+    elif not summary["baseline_gain_significant"]:
+        gain, half = summary["methods"][summary["baseline"]]["gain_best"]
+        lines += [f"**The baseline's best gain, {_pm((gain, half))}, is not distinguishable from zero over these "
+                  "seeds: its best is the base's level plus the noise of a maximum over evaluations, so the times "
+                  "to reach it measure noise and no speed-up is given (n/a).** Compare the methods by their gains "
+                  "and intervals instead; a speed-up needs a budget in which the baseline's own gain clears its "
+                  "interval.", ""]
     lines += [
              "| method | seconds to target (seed mean) | speed-up | seeds reaching it alone | sampling NFE to target "
              "| training NFE to target | base | best | final | best gain | final gain |",
@@ -322,7 +335,9 @@ def main(argv=None) -> int:
     summary = summarize(runs, args.baseline)
     out = ROOT / args.out
     out.parent.mkdir(parents=True, exist_ok=True)
-    command = "python scripts/bench_time_to_reward.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    # the command that made the runs: a --report-only rewrite is said apart (write_markdown)
+    command = "python scripts/bench_time_to_reward.py " + " ".join(
+        shlex.quote(a) for a in (argv or sys.argv[1:]) if a != "--report-only")
     summary["command"] = command
     out.with_suffix(".json").write_text(json.dumps(summary, indent=1, default=str))
     plot(out.with_suffix(".png"), on_common_grid(runs), reward, summary["target"])

@@ -100,20 +100,32 @@ def test_summary_of_a_baseline_that_never_improved_reports_no_speedup():
     assert not s["baseline_improved"] and s["methods"]["fast"]["speedup_vs_baseline"] is None
 
 
+def test_a_baseline_gain_inside_its_interval_gives_no_speedup():
+    """Best gains 0.2 and 0.4 over two seeds: 0.3 +- 12.706 x 0.1414 / sqrt(2) = 1.27, which includes zero."""
+    runs = {"base": {0: _run({0.0: 0.1, 60.0: 0.3}, 0.3), 1: _run({0.0: 0.1, 60.0: 0.5}, 0.5)},
+            "fast": {0: _run({0.0: 0.1, 30.0: 0.5}, 0.5), 1: _run({0.0: 0.1, 30.0: 0.5}, 0.5)}}
+    s = summarize(runs, "base")
+    assert s["baseline_improved"] and not s["baseline_gain_significant"]
+    assert s["methods"]["fast"]["seconds_to_target"] == 30.0  # still measured and reported
+    assert s["methods"]["fast"]["speedup_vs_baseline"] is None and s["methods"]["base"]["speedup_vs_baseline"] is None
+
+
 def test_summary_target_speedup_and_reach_counts():
     runs = {"base": {0: _run({0.0: 0.1, 30.0: 0.2, 60.0: 0.3, 90.0: 0.25}, 0.25),
-                     1: _run({0.0: 0.1, 30.0: 0.2, 60.0: 0.5, 90.0: 0.3}, 0.3)},
+                     1: _run({0.0: 0.1, 30.0: 0.2, 60.0: 0.5, 90.0: 0.3}, 0.3),
+                     2: _run({0.0: 0.1, 30.0: 0.2, 60.0: 0.37, 90.0: 0.3}, 0.3)},  # best gains 0.2, 0.4, 0.27
             "fast": {0: _run({0.0: 0.1, 30.0: 0.45, 60.0: 0.3, 90.0: 0.3}, 0.3),
                      1: _run({0.0: 0.1, 30.0: 0.4, 60.0: 0.45, 90.0: 0.5}, 0.5)},
             "slow": {0: _run({0.0: 0.1, 30.0: 0.1, 60.0: 0.1, 90.0: 0.1}, 0.1),
                      1: _run({0.0: 0.1, 30.0: 0.5, 60.0: 0.1, 90.0: 0.1}, 0.1)}}
     s = summarize(runs, "base")
-    assert s["target"] == pytest.approx(0.4) and s["baseline_best_at_s"] == 60.0
+    assert s["target"] == pytest.approx(0.39) and s["baseline_best_at_s"] == 60.0
     fast, base, slow = s["methods"]["fast"], s["methods"]["base"], s["methods"]["slow"]
     assert base["seconds_to_target"] == 60.0 and base["speedup_vs_baseline"] == pytest.approx(1.0)
     assert fast["seconds_to_target"] == 30.0 and fast["speedup_vs_baseline"] == pytest.approx(2.0)  # mean 0.425
     assert fast["reached"] == "2/2" and fast["seconds_to_target_per_seed"] == [30.0, 30.0]
-    assert base["reached"] == "1/2"  # a baseline seed alone may miss the seed-mean best
+    assert s["baseline_gain_significant"]  # 0.29 +- 4.303 x 0.1015 / sqrt(3) = 0.252
+    assert base["reached"] == "1/3"  # a baseline seed alone may miss the seed-mean best
     assert slow["seconds_to_target"] is None and slow["speedup_vs_baseline"] is None and slow["reached"] == "1/2"
     assert fast["nfe_to_target_sampling"][0] == pytest.approx(300.0)
     assert fast["nfe_to_target_training"][0] == pytest.approx(600.0)
