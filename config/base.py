@@ -84,7 +84,8 @@ def get_config() -> ml_collections.ConfigDict:
     # every window_shift_every epochs, up to window_max_start)
     c.sample.window_mode = "fixed"
     c.sample.window_start = 0  # the fixed start, or where a progressive window starts
-    c.sample.window_max_start = 0  # the latest start ("random", "progressive"); start + window_size <= num_steps - 1
+    # the latest start ("random", "progressive"); start + window_size <= num_steps - 1; -1 = the latest that fits
+    c.sample.window_max_start = 0
     c.sample.window_shift_every = 1  # "progressive": epochs per one-step shift
     # deterministic steps of a rollout: "euler" (the scheduler's ODE / DDIM eta 0 step) | "dpm2" (DPM-Solver++(2M)
     # on the x0 prediction, MixGRPO-Flash; flow-matching domains only; first order after the window and at the start)

@@ -99,7 +99,7 @@ INT_FIELDS = (
     ("train.gradient_weighting_num_probes", 0, None, "0 = exact per-sample gradients, P > 0 = P probes"),
     ("sample.window_size", 0, None, "0 = the first round(train.timestep_fraction x num_steps) steps"),
     ("sample.window_start", 0, None, "a scheduler step"),
-    ("sample.window_max_start", 0, None, "a scheduler step"),
+    ("sample.window_max_start", -1, None, "a scheduler step, or -1 = the latest that fits"),
     ("sample.window_shift_every", 1, None, "epochs per one-step shift of a progressive window"),
     ("train.fp_num_timesteps", 1, None, "re-noised timesteps per final sample per pass"),
     ("reward.max_retries", 0, None, ""),
@@ -236,6 +236,14 @@ FP_TIMESTEP_SAMPLING = ("stratified", "uniform")
 FLOW_ONLY_OBJECTIVES = ("grpo_guard",)  # GRPO-Guard's RatioNorm is derived for the flow SDE's transition
 
 
+def latest_window_start(sample: ml_collections.ConfigDict) -> int:
+    """sample.window_max_start, with -1 read as the latest start whose window ends before the last step (so a preset
+    that changes num_steps keeps a window that slides to the end)."""
+    if sample.window_max_start >= 0:
+        return sample.window_max_start
+    return sample.num_steps - 1 - sample.window_size
+
+
 def check_window_and_objective(config: ml_collections.ConfigDict) -> None:
     """The stochastic window, the deterministic solver, and the objectives' own fields (ranges are in the tables
     above)."""
@@ -262,14 +270,18 @@ def check_window_and_objective(config: ml_collections.ConfigDict) -> None:
         _require(s.window_start + s.window_size <= last,
                  f"sample.window_start={s.window_start} + sample.window_size={s.window_size} must be <= "
                  f"sample.num_steps - 1 = {last}: the window may not reach the last step")
+    elif s.window_max_start == -1:
+        _require(s.window_size <= last,
+                 f"sample.window_size={s.window_size} must be <= sample.num_steps - 1 = {last}: the window may not "
+                 "reach the last step")
     else:
         _require(s.window_max_start + s.window_size <= last,
                  f"sample.window_max_start={s.window_max_start} + sample.window_size={s.window_size} must be <= "
                  f"sample.num_steps - 1 = {last}: the latest window may not reach the last step")
     if s.window_mode == "progressive":
-        _require(s.window_start <= s.window_max_start,
+        _require(s.window_start <= latest_window_start(s),
                  f"sample.window_start={s.window_start} must be <= sample.window_max_start={s.window_max_start} "
-                 "(a progressive window slides from the one to the other)")
+                 f"(here {latest_window_start(s)}; a progressive window slides from the one to the other)")
 
 
 def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:

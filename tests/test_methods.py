@@ -11,7 +11,7 @@ sys.path.insert(0, str(ROOT))
 
 from config.grpo import get_config  # noqa: E402
 from config.methods import METHODS  # noqa: E402
-from config.validate import validate  # noqa: E402
+from config.validate import latest_window_start, validate  # noqa: E402
 from scripts.bench_time_to_reward import (  # noqa: E402
     first_reach,
     mean_interval,
@@ -48,7 +48,11 @@ def test_baseline_trains_every_step_but_the_last_and_fast_windows_are_short():
     fast = get_config("tiny_cpu+flow_grpo_fast")
     assert fast.sample.window_size == 2 and fast.sample.window_mode == "random"
     mix = get_config("tiny_cpu+mixgrpo")
-    assert mix.sample.window_max_start + mix.sample.window_size == mix.sample.num_steps - 1
+    assert mix.sample.window_max_start == -1  # the latest start that fits, read when the run starts
+    assert latest_window_start(mix.sample) + mix.sample.window_size == mix.sample.num_steps - 1 == 9
+    mix.sample.num_steps = 20  # a preset or command line changing the steps afterwards: the window still slides
+    assert latest_window_start(mix.sample) == 15  # to the end
+    validate(mix, 1)
 
 
 def test_motion_preset_takes_the_ddim_methods_and_refuses_the_flow_only_one():

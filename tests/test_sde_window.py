@@ -280,6 +280,10 @@ def test_with_train_steps_shares_the_grid_and_checks_its_range():
                 setattr(c.sample, "window_max_start", 8)), "sample.window_max_start"),
     (lambda c: (setattr(c.sample, "window_size", 2), setattr(c.sample, "window_mode", "progressive"),
                 setattr(c.sample, "window_start", 4), setattr(c.sample, "window_max_start", 3)), "sample.window_start"),
+    (lambda c: (setattr(c.sample, "window_size", 10), setattr(c.sample, "window_mode", "progressive"),
+                setattr(c.sample, "window_max_start", -1)), "sample.window_size"),  # -1: no start fits
+    (lambda c: (setattr(c.sample, "window_size", 2), setattr(c.sample, "window_mode", "random"),
+                setattr(c.sample, "window_max_start", -2)), "sample.window_max_start"),
     (lambda c: setattr(c.sample, "window_mode", "sliding"), "sample.window_mode"),
     (lambda c: setattr(c.sample, "window_shift_every", 0), "sample.window_shift_every"),
     (lambda c: setattr(c.sample, "ode_solver", "dpm2"), "sample.ode_solver"),  # the toy domain is DDIM

@@ -19,8 +19,9 @@ pytestmark = pytest.mark.skipif(not (ROOT / "checkpoints" / "recam_tiny_base" / 
 
 
 # Three denoising steps instead of the smoke preset's six, for tests about bookkeeping across processes and
-# restarts rather than about what training learns: half the sampling and training time.
-SHORT = ("--config.sample.num_steps=3", "--config.sample.eval_num_steps=3")
+# restarts rather than about what training learns: half the sampling and training time. The default's MixGRPO
+# window (4 steps) shrinks to the 2 that fit before the last step.
+SHORT = ("--config.sample.num_steps=3", "--config.sample.eval_num_steps=3", "--config.sample.window_size=2")
 
 
 def run(run_dir, *overrides, check=True, launcher=None):
@@ -176,7 +177,7 @@ def test_lora_run_trains_only_the_adapter_and_its_reference_is_the_base(tmp_path
 
 SMOKE_SIZE = ("--config.num_epochs=1", "--config.data.num_train_conditions=16",
               "--config.data.num_heldout_conditions=4", "--config.sample.num_batches_per_epoch=1",
-              "--config.sample.num_steps=3", "--config.sample.eval_num_steps=3", "--config.eval.freq=100",
+              *SHORT, "--config.eval.freq=100",
               "--config.eval.num_videos=0", "--config.train.batch_size=4", "--config.data.num_val_conditions=4")
 
 

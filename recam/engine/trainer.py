@@ -289,7 +289,9 @@ class GRPOTrainer:
         s = self.config.sample
         if s.window_size == 0 or self.scheduler.num_train_steps == 0:
             return 0
-        return window_start(s.window_mode, epoch, self.config.seed, s.window_start, s.window_max_start,
+        from config.validate import latest_window_start
+
+        return window_start(s.window_mode, epoch, self.config.seed, s.window_start, latest_window_start(s),
                             s.window_shift_every)
 
     def sample(self, epoch: int) -> Rollouts:
