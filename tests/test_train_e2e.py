@@ -19,9 +19,8 @@ pytestmark = pytest.mark.skipif(not (ROOT / "checkpoints" / "recam_tiny_base" / 
 
 
 # Three denoising steps instead of the smoke preset's six, for tests about bookkeeping across processes and
-# restarts rather than about what training learns: half the sampling and training time. The default's MixGRPO
-# window (4 steps) shrinks to the 2 that fit before the last step.
-SHORT = ("--config.sample.num_steps=3", "--config.sample.eval_num_steps=3", "--config.sample.window_size=2")
+# restarts rather than about what training learns: half the sampling and training time.
+SHORT = ("--config.sample.num_steps=3", "--config.sample.eval_num_steps=3")
 
 
 def run(run_dir, *overrides, check=True, launcher=None):
