@@ -216,7 +216,10 @@ def write_markdown(path: Path, summary: dict, reward: str, command: str, args) -
              f"torch thread(s) each, training budget {args.budget_s:g} s per run, evaluation every "
              f"{args.eval_every_s:g} training seconds)"
              + ("; this report was rewritten from those runs' logs with `--report-only`." if args.report_only else
-                "."), "",
+                ".")
+             + (f" {args.reused} of the {len(summary['methods']) * len(args.seeds)} runs had finished in an earlier "
+                f"invocation with the same settings (`{args.runs_dir}`) and were read, not rerun."
+                if getattr(args, "reused", 0) and not args.report_only else ""), "",
              f"Target: the baseline ({summary['baseline']})'s best seed-mean held-out {reward}, "
              f"{summary['target']:.4f} at {summary['baseline_best_at_s']:g} s. Times are training seconds (sampling, "
              "reward wait and updates; evaluations excluded) at the first evaluation where the seed-mean curve "
@@ -314,6 +317,7 @@ def main(argv=None) -> int:
             if read_run(run_dir, reward) is None:
                 jobs.append((m, seed, run_dir, run_command(args.preset, m, seed, run_dir, args.budget_s,
                                                            args.eval_every_s, args.threads)))
+    args.reused = len(methods) * len(args.seeds) - len(jobs)  # finished runs found in runs_dir, not rerun
     if jobs and not args.report_only:
         print(f"{len(jobs)} runs, {args.parallel} at a time, about {len(jobs) * args.budget_s / args.parallel / 60:.0f}"
               " minutes of training plus evaluations", flush=True)
