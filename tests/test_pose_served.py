@@ -102,12 +102,20 @@ class FakePoseServer:
                                             "auth": self.headers.get("Authorization")})
                     server.in_flight += 1
                     server.peak = max(server.peak, server.in_flight)
+                self._in_flight = True
                 try:
                     if server.hold_s:
                         server.stop.wait(server.hold_s)
                     actions = server.script.get(sample, [server.default])
                     self._act(actions[min(n, len(actions) - 1)], body)
                 finally:
+                    self._done()
+
+            def _done(self):
+                # A request stops counting before its answer is written: once the client has the answer it may
+                # send the next one, which a handler still on its way out would otherwise count as a 4th of 3.
+                if getattr(self, "_in_flight", False):
+                    self._in_flight = False
                     with server.lock:
                         server.in_flight -= 1
 
@@ -136,6 +144,7 @@ class FakePoseServer:
                 self._raw(code, json.dumps(obj).encode(), headers)
 
             def _raw(self, code, data, headers=None):
+                self._done()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
