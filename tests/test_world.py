@@ -160,3 +160,13 @@ def test_render_is_fast():
     print(f"render 8 frames 32x32: {best * 1e3:.2f} ms (best of 5)")
     assert video.shape == (3, 8, 32, 32)
     assert best < 0.2
+
+
+def test_a_world_without_its_item_builder_cannot_be_constructed():
+    from recam.domains.camera.world import SeededWorld
+
+    class Incomplete(SeededWorld):
+        pass
+
+    with pytest.raises(TypeError, match="_make"):
+        Incomplete("train", 2, 0, 4, 1)

@@ -21,6 +21,7 @@ centre it looks at; unlike "dolly", which moves along the optical axis, it is ai
 
 from __future__ import annotations
 
+import abc
 import math
 from dataclasses import dataclass
 
@@ -451,7 +452,7 @@ def condition_from_trajectories(split: str, scene_id: int, cond_index: int, capt
     )
 
 
-class SeededWorld(Dataset):
+class SeededWorld(Dataset, abc.ABC):
     """What the synthetic worlds share: split checks, scene ids per split, index checks and the item cache.
 
     Item i belongs to scene i // conditions_per_scene of the split; train scenes have ids 0, 1, 2, ..., held-out
@@ -480,8 +481,9 @@ class SeededWorld(Dataset):
     def scene_id(self, i: int) -> int:
         return i // self.conditions_per_scene + _SCENE_OFFSETS[self.split]
 
+    @abc.abstractmethod
     def _make(self, i: int) -> Condition:
-        raise NotImplementedError(f"{type(self).__name__} must build its item i in _make (a SeededWorld hook)")
+        """Build item i (deterministic in seed, split and i); a world without it cannot be constructed."""
 
     def __getitem__(self, i: int) -> Condition:
         if not isinstance(i, (int, np.integer)):
