@@ -103,6 +103,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.num_inner_epochs = 1  # passes over the epoch's samples
     c.train.gradient_accumulation_steps = 16  # micro-batches per optimizer step; 16 = the whole epoch in one step
     c.train.timestep_fraction = 0.5  # fraction of denoising steps trained: the noisiest, where layout and camera form
+    # "uniform" | "score_balanced": each trained step's loss x std_j / |d mean_j / d output| (mean 1), so the
+    # low-noise steps' log-prob gradients, ~1/std_j, do not drown the noisy ones (recam.engine.objective)
+    c.train.step_weighting = "uniform"
     # how stored samples become a loss (recam.engine.objective.OBJECTIVES): "grpo" (clipped ratio per trained step),
     # "grpo_guard" (GRPO-Guard: ratio normalisation and |dt| weighting; flow SDE only), "nft" (DiffusionNFT) and
     # "awm" (advantage weighted matching) train on re-noised final samples without log-probs

@@ -293,7 +293,7 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
     from recam.engine.advantages import STD_MODES
     from recam.engine.domain import DOMAINS, known_domains
     from recam.engine.losses import KL_ESTIMATORS, POLICY_LOSSES
-    from recam.engine.objective import OBJECTIVES, known_objectives
+    from recam.engine.objective import OBJECTIVES, STEP_WEIGHTINGS, known_objectives
     from recam.engine.variants import VARIANT_SWITCHES  # (importing it registers the "grpo_variants" policy loss)
     from recam.infra.reward_runner import FailurePolicy
 
@@ -340,6 +340,11 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
     _require(t.policy_loss in POLICY_LOSSES,
              f"train.policy_loss={t.policy_loss!r} is not registered; known: {sorted(POLICY_LOSSES)}")
     _require(t.kl_type in KL_ESTIMATORS, f"train.kl_type={t.kl_type!r} unknown; use one of {sorted(KL_ESTIMATORS)}")
+    _require(t.step_weighting in STEP_WEIGHTINGS,
+             f"train.step_weighting={t.step_weighting!r} unknown; use one of {list(STEP_WEIGHTINGS)}")
+    _require(t.step_weighting == "uniform" or t.objective == "grpo",
+             f"train.step_weighting={t.step_weighting!r} weights GRPO's log-prob steps; train.objective="
+             f"{t.objective!r} has its own weighting: set train.step_weighting='uniform' or train.objective='grpo'")
     _require(t.objective in known_objectives(),
              f"train.objective={t.objective!r} unknown; use one of {sorted(OBJECTIVES)}")
     check_window_and_objective(config)

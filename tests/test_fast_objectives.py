@@ -6,6 +6,7 @@ import torch
 from torch.distributions import Normal
 
 from config.base import get_config
+from config.validate import ConfigError, validate
 from recam.engine.fast_objectives import (
     AWMObjective,
     GRPOGuardObjective,
@@ -22,7 +23,7 @@ from recam.engine.fast_objectives import (
     sample_noise_levels,
     self_normalized_sq_error,
 )
-from recam.engine.objective import OBJECTIVES, GRPOObjective
+from recam.engine.objective import OBJECTIVES, GRPOObjective, step_weights
 from recam.engine.rollout import rescore, rollout
 from recam.engine.scheduler import DDIMScheduler, FlowMatchScheduler
 
@@ -480,3 +481,75 @@ def test_forward_objectives_validate():
     mb = forward_mb(policy=Model(0), old=None)
     with pytest.raises(ValueError, match="old policy"):
         NFTObjective(train_config(beta=0.0), FlowForward()).accumulate(mb, lambda loss, last: None)
+
+
+# ---- GRPO's step weighting (train.step_weighting) ----
+
+def test_step_std_matches_hand_formulas():
+    # DDIM: std_j = eta sqrt((1 - a_prev) / (1 - a_t)) sqrt(1 - a_t / a_prev); flow SDE: a sqrt(s / (1 - s)) sqrt(dt),
+    # with s_next for s inside (1 - s) at s = 1 (Flow-GRPO's substitution at the first step)
+    ac = torch.linspace(0.999, 0.01, 100, dtype=torch.float64)
+    sched = DDIMScheduler(ac.float(), 10, 0.8, "sample", 4)
+    for j in range(9):
+        a_t, a_prev = float(ac[int(sched.timesteps[j])]), float(ac[int(sched.prev[j])])
+        expected = 0.8 * ((1 - a_prev) / (1 - a_t) * (1 - a_t / a_prev)) ** 0.5
+        assert sched.step_std(j) == pytest.approx(expected, rel=1e-5)
+    flow = FlowMatchScheduler(num_steps=6, shift=3.0, noise_level=0.7, sde_type="sde")
+    for j in range(5):
+        s, s_next = float(flow.sigmas[j]), float(flow.sigmas[j + 1])
+        one_minus = 1 - (s_next if s == 1 else s)
+        assert flow.step_std(j) == pytest.approx(0.7 * (s / one_minus) ** 0.5 * (s - s_next) ** 0.5, rel=1e-5)
+
+
+@pytest.mark.parametrize("sched", [DDIMScheduler(torch.linspace(0.999, 0.01, 100), 10, 1.0, "sample", 8),
+                                   FlowMatchScheduler(num_steps=8, shift=3.0, noise_level=0.7, sde_type="sde"),
+                                   FlowMatchScheduler(num_steps=8, shift=3.0, noise_level=0.7, sde_type="cps")],
+                         ids=["ddim", "flow_sde", "cps"])
+def test_score_balanced_weights_equalise_the_log_prob_gradient_per_unit_output(sched):
+    """Independent of the weights' formula: autograd's d log p_j / d output, with next states drawn from step j,
+    has RMS c_j / std_j per element; times the weight it must be the same at every step (and the weights mean 1)."""
+    T = 6
+    w = step_weights(sched, 1, T, "score_balanced")
+    assert w.mean().item() == pytest.approx(1.0) and step_weights(sched, 1, T, "uniform").tolist() == [1.0] * T
+    g = torch.Generator().manual_seed(0)
+    rms = []
+    for j in range(1, 1 + T):
+        x = torch.randn(4000, 8, generator=g)
+        out = torch.randn(4000, 8, generator=g).requires_grad_(True)
+        drawn = sched.transition(j, out.detach(), x, noise=torch.randn(4000, 8, generator=g)).prev_sample
+        step = sched.transition(j, out, x, next_state=drawn)
+        (grad,) = torch.autograd.grad(step.log_prob.sum(), out)
+        rms.append(float(grad.pow(2).mean().sqrt()) * 8)  # log_prob averages the 8 elements
+    weighted = torch.tensor(rms, dtype=torch.float64) * w
+    assert float(weighted.std() / weighted.mean()) < 0.03, (rms, w)
+    assert max(rms) / min(rms) > 2  # the unweighted gradients do differ
+
+
+def test_grpo_step_weighting_scales_each_steps_gradient():
+    sched, policy, mb = guard_case(0.02, reference_seed=5, perturb=0.02)
+    params = list(policy.parameters())
+    uniform, balanced = [], []
+    _, pieces_u, _ = run(GRPOObjective(train_config(beta=0.02), sched), mb, params, uniform)
+    metrics, pieces_b, _ = run(GRPOObjective(train_config(beta=0.02, step_weighting="score_balanced"), sched), mb,
+                               params, balanced)
+    w = step_weights(sched, 0, 3, "score_balanced")
+    assert float((w - 1).abs().max()) > 0.05
+    for j in range(3):
+        assert metrics[j]["step_weight"].item() == pytest.approx(float(w[j]))
+        torch.testing.assert_close(pieces_b[j], pieces_u[j] * float(w[j]))
+        for a, b in zip(balanced[j], uniform[j], strict=True):
+            torch.testing.assert_close(a, b * float(w[j]))
+
+
+def test_step_weighting_is_validated():
+    with pytest.raises(ValueError, match="score_balanced"):
+        step_weights(DDIMScheduler(torch.linspace(0.999, 0.01, 100), 10, 1.0, "sample", 3), 0, 3, "noisy")
+    with pytest.raises(ValueError, match="std > 0"):  # eta 0: no step is stochastic, nothing to balance
+        step_weights(DDIMScheduler(torch.linspace(0.999, 0.01, 100), 10, 0.0, "sample", 3), 0, 3, "score_balanced")
+    c = get_config()
+    c.train.step_weighting = "noise"
+    with pytest.raises(ConfigError, match="train.step_weighting"):
+        validate(c, 1)
+    c.train.step_weighting, c.train.objective = "score_balanced", "awm"
+    with pytest.raises(ConfigError, match="train.step_weighting='score_balanced' weights GRPO"):
+        validate(c, 1)

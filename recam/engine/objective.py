@@ -35,6 +35,16 @@ from recam.infra.registry import registrar
 
 OBJECTIVES: dict[str, type] = {}
 
+# How GRPO weights its trained steps against each other (train.step_weighting):
+#   "uniform": every trained step's loss counts alike (Flow-GRPO, DDPO);
+#   "score_balanced": step j's loss is scaled by std_j / c_j (c_j = |d mean_j / d model output|, normalised to mean
+#   1 over the trained steps), so that a unit change of the model output moves every step's log-prob by the same
+#   expected amount. Unweighted, the log-prob gradient of step j grows like c_j / std_j: on a DDPM schedule the
+#   last stochastic step (std ~ 0.006 against ~0.5 at the noisy end, motion_tiny_cpu) carries hundreds of times the
+#   gradient of the noisy steps, and an update made for it is what the noisy steps get. In the spirit of
+#   TempFlow-GRPO's noise-aware weighting (weights that grow with the step's noise), derived here from the step.
+STEP_WEIGHTINGS = ("uniform", "score_balanced")
+
 
 def register_objective(name: str):
     """Decorator adding an objective class cls(train_config, scheduler) to OBJECTIVES."""
@@ -90,6 +100,20 @@ class MicroBatch:
     epoch: int = 0  # the training epoch (keys per-epoch randomness such as forward-process re-noising)
 
 
+def step_weights(scheduler, start: int, T: int, mode: str) -> torch.Tensor:
+    """(T,) float64 weights of the trained steps start .. start + T - 1, mean 1 (see STEP_WEIGHTINGS)."""
+    if mode not in STEP_WEIGHTINGS:
+        raise ValueError(f"step weighting must be one of {STEP_WEIGHTINGS}, got {mode!r}")
+    if mode == "uniform" or T == 0:
+        return torch.ones(T, dtype=torch.float64)
+    raw = torch.tensor([scheduler.step_std(j) / scheduler.output_coefficient(j) for j in range(start, start + T)],
+                       dtype=torch.float64)
+    if not bool(torch.isfinite(raw).all()) or not bool((raw > 0).all()):
+        raise ValueError(f"score_balanced step weights need stochastic steps with std > 0; steps {start}.."
+                         f"{start + T - 1} give std / coefficient {raw.tolist()}")
+    return raw / raw.mean()
+
+
 @register_objective("grpo")
 class GRPOObjective:
     """Clipped-ratio policy loss with a KL pull toward the reference, per trained transition; one backward per
@@ -105,6 +129,14 @@ class GRPOObjective:
                                      {k: t[k] for k in LOSS_FLAGS})
         self.kl_estimator = get_kl_estimator(t.kl_type)
         self.variants = VariantInputs(t, scheduler)  # inert unless a variant is switched on
+        self._step_weights: dict[tuple[int, int], torch.Tensor] = {}
+
+    def step_weights(self, start: int, T: int) -> torch.Tensor:
+        """(T,) the loss weights of scheduler steps start .. start + T - 1 (train.step_weighting), mean 1."""
+        key = (start, T)
+        if key not in self._step_weights:
+            self._step_weights[key] = step_weights(self.scheduler, start, T, self.t.step_weighting)
+        return self._step_weights[key]
 
     def accumulate(self, mb: MicroBatch, backward: Callable[[torch.Tensor, bool], None]) -> list[dict]:
         """Backward of each trained timestep's loss / T (the step's loss averages its timesteps);
@@ -113,6 +145,7 @@ class GRPOObjective:
         t, sched, T, k0 = self.t, self.scheduler, mb.old_log_probs.shape[1], mb.step_offset
         device = mb.states.device
         prepared = self.variants.prepare(mb)
+        weights = self.step_weights(k0, T).tolist()
         out = []
         for j in range(T):
             cur = rescore(mb.policy, mb.states, sched, j, mb.element_mask, k0)
@@ -130,7 +163,8 @@ class GRPOObjective:
                 metrics["mean_log_prob_ref"] = ref.log_prob.mean()
             metrics["importance_weight_var"] = (cur.log_prob.detach() - old).clamp(
                 -t.log_ratio_clamp, t.log_ratio_clamp).exp().var(unbiased=False)
-            backward(loss / T, j == T - 1)
+            metrics["step_weight"] = torch.tensor(weights[j])
+            backward(loss * weights[j] / T, j == T - 1)
             out.append({k: v.detach() for k, v in metrics.items()})
         return out
 

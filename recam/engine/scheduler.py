@@ -60,6 +60,12 @@ class Scheduler(Protocol):
     def deterministic(self, j: int, output: Tensor, x: Tensor) -> Tensor:
         """Step j without noise (the probability-flow ODE / DDIM with eta 0)."""
 
+    def output_coefficient(self, j: int) -> float:
+        """|d mean / d output| of step j's transition (every step is affine in the model output)."""
+
+    def step_std(self, j: int) -> float:
+        """The standard deviation of step j's transition."""
+
     def with_steps(self, num_steps: int) -> Scheduler:
         """The same scheduler on another number of steps (evaluation), nothing trained."""
 
@@ -153,6 +159,12 @@ class FlowMatchScheduler:
         b = fn(zero, s, s_next, zero, self.noise_level, prev_sample=zero).mean
         return float((a - b).abs())
 
+    def step_std(self, j: int) -> float:
+        """The standard deviation of step j's transition (the same for every element)."""
+        zero = torch.zeros(1, 1)
+        fn, s, s_next = FLOW_STEPS[self.sde_type], self.sigmas[j].cpu(), self.sigmas[j + 1].cpu()
+        return float(fn(zero, s, s_next, zero, self.noise_level, prev_sample=zero).std.flatten()[0])
+
     def with_steps(self, num_steps: int) -> FlowMatchScheduler:
         return FlowMatchScheduler(num_steps, self.shift, self.noise_level, self.sde_type, 0, self.device,
                                   self.reduction)
@@ -203,6 +215,11 @@ class DDIMScheduler:
         a = self._step(j, one, zero, self.eta, zero).mean
         b = self._step(j, zero, zero, self.eta, zero).mean
         return float((a - b).abs())
+
+    def step_std(self, j: int) -> float:
+        """The standard deviation of step j's transition at the scheduler's eta."""
+        zero = torch.zeros(1, 1)
+        return float(self._step(j, zero, zero, self.eta, zero).std.flatten()[0])
 
     def with_steps(self, num_steps: int) -> DDIMScheduler:
         return DDIMScheduler(self.alphas_cumprod.float(), num_steps, self.eta, self.prediction_type, 0, self.device,
