@@ -276,6 +276,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.seed = 1234  # fixed noise seed for evaluation
     c.eval.batch_size = 16  # conditions per evaluation forward
     c.eval.num_videos = 4  # held-out conditions written as source | ground truth | generated videos
+    # also evaluate the first N training conditions (metrics train_eval/...): does the policy improve on what it
+    # trains on? 0 = off
+    c.eval.num_train_conditions = 0
     c.eval.report_rewards = "cam_score,fidelity"  # also scored at evaluation, whatever their weight (never in avg)
     # Which evaluated checkpoint (base, every eval.freq epochs, last) the run reports: "" = the last; a reward name =
     # the one with the best validation value of it (validation conditions, never the held-out ones that measure it).

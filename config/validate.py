@@ -93,6 +93,7 @@ INT_FIELDS = (
     ("data.num_train_conditions", 0, None, ""),
     ("data.num_heldout_conditions", 0, None, ""),
     ("data.num_val_conditions", 0, None, ""),
+    ("eval.num_train_conditions", 0, None, "0 = no evaluation on training conditions"),
     ("data.seed", 0, 2**32 - 1, ""),
     ("model.lora_rank", 0, None, "0 = full fine-tuning"),
     ("sample.eval_num_steps", 1, None, "ODE steps of held-out evaluation"),

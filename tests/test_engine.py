@@ -4,13 +4,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from diffusers import DDPMScheduler
 
 from recam.engine.rollout import deterministic_sample, per_sample_noise, rescore, rollout
 from recam.engine.scheduler import DDIMScheduler, FlowMatchScheduler
 from recam.engine.sde import ddim_step_with_logprob, flow_sde_step, ode_step
-from recam.engine.trainer import step_sample_weights
+from recam.engine.trainer import FirstConditions, step_sample_weights
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -94,3 +95,26 @@ def test_engine_imports_no_domain_and_no_reward():
             "print(sorted(m for m in sys.modules if m.startswith(('rewards', 'recam.domains'))))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_first_conditions_is_the_splits_head_and_reads_through():
+    class Split:
+        kind = "world"
+
+        def __init__(self):
+            self.items = [f"caption {i}" for i in range(5)]
+
+        def __len__(self):
+            return len(self.items)
+
+        def __getitem__(self, i):
+            return self.items[i]
+
+        def condition_id(self, i):
+            return f"id{i}"
+
+    head = FirstConditions(Split(), 3)
+    assert len(head) == 3 and list(head) == ["caption 0", "caption 1", "caption 2"] and head[-1] == "caption 2"
+    assert head.kind == "world" and head.condition_id(1) == "id1"
+    with pytest.raises(IndexError):
+        head[3]

@@ -1,6 +1,7 @@
 """End-to-end runs of scripts/train_recam.py on the smoke preset (CPU, the committed base checkpoint)."""
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -39,7 +40,7 @@ def records(run_dir, kind):
 
 def test_smoke_run_logs_verifiable_grpo_and_checkpoints(tmp_path):
     p = run(tmp_path, "--config.num_epochs=2", "--config.train.batch_size=4", "--config.eval.freq=1",
-            "--config.keep_checkpoints=1")
+            "--config.keep_checkpoints=1", "--config.eval.num_train_conditions=2")
     epochs = records(tmp_path, "epoch")
     assert [e["epoch"] for e in epochs] == [0, 1]
     for e in epochs:
@@ -62,6 +63,8 @@ def test_smoke_run_logs_verifiable_grpo_and_checkpoints(tmp_path):
     ordered = records(tmp_path, "eval")
     assert [r["checkpoint"] for r in ordered] == ["epoch_0000", "epoch_0001", "epoch_0002"]
     assert all(r["val/num_conditions"] == 8 and r["eval/num_conditions"] == 8 for r in ordered)
+    # eval.num_train_conditions: the first 2 training conditions, evaluated like the held-out ones
+    assert all(r["train_eval/num_conditions"] == 2 and math.isfinite(r["train_eval/cam_score"]) for r in ordered)
     floor = ordered[0]["val/fidelity"] - 0.01
     best = max((r for r in ordered if r["val/fidelity"] >= floor or r is ordered[0]),
                key=lambda r: r["val/cam_score"])
@@ -75,7 +78,7 @@ def test_smoke_run_logs_verifiable_grpo_and_checkpoints(tmp_path):
     # is reported as it was, and nothing else in the log changes.
     log_before = [r for r in records(tmp_path, "eval")]
     again = run(tmp_path, "--config.num_epochs=2", "--config.train.batch_size=4", "--config.eval.freq=1",
-                "--config.keep_checkpoints=1")
+                "--config.keep_checkpoints=1", "--config.eval.num_train_conditions=2")
     assert "had already finished at epoch 2" in again.stdout
     after = records(tmp_path, "eval")
     assert [r["tag"] for r in after] == [r["tag"] for r in log_before]

@@ -13,6 +13,7 @@ import copy
 import json
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -62,6 +63,28 @@ from recam.infra.schema import reward_terms
 OLD_POLICY = "old_policy.json"  # checkpoint side file: the old policy's trainable parameters, exact
 
 
+TRAIN_PROBE_PREFIX = "train_eval"  # metrics of eval.num_train_conditions training conditions (not "train/": wandb's)
+
+
+class FirstConditions(Sequence):
+    """The first n conditions of a split, read through to the split itself (its own attributes included), so a
+    domain collates them exactly as it collates the split."""
+
+    def __init__(self, dataset, n: int):
+        self.dataset, self.n = dataset, int(n)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        if not -self.n <= int(i) < self.n:
+            raise IndexError(f"condition {i} of {self.n}")
+        return self.dataset[int(i) % self.n]
+
+    def __getattr__(self, name):
+        return getattr(self.dataset, name)
+
+
 class GRPOTrainer:
     def __init__(self, config, domain, accelerator, log, derived: dict, report_rewards: tuple[str, ...] = ()):
         self.config, self.domain, self.accelerator, self.log, self.derived = config, domain, accelerator, log, derived
@@ -75,6 +98,10 @@ class GRPOTrainer:
         self.train_set, self.heldout, self.val_set = splits.train, splits.heldout, splits.val
         log.info(f"data ({config.domain} domain): {len(self.train_set)} training / {len(self.heldout)} held-out"
                  + (f" / {len(self.val_set)} validation conditions" if self.val_set is not None else " conditions"))
+        # the first N training conditions, evaluated like the held-out ones: whether the policy improves on the
+        # conditions it trains on at all, which tells an optimisation problem from a generalisation one
+        n_probe = min(config.eval.num_train_conditions, len(self.train_set))
+        self.train_probe = FirstConditions(self.train_set, n_probe) if n_probe else None
         if config.eval.select_by and self.val_set is None:
             log.info(f"eval.select_by={config.eval.select_by!r} is ignored: this data has no validation split, so "
                      "the run reports its last epoch")
@@ -650,6 +677,8 @@ class GRPOTrainer:
             out = self.evaluate_split(self.heldout, tag, "eval", self.run_dir / self.domain.examples_dir)
             if self.val_set is not None:
                 out.update(self.evaluate_split(self.val_set, tag, "val", None))
+            if self.train_probe is not None:
+                out.update(self.evaluate_split(self.train_probe, tag, TRAIN_PROBE_PREFIX, None))
         # epoch = the last trained epoch, so resuming or rolling back keeps exactly that checkpoint's evaluations
         self.log.eval_record(tag, self.global_step, out, epoch=int(checkpoint.removeprefix("epoch_")) - 1,
                              checkpoint=checkpoint, progress=self.progress())
