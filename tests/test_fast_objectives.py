@@ -553,3 +553,26 @@ def test_step_weighting_is_validated():
     c.train.step_weighting, c.train.objective = "score_balanced", "awm"
     with pytest.raises(ConfigError, match="train.step_weighting='score_balanced' weights GRPO"):
         validate(c, 1)
+
+
+def test_step_gradients_script_tables_every_trained_step():
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run([sys.executable, "scripts/step_gradients.py", "--config", "config/grpo.py:toy",
+                        "--config.toy.pretrain_steps=20", "--conditions", "4"], cwd=root, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = [[float(x) for x in line.strip("|").split("|")] for line in p.stdout.splitlines()
+            if re.match(r"^\| \d", line)]
+    from config.grpo import toy
+
+    c = toy()
+    assert [int(r[0]) for r in rows] == list(range(round(c.train.timestep_fraction * c.sample.num_steps)))
+    assert sum(r[5] for r in rows) / len(rows) == pytest.approx(1.0, abs=0.01)  # weights printed to 3 digits
+    for r in rows:
+        assert r[4] > 0 and r[6] == pytest.approx(r[4] * r[5], rel=0.01)
+    assert "largest / smallest step" in p.stdout
