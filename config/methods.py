@@ -31,6 +31,13 @@ def flow_grpo(c: ml_collections.ConfigDict) -> None:
     c.sample.window_mode, c.sample.window_start = "fixed", 0
 
 
+def flow_grpo_balanced(c: ml_collections.ConfigDict) -> None:
+    """Flow-GRPO's recipe with its steps' losses weighted by std_j / |d mean_j / d output| (train.step_weighting
+    "score_balanced"), so the low-noise steps' larger log-prob gradients do not make up most of the update."""
+    flow_grpo(c)
+    c.train.step_weighting = "score_balanced"
+
+
 def flow_grpo_fast(c: ml_collections.ConfigDict) -> None:
     """Flow-GRPO-Fast: an ODE trajectory with a window of 2 stochastic, trained steps, placed at a random start in
     the noisier half each epoch."""
@@ -81,7 +88,8 @@ def awm(c: ml_collections.ConfigDict) -> None:
 
 
 METHODS: dict[str, Callable[[ml_collections.ConfigDict], None]] = {
-    "preset": preset, "flow_grpo": flow_grpo, "flow_grpo_fast": flow_grpo_fast, "mixgrpo": mixgrpo,
+    "preset": preset, "flow_grpo": flow_grpo, "flow_grpo_balanced": flow_grpo_balanced,
+    "flow_grpo_fast": flow_grpo_fast, "mixgrpo": mixgrpo,
     "mixgrpo_flash": mixgrpo_flash, "grpo_guard": grpo_guard, "nft": nft, "awm": awm,
 }
 

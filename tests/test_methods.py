@@ -45,6 +45,9 @@ def test_methods_change_only_the_algorithm():
 def test_baseline_trains_every_step_but_the_last_and_fast_windows_are_short():
     c = get_config("tiny_cpu+flow_grpo")
     assert c.sample.window_size == c.sample.num_steps - 1 and c.sample.window_start == 0
+    balanced = get_config("tiny_cpu+flow_grpo_balanced")
+    assert balanced.sample.window_size == c.sample.window_size and balanced.train.step_weighting == "score_balanced"
+    assert c.train.step_weighting == "uniform"
     fast = get_config("tiny_cpu+flow_grpo_fast")
     assert fast.sample.window_size == 2 and fast.sample.window_mode == "random"
     mix = get_config("tiny_cpu+mixgrpo")
