@@ -1,5 +1,6 @@
 """The engine on its own: schedulers, rollouts, step weights, and the seam that keeps domains out of it."""
 
+import copy
 import subprocess
 import sys
 from pathlib import Path
@@ -118,3 +119,5 @@ def test_first_conditions_is_the_splits_head_and_reads_through():
     assert head.kind == "world" and head.condition_id(1) == "id1"
     with pytest.raises(IndexError):
         head[3]
+    copied = copy.deepcopy(head)  # a copy is built without __init__: attribute lookup must not recurse
+    assert list(copied) == list(head) and copied.condition_id(2) == "id2"

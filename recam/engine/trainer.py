@@ -82,6 +82,8 @@ class FirstConditions(Sequence):
         return self.dataset[int(i) % self.n]
 
     def __getattr__(self, name):
+        if name == "dataset":  # not set yet (copy, unpickling): without this the lookup below would recurse
+            raise AttributeError(name)
         return getattr(self.dataset, name)
 
 
