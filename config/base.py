@@ -90,6 +90,10 @@ def get_config() -> ml_collections.ConfigDict:
     # deterministic steps of a rollout: "euler" (the scheduler's ODE / DDIM eta 0 step) | "dpm2" (DPM-Solver++(2M)
     # on the x0 prediction, MixGRPO-Flash; flow-matching domains only; first order after the window and at the start)
     c.sample.ode_solver = "euler"
+    # the k copies of a condition start from one initial noise (drawn per condition and epoch), so that their
+    # rewards differ only by the noise of the steps that are trained: a reward difference that the initial noise
+    # made would enter the advantage while no trained step is responsible for it (DanceGRPO's shared noise)
+    c.sample.same_initial_noise = False
 
     # ---- training ----
     c.train = ml_collections.ConfigDict()
@@ -100,6 +104,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.adam_weight_decay = 1e-4  # AdamW weight decay
     c.train.adam_epsilon = 1e-8  # AdamW epsilon
     c.train.max_grad_norm = 1.0  # gradient clipping norm
+    # log grad_cosine_prev, the cosine between consecutive optimizer steps' gradients (costs one fp32 copy of the
+    # trainable parameters): its mean over a run is the share of an update that is signal, not sampling noise
+    # (scripts/diagnose.py reports it as `update_noise`)
+    c.train.log_gradient_cosine = True
     c.train.num_inner_epochs = 1  # passes over the epoch's samples
     c.train.gradient_accumulation_steps = 16  # micro-batches per optimizer step; 16 = the whole epoch in one step
     c.train.timestep_fraction = 0.5  # fraction of denoising steps trained: the noisiest, where layout and camera form

@@ -152,7 +152,8 @@ NUMBER_FIELDS = (
 BOOL_FIELDS = ("resume", "model.gradient_checkpointing", "train.ema", "train.use_ema_smoothing",
                "train.use_gradient_adaptive_weighting", "train.use_amic", "train.use_gspo", "train.use_ptrw",
                "train.use_temporal_decay", "train.temporal_decay_normalize", "train.use_asymmetric_clipping",
-               "advantage.filter_zero_std", "train.guard_dt_weighting")
+               "advantage.filter_zero_std", "train.guard_dt_weighting",
+               "sample.same_initial_noise", "train.log_gradient_cosine")
 
 # Free-form strings ('' allowed); their contents are checked where they are read (domains, validate_files).
 STR_FIELDS = ("data.root", "model.vae", "model.lora_targets", "eval.report_rewards", "eval.select_by",

@@ -70,6 +70,8 @@ class Thresholds:
     reward_std_floor: float = 1e-8
     first_ratio_warn: float = 1e-2
     first_ratio_critical: float = 0.5
+    update_noise_cosine: float = 0.1  # consecutive steps' gradients agreeing below this (95% upper bound): noise
+    update_noise_min_steps: int = 10
 
 
 DEFAULT = Thresholds()
@@ -493,6 +495,46 @@ def _merge(findings: list[tuple[Finding, dict]]) -> list[Finding]:
     return _sorted(out)
 
 
+# ----------------------------------------------------------------------------------------------------------
+# run rules: over every step of a run
+
+
+def rule_update_noise(steps: list[dict], th: Thresholds) -> list[Finding]:
+    """Info when consecutive optimizer steps' gradients barely agree (grad_cosine_prev, logged by the trainer).
+
+    With g = s + n, s the expected gradient and n the noise of a step's own samples, independent between steps,
+    E cos(g_t, g_t-1) ~ |s|^2 / (|s|^2 + var / N): near 0 an update's direction is mostly noise, and the samples per
+    step that would bring the cosine to 1/2 are N (1 - c) / c."""
+    cos = [c for c in (_num(m, "grad_cosine_prev") for m in steps) if _ok(c)]
+    if len(cos) < th.update_noise_min_steps:
+        return []
+    mean = statistics.fmean(cos)
+    half = 1.96 * statistics.stdev(cos) / math.sqrt(len(cos))
+    if mean + half >= th.update_noise_cosine:
+        return []
+    sizes = [n for n in (_num(m, "step_samples") for m in steps) if _ok(n) and n > 0]
+    n = statistics.median(sizes) if sizes else None
+    numbers = {"mean_grad_cosine": mean, "interval_95": half, "steps": len(cos), "samples_per_step": n}
+    need = ""
+    if n is not None:
+        high = mean + half
+        numbers["samples_for_cosine_half_at_least"] = n * (1 - high) / high
+        if mean - half > 0:
+            numbers["samples_for_cosine_half"] = n * (1 - mean) / mean
+            need = (f" A cosine of 1/2 would take about {n * (1 - mean) / mean:.0f} samples per step "
+                    f"(at least {n * (1 - high) / high:.0f}).")
+        else:
+            need = f" A cosine of 1/2 would take at least {n * (1 - high) / high:.0f} samples per step."
+    return [Finding(
+        "update_noise", "info", numbers,
+        f"Consecutive optimizer steps' gradients agree at cosine {mean:.3f} +- {half:.3f} (95%, {len(cos)} steps"
+        + (f", {n:.0f} samples each" if n is not None else "") + "): an update's direction is mostly the noise of "
+        "its own samples, not the reward's gradient, so the weights take a random walk around the signal." + need,
+        ["more samples per optimizer step (sample.num_batches_per_epoch with train.gradient_accumulation_steps "
+         "covering them)", "train only the steps whose gradients carry the signal (sample.window_size; "
+         "scripts/gradient_agreement.py measures each step's share)"])]
+
+
 def diagnose_run(records: list[dict], *, thresholds: Thresholds | None = None,
                  run_dir: str = "<run_dir>") -> list[Finding]:
     """Replay a run's records (step and epoch; others ignored; untyped dicts count as steps).
@@ -506,10 +548,12 @@ def diagnose_run(records: list[dict], *, thresholds: Thresholds | None = None,
                 if _ok(_num(r, "zero_std_ratio"))}  # NaN: nothing was kept, and no step was taken
     collected: list[tuple[Finding, dict]] = []
     history: deque = deque(maxlen=max(th.median_window, th.kl_window))
+    steps = []
     for r in records:
         if not isinstance(r, dict) or r.get("type", "step") != "step":
             continue
         m = {k: v for k, v in r.items() if k != "type"}
+        steps.append(m)
         if "zero_std_ratio" not in m and m.get("epoch") in zero_std:
             m["zero_std_ratio"] = zero_std[m["epoch"]]
         for f in diagnose_step(m, history, thresholds=th, run_dir=run_dir):
@@ -519,6 +563,7 @@ def diagnose_run(records: list[dict], *, thresholds: Thresholds | None = None,
         for f in diagnose_epoch(r, epochs[:i], thresholds=th, run_dir=run_dir):
             # an epoch record's step is where its updates start; only step records locate a step
             collected.append((f, {"epoch": r.get("epoch")}))
+    collected += [(f, {}) for f in rule_update_noise(steps, th)]
     return _merge(collected)
 
 

@@ -63,6 +63,7 @@ from recam.infra.schema import reward_terms
 OLD_POLICY = "old_policy.json"  # checkpoint side file: the old policy's trainable parameters, exact
 
 
+INITIAL_NOISE_STREAM = 0x494E4954  # keeps sample.same_initial_noise's draws apart from the per-sample streams
 TRAIN_PROBE_PREFIX = "train_eval"  # metrics of eval.num_train_conditions training conditions (not "train/": wandb's)
 
 
@@ -169,6 +170,7 @@ class GRPOTrainer:
         self.epoch_cache: dict = {}  # work shared by sampling and training within one epoch, renewed by sample()
         self.epoch, self.global_step, self.rollbacks, self.stopped_by = 0, 0, 0, None
         self.history: list[dict] = []  # recent step metrics with their epoch's reward signal, for the guard
+        self.previous_grads: list[torch.Tensor] | None = None  # the last optimizer step's gradient (grad_cosine_prev)
         self.selected = None
 
     # ------------------------------------------------------------------------------------------------------
@@ -338,6 +340,9 @@ class GRPOTrainer:
             batch = self.domain.collate(self.train_set, indices, self.epoch_cache)
             keys = [(self.config.seed, position, self.rank * s.batch_size + n) for n in range(len(indices))]
             noise = per_sample_noise(keys, self.scheduler.num_steps + 1, self.sample_shape)
+            if s.same_initial_noise:  # one start per condition and epoch, shared by its k copies on every process
+                starts = [(self.config.seed, epoch, int(i), INITIAL_NOISE_STREAM) for i in indices]
+                noise[:, 0] = per_sample_noise(starts, 1, self.sample_shape)[:, 0]
             denoise = self.counted(self.domain.denoiser(model, batch, self.autocast), "sampling")
             out = rollout(denoise, noise.to(self.accelerator.device), self.scheduler, self.element_mask(batch),
                           start=start, store_means=self.needs_old_means, ode_solver=s.ode_solver)
@@ -457,7 +462,7 @@ class GRPOTrainer:
                 for c, sel in enumerate(chunk):
                     mb = self.micro_batch(rollouts, sel, adv, traj, weight, inner)
                     acc_metrics += self.objective.accumulate(mb, self.backward_fn(c == len(chunk) - 1))
-                stats = self.optimizer_step(acc_metrics, signal)
+                stats = self.optimizer_step(acc_metrics, signal, kept=int(keep_all[:, torch.cat(chunk)].sum()))
                 steps.append(stats)
                 bar.update(1)
                 if not stats.applied:
@@ -509,11 +514,13 @@ class GRPOTrainer:
         mask = fn(batch) if fn is not None else None
         return None if mask is None else mask.to(self.accelerator.device)
 
-    def optimizer_step(self, acc_metrics: list[dict], signal: dict) -> StepStats:
+    def optimizer_step(self, acc_metrics: list[dict], signal: dict, kept: int = 0) -> StepStats:
         """Clip, average metrics over processes, ask the guard, and apply the update only if it found nothing
-        critical (a broken step never reaches the weights)."""
+        critical (a broken step never reaches the weights). kept: the samples the step's gradient averages over
+        (all processes)."""
         t = self.config.train
         grad_norm = self.accelerator.clip_grad_norm_(self.policy.parameters(), t.max_grad_norm)
+        cosine = self.gradient_cosine() if t.log_gradient_cosine else None
         # metrics every backward pass reported, one sync; an objective without ratios (DiffusionNFT) reports none,
         # and the guard's ratio rules then have nothing to judge
         common = [k for k in acc_metrics[0] if all(k in a for a in acc_metrics)]
@@ -523,6 +530,9 @@ class GRPOTrainer:
         if "ratio_min" in m:
             m["ratio_min"] = min(float(a["ratio_min"]) for a in acc_metrics)
         m["grad_norm"] = float(grad_norm)
+        m["step_samples"] = kept
+        if cosine is not None:
+            m["grad_cosine_prev"] = cosine
         m["learning_rate"] = self.optimizer.param_groups[0]["lr"]
         m = runlog.mean_over_processes(m, self.accelerator)
         findings = diagnose_step({**m, **signal}, self.history, run_dir=str(self.run_dir))
@@ -540,6 +550,16 @@ class GRPOTrainer:
         for h in self.hooks:
             h.after_step(self.global_step)
         return StepStats(self.global_step, m, findings, applied)
+
+    def gradient_cosine(self) -> float | None:
+        """Cosine between this optimizer step's gradient and the previous step's (None on a run's or a resumed
+        run's first step, and after a rollback). The gradients are already averaged over processes, so every
+        process computes the same number. Two steps' samples are independent draws, so its mean over a run
+        estimates |E g|^2 / E |g|^2: near 0, an update's direction is its samples' noise (health.rule_update_noise)."""
+        grads = [p.grad.detach().float().clone() if p.grad is not None else torch.zeros_like(p, dtype=torch.float32)
+                 for p in self.policy.parameters() if p.requires_grad]
+        previous, self.previous_grads = self.previous_grads, grads
+        return None if previous is None else flat_cosine(grads, previous)
 
     def guard(self, critical: list) -> str:
         """Stop, or roll back to the last healthy checkpoint at a lower learning rate, as health.action says;
@@ -812,6 +832,7 @@ class GRPOTrainer:
         """Restore weights, optimizer, EMA, RNG and hook state from checkpoint `newest`, or, when it fails its
         checks, from the newest intact one below it (`latest` then points there); returns the checkpoint read."""
         ckpt = read_intact(self.ckpt_root, newest, self.model, self.log.info)
+        self.previous_grads = None  # a gradient of weights that are no longer the policy's
         if ckpt.path != newest and self.accelerator.is_main_process:
             point_latest(self.ckpt_root, ckpt.path.name)  # a crash from here on resumes from the intact one
         state, trainer = ckpt.state, ckpt.trainer
@@ -922,6 +943,14 @@ def decode_tensors(encoded: dict) -> dict[str, torch.Tensor]:
         flat = torch.frombuffer(raw, dtype=torch.uint8).view(dtype) if raw else torch.empty(0, dtype=dtype)
         out[k] = flat.reshape(e["shape"])
     return out
+
+
+def flat_cosine(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    """Cosine between two parameter lists taken as one flat vector each; NaN when either is zero."""
+    dot = sum(float((x.double() * y.double()).sum()) for x, y in zip(a, b, strict=True))
+    na = sum(float((x.double() ** 2).sum()) for x in a)
+    nb = sum(float((y.double() ** 2).sum()) for y in b)
+    return dot / math.sqrt(na * nb) if na > 0 and nb > 0 else float("nan")
 
 
 def step_sample_weights(keep: torch.Tensor, positions: torch.Tensor, rank: int) -> torch.Tensor | None:

@@ -1,0 +1,141 @@
+"""How much of a GRPO update is signal: agreement between independent epochs' gradients, per trained step.
+
+    python scripts/gradient_agreement.py --config config/grpo.py:motion_tiny_cpu --repeats 6
+    python scripts/gradient_agreement.py --config config/grpo.py:tiny_cpu --repeats 4 \\
+        --config.sample.num_batches_per_epoch=32
+
+At the preset's base weights (nothing is trained), --repeats epochs are sampled and scored as the trainer does
+(epochs 0, 1, ... of the run: their own conditions and noise), and for each the epoch's GRPO gradient is taken
+over all its samples, split by trained step j. With g_r = s + n_r (s the expected gradient, n_r the noise of
+epoch r's samples, independent between epochs), the mean dot product of two different epochs' gradients
+estimates |s|^2 and the mean squared norm |s|^2 + var / N, so
+
+    cosine  ~ |s|^2 / (|s|^2 + var / N)        (mean pairwise cosine, printed with its spread)
+    samples for a cosine of 1/2  ~ N (|g|^2 - |s|^2) / |s|^2
+
+for the whole update and for each step j's term. A step with a large squared norm and no agreement adds noise
+and no direction. The trainer logs the same cosine between consecutive optimizer steps (grad_cosine_prev) in
+every run; this measures it at the base, per step, on as many epochs as asked. Nothing is written outside a
+temporary folder.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("WANDB_MODE", "disabled")
+
+import torch  # noqa: E402
+from absl import app, flags  # noqa: E402
+from accelerate import Accelerator  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from config.validate import ConfigError, eval_report_rewards, validate  # noqa: E402
+from recam.engine.domain import build_domain  # noqa: E402
+from recam.engine.trainer import GRPOTrainer, step_sample_weights, trajectory_ids  # noqa: E402
+from recam.infra import runlog  # noqa: E402
+from recam.infra.distributed import use_cpu_if_no_accelerator  # noqa: E402
+
+config_flags.DEFINE_config_file("config", "config/grpo.py:motion_tiny_cpu", "preset (config/grpo.py:<name>[+method])")
+flags.DEFINE_integer("repeats", 6, "independent epochs sampled at the base (>= 2)")
+FLAGS = flags.FLAGS
+
+
+def agreement(grads: torch.Tensor) -> dict:
+    """grads (R, D): R independent estimates of one expected gradient. Mean and standard deviation of the pairwise
+    cosines, |s|^2 (mean pairwise dot product), mean |g|^2, and the signal's share |s|^2 / mean |g|^2."""
+    R = grads.shape[0]
+    if R < 2:
+        raise ValueError(f"need at least 2 gradients to compare, got {R}")
+    g = grads.double()
+    pairs = list(itertools.combinations(range(R), 2))
+    dots = torch.stack([g[a] @ g[b] for a, b in pairs])
+    norms = g.norm(dim=1)
+    cos = torch.stack([dots[i] / (norms[a] * norms[b]) for i, (a, b) in enumerate(pairs)])
+    signal, total = float(dots.mean()), float((norms ** 2).mean())
+    return {"cosine": float(cos.mean()), "cosine_std": float(cos.std()) if len(pairs) > 1 else 0.0,
+            "signal_sq": signal, "total_sq": total, "signal_share": signal / total if total > 0 else math.nan}
+
+
+def samples_for_half(share: float, n: int) -> float:
+    """Samples per gradient that bring the expected cosine to 1/2, from the signal share at n samples."""
+    return n * (1 - share) / share if share > 0 else math.inf
+
+
+def _split_backward(out: torch.Tensor, params: list, T: int):
+    """An objective's backward(loss, last) that adds the k-th call's gradient to out[k % T]: the objectives call
+    it once per trained step, in order, for each micro-batch."""
+    calls = itertools.count()
+
+    def backward(loss, last_piece):
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        out[next(calls) % T] += torch.cat([(g if g is not None else torch.zeros_like(p)).flatten().double()
+                                           for g, p in zip(grads, params, strict=True)])
+    return backward
+
+
+def epoch_gradients(trainer: GRPOTrainer, epoch: int) -> tuple[torch.Tensor, int]:
+    """(T, D) the gradient of epoch `epoch`'s GRPO loss (mean over its kept samples) split by trained step, and
+    the number of samples. The trainer's own sampling, rewards, advantages and objective; no optimizer step."""
+    trainer.epoch = epoch
+    rollouts = trainer.sample(epoch)
+    groups = trainer.advantages(rollouts, trainer.score())
+    params = [p for p in trainer.policy.parameters() if p.requires_grad]
+    T = max(1, trainer.scheduler.num_train_steps)
+    out = torch.zeros(T, sum(p.numel() for p in params), dtype=torch.float64)
+    n = len(rollouts.states)
+    keep = groups.keep.view(1, -1)
+    weight = step_sample_weights(keep, torch.arange(n), 0)
+    adv, traj = groups.advantages, trajectory_ids(groups.index)
+    bs = trainer.config.train.batch_size
+    trainer.model.train()
+    for first in range(0, n, bs):
+        mb = trainer.micro_batch(rollouts, torch.arange(first, min(first + bs, n)), adv, traj, weight, 0)
+        trainer.objective.accumulate(mb, _split_backward(out, params, T))
+    trainer.objective.end_epoch()
+    return out, int(groups.keep.sum())
+
+
+def main(_):
+    config = FLAGS.config
+    if FLAGS.repeats < 2:
+        sys.exit("[recam] --repeats must be at least 2")
+    with tempfile.TemporaryDirectory() as tmp:
+        config.run_dir, config.logging.wandb_mode = tmp, "disabled"
+        try:
+            derived = validate(config, 1)
+        except ConfigError as e:
+            sys.exit(f"[recam] {e}")
+        use_cpu_if_no_accelerator()
+        accelerator = Accelerator()
+        log = runlog.RunLog(Path(tmp), config, enabled=False)
+        trainer = GRPOTrainer(config, build_domain(config, accelerator.device, log), accelerator, log, derived,
+                              eval_report_rewards(config))
+        per_epoch, sizes = [], []
+        for e in range(FLAGS.repeats):
+            grads, n = epoch_gradients(trainer, e)
+            per_epoch.append(grads)
+            sizes.append(n)
+            print(f"epoch {e}: {n} samples, gradient norm {float(grads.sum(0).norm()):.3e}", flush=True)
+        trainer.runner.close()
+        log.close()
+    G = torch.stack(per_epoch)  # (R, T, D)
+    n = int(sum(sizes) / len(sizes))
+    start = trainer.window_start(0)
+    print(f"\n{FLAGS.repeats} epochs of {n} samples at the base; cosine = mean over pairs of epochs (+- its std)\n")
+    print("| trained step | cosine | signal share | squared norm | samples for cosine 1/2 |")
+    print("|---|---|---|---|---|")
+    rows = [(f"{start + j}", agreement(G[:, j])) for j in range(G.shape[1])] + [("all", agreement(G.sum(1)))]
+    for name, a in rows:
+        print(f"| {name} | {a['cosine']:.4f} +- {a['cosine_std']:.4f} | {a['signal_share']:.4f} | "
+              f"{a['total_sq']:.3e} | {samples_for_half(a['signal_share'], n):.3g} |")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,149 @@
+"""How much of an update is signal: grad_cosine_prev, the update_noise finding, scripts/gradient_agreement.py,
+and sample.same_initial_noise."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from config import grpo  # noqa: E402
+from config.validate import validate  # noqa: E402
+from recam.engine.health import Thresholds, diagnose_run, rule_update_noise  # noqa: E402
+from recam.engine.trainer import flat_cosine  # noqa: E402
+from recam.infra import runlog  # noqa: E402
+from scripts.gradient_agreement import agreement, epoch_gradients, samples_for_half  # noqa: E402
+
+
+def test_flat_cosine_is_the_cosine_of_the_concatenated_vectors():
+    g = torch.Generator().manual_seed(0)
+    a = [torch.randn(3, 4, generator=g), torch.randn(5, generator=g)]
+    b = [torch.randn(3, 4, generator=g), torch.randn(5, generator=g)]
+    expected = torch.nn.functional.cosine_similarity(torch.cat([x.flatten() for x in a]),
+                                                     torch.cat([x.flatten() for x in b]), dim=0)
+    assert flat_cosine(a, b) == pytest.approx(float(expected), abs=1e-6)
+    assert flat_cosine(a, [-x for x in a]) == pytest.approx(-1.0)
+    assert math.isnan(flat_cosine(a, [torch.zeros_like(x) for x in a]))
+
+
+def _steps(cosines, samples=32):
+    return [{"step": i + 1, "epoch": i // 2, "grad_cosine_prev": c, "step_samples": samples}
+            for i, c in enumerate(cosines)]
+
+
+def test_update_noise_fires_with_the_samples_a_cosine_of_one_half_would_take():
+    cos = [0.01 + 0.002 * ((i % 5) - 2) for i in range(20)]  # mean 0.01, small spread
+    [f] = rule_update_noise(_steps(cos), Thresholds())
+    mean, half = statistics.fmean(cos), 1.96 * statistics.stdev(cos) / math.sqrt(20)
+    assert f.rule == "update_noise" and f.severity == "info"
+    assert f.numbers["mean_grad_cosine"] == pytest.approx(mean)
+    assert f.numbers["interval_95"] == pytest.approx(half)
+    assert f.numbers["samples_for_cosine_half"] == pytest.approx(32 * (1 - mean) / mean)  # 3168
+    assert f.numbers["samples_for_cosine_half_at_least"] == pytest.approx(32 * (1 - mean - half) / (mean + half))
+    assert "3168 samples per step" in f.explanation
+    # a run whose steps agree, too few steps, and cosines that could not be computed: no finding
+    assert rule_update_noise(_steps([0.4] * 20), Thresholds()) == []
+    assert rule_update_noise(_steps(cos[:9]), Thresholds()) == []
+    assert rule_update_noise(_steps([float("nan")] * 20), Thresholds()) == []
+
+
+def test_update_noise_without_agreement_gives_only_a_lower_bound_and_reaches_diagnose_run():
+    cos = [0.02 * (-1) ** i for i in range(30)]  # mean 0: no signal measurable
+    [f] = rule_update_noise(_steps(cos, samples=64), Thresholds())
+    assert "samples_for_cosine_half" not in f.numbers and "at least" in f.explanation
+    records = [{"type": "step", **s} for s in _steps(cos, samples=64)]
+    found = {x.rule: x for x in diagnose_run(records)}
+    assert found["update_noise"].severity == "info"  # a run stays healthy; the report says why it learns slowly
+
+
+def test_agreement_against_a_loop_and_a_known_signal_share():
+    g = torch.Generator().manual_seed(1)
+    small = torch.randn(3, 7, generator=g)
+    a = agreement(small)
+    pairs = [(0, 1), (0, 2), (1, 2)]
+    cos = [float(small[i] @ small[j] / (small[i].norm() * small[j].norm())) for i, j in pairs]
+    assert a["cosine"] == pytest.approx(sum(cos) / 3, abs=1e-6)
+    assert a["signal_sq"] == pytest.approx(sum(float(small[i] @ small[j]) for i, j in pairs) / 3, abs=1e-5)
+    assert a["total_sq"] == pytest.approx(float((small ** 2).sum(1).mean()), abs=1e-5)
+    # s with |s|^2 = 1 plus noise of total variance 0.8: share 1 / 1.8
+    D, R = 4000, 40
+    s = torch.randn(D, generator=g)
+    s = s / s.norm()
+    draws = s + torch.randn(R, D, generator=g) * math.sqrt(0.8 / D)
+    assert agreement(draws)["signal_share"] == pytest.approx(1 / 1.8, abs=0.03)
+    assert samples_for_half(0.5, 64) == 64 and samples_for_half(0.01, 64) == pytest.approx(6336)
+    assert samples_for_half(-0.01, 64) == math.inf
+    with pytest.raises(ValueError, match="at least 2"):
+        agreement(small[:1])
+
+
+def _toy_trainer(tmp_path: Path, **sample):
+    from accelerate import Accelerator
+
+    from recam.domains.toy.domain import ToyDomain
+    from recam.engine.trainer import GRPOTrainer
+
+    c = grpo.get_config("toy")
+    c.run_dir, c.logging.wandb_mode, c.toy.pretrain_steps = str(tmp_path), "disabled", 50
+    c.sample.num_batches_per_epoch = 2  # 64 samples = 8 conditions x k 8
+    c.train.gradient_accumulation_steps = 1
+    for k, v in sample.items():
+        c.sample[k] = v
+    derived = validate(c, 1)
+    torch.manual_seed(c.seed)
+    log = runlog.RunLog(tmp_path, c)
+    return GRPOTrainer(c, ToyDomain(c, "cpu", log), Accelerator(cpu=True), log, derived)
+
+
+def test_same_initial_noise_starts_a_condition_s_copies_together(tmp_path):
+    shared = _toy_trainer(tmp_path / "a", same_initial_noise=True)
+    own = _toy_trainer(tmp_path / "b")
+    for trainer, together in ((shared, True), (own, False)):
+        r = trainer.sample(0)
+        trainer.runner.collect()
+        start = r.states[:, 0]  # the window starts at step 0: the initial noise
+        for i in r.index.unique():
+            group = start[r.index == i]
+            assert len(group) == trainer.config.sample.k
+            assert bool((group == group[0]).all()) is together
+        assert len({tuple(x.tolist()) for x in start}) == (len(r.index.unique()) if together else len(start))
+        trainer.runner.close()
+
+
+def test_the_script_s_per_step_split_sums_to_the_trainer_s_gradient_and_runs_log_the_cosine(tmp_path):
+    trainer = _toy_trainer(tmp_path)
+    per_step, n = epoch_gradients(trainer, 0)
+    assert per_step.shape[0] == trainer.scheduler.num_train_steps and n == 64
+    # the same epoch through the trainer's own update, its gradient read at the one optimizer step
+    trainer2 = _toy_trainer(tmp_path / "again")
+    trainer2.config.train.gradient_accumulation_steps = 2  # the epoch's 2 micro-batches in one step
+    captured = []
+
+    def capture(acc_metrics, signal, kept=0):
+        captured.append(torch.cat([p.grad.flatten().double() for p in trainer2.policy.parameters()]))
+        trainer2.optimizer.zero_grad(set_to_none=True)
+        from recam.engine.trainer import StepStats
+        return StepStats(1, {}, [], True)
+    trainer2.optimizer_step = capture
+    rollouts = trainer2.sample(0)
+    trainer2.update(rollouts, trainer2.advantages(rollouts, trainer2.score()), {})
+    torch.testing.assert_close(per_step.sum(0), captured[0], rtol=1e-5, atol=1e-9)
+    for t in (trainer, trainer2):
+        t.runner.close()
+    # a real run logs the cosine from its second optimizer step on, and the samples each step averaged
+    trainer3 = _toy_trainer(tmp_path / "run")
+    trainer3.config.num_epochs, trainer3.config.eval.freq = 2, 100
+    import contextlib
+    import io
+    with contextlib.redirect_stdout(io.StringIO()):
+        trainer3.train()
+    steps = [r for r in trainer3.history]
+    assert "grad_cosine_prev" not in steps[0] and len(steps) == 4
+    assert all(-1 <= s["grad_cosine_prev"] <= 1 for s in steps[1:])
+    assert [s["step_samples"] for s in steps] == [32] * 4
