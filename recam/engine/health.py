@@ -490,7 +490,7 @@ def _merge(findings: list[tuple[Finding, dict]]) -> list[Finding]:
         if epochs:
             nums["epochs"] = epochs if len(epochs) <= 12 else epochs[:6] + ["…"] + epochs[-3:]
         where = (f" Fired {len(items)} time(s)" + (f", steps {steps[0]}..{steps[-1]}" if steps else "")
-                 + (f", epochs {epochs[0]}..{epochs[-1]}" if epochs else "") + ".")
+                 + (f", epochs {epochs[0]}..{epochs[-1]}" if epochs else "") + ".") if steps or epochs else ""
         out.append(replace(first, rule=rule, numbers=nums, explanation=first.explanation + where))
     return _sorted(out)
 
