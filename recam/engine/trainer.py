@@ -946,10 +946,14 @@ def decode_tensors(encoded: dict) -> dict[str, torch.Tensor]:
 
 
 def flat_cosine(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
-    """Cosine between two parameter lists taken as one flat vector each; NaN when either is zero."""
-    dot = sum(float((x.double() * y.double()).sum()) for x, y in zip(a, b, strict=True))
-    na = sum(float((x.double() ** 2).sum()) for x in a)
-    nb = sum(float((y.double() ** 2).sum()) for y in b)
+    """Cosine between two parameter lists taken as one flat vector each; NaN when either is zero. Summed in fp32 on
+    the tensors' device (NPUs lack fp64) and read back once."""
+    pairs = list(zip(a, b, strict=True))
+    if not pairs:
+        return float("nan")
+    dot, na, nb = torch.stack([sum((x.float() * y.float()).sum() for x, y in pairs),
+                               sum((x.float() ** 2).sum() for x, _ in pairs),
+                               sum((y.float() ** 2).sum() for _, y in pairs)]).tolist()
     return dot / math.sqrt(na * nb) if na > 0 and nb > 0 else float("nan")
 
 
