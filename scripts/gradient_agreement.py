@@ -25,7 +25,6 @@ import itertools
 import math
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -33,14 +32,10 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 
 import torch  # noqa: E402
 from absl import app, flags  # noqa: E402
-from accelerate import Accelerator  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from config.validate import ConfigError, eval_report_rewards, validate  # noqa: E402
-from recam.engine.domain import build_domain  # noqa: E402
 from recam.engine.trainer import GRPOTrainer, step_sample_weights, trajectory_ids  # noqa: E402
-from recam.infra import runlog  # noqa: E402
-from recam.infra.distributed import use_cpu_if_no_accelerator  # noqa: E402
+from scripts.at_base import trainer_at_base  # noqa: E402
 
 config_flags.DEFINE_config_file("config", "config/grpo.py:motion_tiny_cpu", "preset (config/grpo.py:<name>[+method])")
 flags.DEFINE_integer("repeats", 6, "independent epochs sampled at the base (>= 2)")
@@ -103,28 +98,15 @@ def epoch_gradients(trainer: GRPOTrainer, epoch: int) -> tuple[torch.Tensor, int
 
 
 def main(_):
-    config = FLAGS.config
     if FLAGS.repeats < 2:
         sys.exit("[recam] --repeats must be at least 2")
-    with tempfile.TemporaryDirectory() as tmp:
-        config.run_dir, config.logging.wandb_mode = tmp, "disabled"
-        try:
-            derived = validate(config, 1)
-        except ConfigError as e:
-            sys.exit(f"[recam] {e}")
-        use_cpu_if_no_accelerator()
-        accelerator = Accelerator()
-        log = runlog.RunLog(Path(tmp), config, enabled=False)
-        trainer = GRPOTrainer(config, build_domain(config, accelerator.device, log), accelerator, log, derived,
-                              eval_report_rewards(config))
+    with trainer_at_base(FLAGS.config) as trainer:
         per_epoch, sizes = [], []
         for e in range(FLAGS.repeats):
             grads, n = epoch_gradients(trainer, e)
             per_epoch.append(grads)
             sizes.append(n)
             print(f"epoch {e}: {n} samples, gradient norm {float(grads.sum(0).norm()):.3e}", flush=True)
-        trainer.runner.close()
-        log.close()
     G = torch.stack(per_epoch)  # (R, T, D)
     n = int(sum(sizes) / len(sizes))
     start = trainer.window_start(0)

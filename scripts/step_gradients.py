@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -24,16 +23,11 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 
 import torch  # noqa: E402
 from absl import app, flags  # noqa: E402
-from accelerate import Accelerator  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from config.validate import ConfigError, eval_report_rewards, validate  # noqa: E402
-from recam.engine.domain import build_domain  # noqa: E402
 from recam.engine.objective import step_weights  # noqa: E402
 from recam.engine.rollout import per_sample_noise, rescore, rollout  # noqa: E402
-from recam.engine.trainer import GRPOTrainer  # noqa: E402
-from recam.infra import runlog  # noqa: E402
-from recam.infra.distributed import use_cpu_if_no_accelerator  # noqa: E402
+from scripts.at_base import trainer_at_base  # noqa: E402
 
 config_flags.DEFINE_config_file("config", "config/grpo.py:motion_tiny_cpu", "preset (config/grpo.py:<name>[+method])")
 flags.DEFINE_integer("conditions", 8, "training conditions in the rollout (one sample each)")
@@ -69,20 +63,8 @@ def step_gradient_table(trainer, conditions: int, seed: int) -> list[dict]:
 
 
 def main(_):
-    config = FLAGS.config
-    with tempfile.TemporaryDirectory() as tmp:
-        config.run_dir, config.logging.wandb_mode = tmp, "disabled"
-        try:
-            derived = validate(config, 1)
-        except ConfigError as e:
-            sys.exit(f"[recam] {e}")
-        use_cpu_if_no_accelerator()
-        accelerator = Accelerator()
-        log = runlog.RunLog(Path(tmp), config, enabled=False)
-        domain = build_domain(config, accelerator.device, log)
-        trainer = GRPOTrainer(config, domain, accelerator, log, derived, eval_report_rewards(config))
+    with trainer_at_base(FLAGS.config) as trainer:
         rows = step_gradient_table(trainer, FLAGS.conditions, FLAGS.seed)
-        log.close()
     print("| step | model time | std | c = d mean / d output | grad norm | score_balanced weight | weighted norm |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
