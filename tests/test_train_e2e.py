@@ -183,8 +183,30 @@ SMOKE_SIZE = ("--config.num_epochs=1", "--config.data.num_train_conditions=16",
               "--config.eval.num_videos=0", "--config.train.batch_size=4", "--config.data.num_val_conditions=4")
 
 
-@pytest.mark.parametrize("preset", ["ema", "gradient_adaptive", "amic", "ptrw", "temporal_decay", "asymmetric",
-                                    "conservative", "aggressive", "balanced"])
+VARIANT_FLAGS = {"use_ema_smoothing": "ema/", "use_gradient_adaptive_weighting": "gradient_adaptive/",
+                 "use_amic": "amic/", "use_ptrw": "ptrw/", "use_temporal_decay": "temporal_decay/",
+                 "use_asymmetric_clipping": "asymmetric/"}
+SINGLE_VARIANTS = ("ema", "gradient_adaptive", "amic", "ptrw", "temporal_decay", "asymmetric")
+COMBINED_VARIANTS = ("conservative", "aggressive", "balanced")
+
+
+def test_the_combined_variant_presets_cover_every_variant_and_every_variant_preset_validates():
+    """The combined presets run end to end below; together they switch on every variant a single preset does, so
+    each variant's code runs in some run, and each single preset is checked for what it switches on."""
+    from config import grpo
+    from config.validate import validate
+
+    on = {f for p in COMBINED_VARIANTS for f in VARIANT_FLAGS if grpo.get_config(p).train[f]}
+    assert on == set(VARIANT_FLAGS)
+    for preset in SINGLE_VARIANTS + COMBINED_VARIANTS:
+        c = grpo.get_config(preset)
+        validate(c, 1)
+    for preset, flag in zip(SINGLE_VARIANTS, VARIANT_FLAGS, strict=True):
+        t = grpo.get_config(preset).train
+        assert [f for f in VARIANT_FLAGS if t[f]] == [flag], preset
+
+
+@pytest.mark.parametrize("preset", COMBINED_VARIANTS)
 def test_every_variant_preset_runs_at_smoke_size_and_logs_its_metrics(tmp_path, preset):
     from config import grpo
 
@@ -196,10 +218,7 @@ def test_every_variant_preset_runs_at_smoke_size_and_logs_its_metrics(tmp_path, 
     steps = records(tmp_path, "step")
     assert steps and all(np.isfinite(s["loss"]) for s in steps)
     t = grpo.get_config(preset).train
-    prefixes = {"use_ema_smoothing": "ema/", "use_gradient_adaptive_weighting": "gradient_adaptive/",
-                "use_amic": "amic/", "use_ptrw": "ptrw/", "use_temporal_decay": "temporal_decay/",
-                "use_asymmetric_clipping": "asymmetric/"}
-    for flag, prefix in prefixes.items():
+    for flag, prefix in VARIANT_FLAGS.items():
         logged = any(k.startswith(prefix) for k in steps[0])
         assert logged == bool(t[flag]), (flag, sorted(steps[0]))
     if t.use_ema_smoothing:
