@@ -60,6 +60,10 @@ def test_update_noise_without_agreement_gives_only_a_lower_bound_and_reaches_dia
     records = [{"type": "step", **s} for s in _steps(cos, samples=64)]
     found = {x.rule: x for x in diagnose_run(records)}
     assert found["update_noise"].severity == "info"  # a run stays healthy; the report says why it learns slowly
+    # steps that oppose each other (an oscillating update): no number is extrapolated from them
+    [f] = rule_update_noise(_steps([-0.3 + 0.01 * (i % 2) for i in range(20)]), Thresholds())
+    assert "No agreement is measurable" in f.explanation
+    assert not any(k.startswith("samples_for") for k in f.numbers)
 
 
 def test_agreement_against_a_loop_and_a_known_signal_share():

@@ -516,8 +516,10 @@ def rule_update_noise(steps: list[dict], th: Thresholds) -> list[Finding]:
     n = statistics.median(sizes) if sizes else None
     numbers = {"mean_grad_cosine": mean, "interval_95": half, "steps": len(cos), "samples_per_step": n}
     need = ""
-    if n is not None:
-        high = mean + half
+    high = mean + half
+    if n is not None and high <= 0:  # steps that oppose each other: no signal to extrapolate from
+        need = " No agreement is measurable at this many samples per step."
+    elif n is not None:
         numbers["samples_for_cosine_half_at_least"] = n * (1 - high) / high
         if mean - half > 0:
             numbers["samples_for_cosine_half"] = n * (1 - mean) / mean
