@@ -99,9 +99,11 @@ def read_run(run_dir: Path, reward: str) -> dict | None:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return None
-    curve, nfe, epochs, final = {}, {}, [], None
+    curve, nfe, epochs, final, cosines = {}, {}, [], None, []
     for line in path.read_text().splitlines():
         r = json.loads(line)
+        if r.get("type") == "step" and isinstance(r.get("grad_cosine_prev"), (int, float)):
+            cosines.append(float(r["grad_cosine_prev"]))
         if r.get("type") == "epoch":
             epochs.append({k: r.get(k) for k in ("seconds_sampling", "seconds_rewards", "seconds_training",
                                                  "epoch_seconds", "nfe_sampling", "nfe_training")})
@@ -121,7 +123,7 @@ def read_run(run_dir: Path, reward: str) -> dict | None:
         nfe[t] = (int(r.get("nfe_sampling_total", 0)), int(r.get("nfe_training_total", 0)))
     if final is None:
         return None
-    return {"curve": curve, "nfe": nfe, "epochs": epochs, "final": float(final[f"eval/{reward}"]),
+    return {"curve": curve, "nfe": nfe, "epochs": epochs, "final": float(final[f"eval/{reward}"]), "cosines": cosines,
             "final_seconds": float(final.get("train_seconds", float("nan"))),
             "final_nfe": (int(final.get("nfe_sampling_total", 0)), int(final.get("nfe_training_total", 0)))}
 
@@ -174,6 +176,9 @@ def summarize(runs: dict[str, dict[int, dict]], baseline: str) -> dict:
         base = [r["curve"].get(0.0) for r in seeds.values()]
         best = [max(r["curve"].values()) for r in seeds.values()]
         final = [r["final"] for r in seeds.values()]
+        # how much of an update is signal: each seed's mean cosine between consecutive updates (runs logged before
+        # trainers logged it have none)
+        agreement = [float(np.mean(r["cosines"])) for r in seeds.values() if r.get("cosines")]
         out["methods"][method] = {
             "seeds": sorted(seeds),
             # the seed-mean curve's first grid point at the target: the comparison's number (one curve per method)
@@ -190,6 +195,8 @@ def summarize(runs: dict[str, dict[int, dict]], baseline: str) -> dict:
             "gain_best": mean_interval([b - s for b, s in zip(best, base, strict=True)]),
             "gain_final": mean_interval([f - s for f, s in zip(final, base, strict=True)]),
             "epoch_timing_median": timing,
+            "update_agreement": mean_interval(agreement) if agreement else (None, None),
+            "update_agreement_seeds": len(agreement),
             "curve_mean": mean_curve,
         }
     out["baseline_improved"] = base_t > 0
@@ -248,14 +255,16 @@ def write_markdown(path: Path, summary: dict, reward: str, command: str, args) -
                      f"{_pm(m['nfe_to_target_sampling'], 0)} | "
                      f"{_pm(m['nfe_to_target_training'], 0)} | {_pm(m['base'])} | {_pm(m['best'])} | "
                      f"{_pm(m['final'])} | {_pm(m['gain_best'])} | {_pm(m['gain_final'])} |")
-    lines += ["", "Seconds per epoch (median over epochs and seeds) and denoiser evaluations per epoch:", "",
-              "| method | sampling s | reward wait s | training s | epoch s | sampling NFE | training NFE |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["", "Seconds per epoch (median over epochs and seeds), denoiser evaluations per epoch, and update "
+              "agreement: the mean cosine between consecutive optimizer steps' gradients (`grad_cosine_prev`), "
+              "per seed then over seeds; near 0 an update is mostly its samples' noise (n/a: runs that did not log it)",
+              "", "| method | sampling s | reward wait s | training s | epoch s | sampling NFE | training NFE "
+              "| update agreement |", "|---|---|---|---|---|---|---|---|"]
     for name, m in summary["methods"].items():
         e = m["epoch_timing_median"]
         lines.append(f"| {name} | {e['seconds_sampling']:.1f} | {e['seconds_rewards']:.1f} | "
                      f"{e['seconds_training']:.1f} | {e['epoch_seconds']:.1f} | {e['nfe_sampling']:.0f} | "
-                     f"{e['nfe_training']:.0f} |")
+                     f"{e['nfe_training']:.0f} | {_pm(m.get('update_agreement', (None, None)))} |")
     lines += ["", f"![held-out {reward} against training seconds]({path.with_suffix('.png').name})", ""]
     path.write_text("\n".join(lines))
 

@@ -1,5 +1,6 @@
 """config/methods.py (policy-optimisation methods over presets) and the time-to-reward benchmark's statistics."""
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -15,10 +16,12 @@ from config.validate import latest_window_start, validate  # noqa: E402
 from scripts.bench_time_to_reward import (  # noqa: E402
     first_reach,
     mean_interval,
+    read_run,
     run_command,
     seed_mean_curve,
     step_curve,
     summarize,
+    write_markdown,
 )
 
 
@@ -139,6 +142,31 @@ def test_summary_target_speedup_and_reach_counts():
     assert fast["gain_best"][0] == pytest.approx((0.35 + 0.4) / 2)
     assert fast["final"][0] == pytest.approx(0.4)
     assert fast["epoch_timing_median"]["seconds_training"] == 2.0
+
+
+def test_update_agreement_is_read_from_the_steps_and_averaged_per_seed_then_over_seeds(tmp_path):
+    lines = [{"type": "step", "step": 1}, {"type": "step", "step": 2, "grad_cosine_prev": 0.01},
+             {"type": "step", "step": 3, "grad_cosine_prev": 0.03},
+             {"type": "eval", "tag": "start", "eval/r": 0.1}, {"type": "eval", "tag": "final", "eval/r": 0.2}]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
+    read = read_run(tmp_path, "r")
+    assert read["cosines"] == [0.01, 0.03]
+    runs = {"base": {0: {**_run({0.0: 0.1, 30.0: 0.3}, 0.3), "cosines": read["cosines"]},
+                     1: {**_run({0.0: 0.1, 30.0: 0.3}, 0.3), "cosines": [0.05]}},
+            "old": {0: _run({0.0: 0.1, 30.0: 0.2}, 0.2)}}  # logged before the trainer wrote the cosine
+    s = summarize(runs, "base")
+    mean, half = s["methods"]["base"]["update_agreement"]
+    assert mean == pytest.approx(0.035) and half == pytest.approx(12.706 * 0.015, rel=1e-3)  # std 0.0212 / sqrt 2
+    assert s["methods"]["old"]["update_agreement"] == (None, None)
+    assert s["methods"]["base"]["update_agreement_seeds"] == 2
+    import types
+
+    args = types.SimpleNamespace(preset="toy", seeds=[0, 1], parallel=1, threads=1, budget_s=60.0, eval_every_s=30.0,
+                                 report_only=False, reused=0, runs_dir="runs/x")
+    write_markdown(tmp_path / "report.md", s, "r", "python scripts/bench_time_to_reward.py", args)
+    rows = {line.split(" | ")[0].strip("| "): line for line in (tmp_path / "report.md").read_text().splitlines()
+            if line.startswith("| base | 1.0") or line.startswith("| old | 1.0")}
+    assert rows["base"].endswith("| 0.035 ± 0.191 |") and rows["old"].endswith("| n/a |")
 
 
 def test_run_command_sets_budget_grid_and_method():
