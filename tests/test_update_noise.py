@@ -147,7 +147,7 @@ def test_the_script_s_per_step_split_sums_to_the_trainer_s_gradient_and_runs_log
     import io
     with contextlib.redirect_stdout(io.StringIO()):
         trainer3.train()
-    steps = [r for r in trainer3.history]
+    steps = list(trainer3.history)
     assert "grad_cosine_prev" not in steps[0] and len(steps) == 4
     assert all(-1 <= s["grad_cosine_prev"] <= 1 for s in steps[1:])
     assert [s["step_samples"] for s in steps] == [32] * 4

@@ -453,7 +453,8 @@ class GRPOTrainer:
             micro = [order[i:i + t.batch_size] for i in range(0, len(order), t.batch_size)]
             for first in range(0, len(micro), t.gradient_accumulation_steps):
                 chunk = micro[first:first + t.gradient_accumulation_steps]
-                weight = step_sample_weights(keep_all, torch.cat(chunk), self.rank)
+                positions = torch.cat(chunk)
+                weight = step_sample_weights(keep_all, positions, self.rank)
                 if weight is None:
                     continue  # nothing to learn from on any process
                 for h in self.hooks:
@@ -462,7 +463,7 @@ class GRPOTrainer:
                 for c, sel in enumerate(chunk):
                     mb = self.micro_batch(rollouts, sel, adv, traj, weight, inner)
                     acc_metrics += self.objective.accumulate(mb, self.backward_fn(c == len(chunk) - 1))
-                stats = self.optimizer_step(acc_metrics, signal, kept=int(keep_all[:, torch.cat(chunk)].sum()))
+                stats = self.optimizer_step(acc_metrics, signal, kept=int(keep_all[:, positions].sum()))
                 steps.append(stats)
                 bar.update(1)
                 if not stats.applied:
