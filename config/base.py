@@ -94,6 +94,9 @@ def get_config() -> ml_collections.ConfigDict:
     # rewards differ only by the noise of the steps that are trained: a reward difference that the initial noise
     # made would enter the advantage while no trained step is responsible for it (DanceGRPO's shared noise)
     c.sample.same_initial_noise = False
+    # 0: the stochastic steps draw noise in every element; m > 0: only in the m lowest-frequency cosine components
+    # along the sample's last axis (a motion's frames), a lower-variance policy gradient (recam.engine.noise_subspace)
+    c.sample.noise_frequencies = 0
 
     # ---- training ----
     c.train = ml_collections.ConfigDict()

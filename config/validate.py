@@ -102,6 +102,7 @@ INT_FIELDS = (
     ("sample.window_start", 0, None, "a scheduler step"),
     ("sample.window_max_start", -1, None, "a scheduler step, or -1 = the latest that fits"),
     ("sample.window_shift_every", 1, None, "epochs per one-step shift of a progressive window"),
+    ("sample.noise_frequencies", 0, None, "0 = noise in every element"),
     ("train.fp_num_timesteps", 1, None, "re-noised timesteps per final sample per pass"),
     ("reward.max_retries", 0, None, ""),
     ("eval.freq", 1, None, "evaluate every N epochs"),
@@ -249,6 +250,7 @@ def latest_window_start(sample: ml_collections.ConfigDict) -> int:
 def check_window_and_objective(config: ml_collections.ConfigDict) -> None:
     """The stochastic window, the deterministic solver, and the objectives' own fields (ranges are in the tables
     above)."""
+    from recam.engine.objective import objective_needs
     from recam.engine.rollout import ODE_SOLVERS, WINDOW_MODES
 
     s, t = config.sample, config.train
@@ -264,6 +266,12 @@ def check_window_and_objective(config: ml_collections.ConfigDict) -> None:
     _require(t.objective not in FLOW_ONLY_OBJECTIVES or flow is not False,
              f"train.objective={t.objective!r} needs a flow-matching scheduler; domain {config.domain!r} samples "
              "with DDIM")
+    _require(s.noise_frequencies == 0 or objective_needs(t.objective, "needs_log_probs"),
+             f"sample.noise_frequencies={s.noise_frequencies} shapes the noise of the trained stochastic steps; "
+             f"train.objective={t.objective!r} samples without them: set it to 0")
+    _require(s.noise_frequencies == 0 or not t.use_gradient_adaptive_weighting,
+             f"sample.noise_frequencies={s.noise_frequencies} gives a log-prob over cosine components, and "
+             "train.use_gradient_adaptive_weighting's gradient norms assume noise in every element: switch one off")
     if s.window_size == 0:
         return
     # the last step is never trained (num_train_timesteps): its transition to clean data is too peaked

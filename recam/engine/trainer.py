@@ -25,6 +25,7 @@ from recam.engine.containers import EpochResult, Groups, Rollouts, Scores, StepS
 from recam.engine.health import SAMPLE_RULES, Finding, diagnose_step
 from recam.engine.hooks import ConstraintHook, FaultInjectionHook
 from recam.engine.objective import OBJECTIVES, MicroBatch, known_objectives, objective_needs
+from recam.engine.noise_subspace import LowFrequencyNoise
 from recam.engine.rollout import deterministic_sample, per_sample_noise, rollout, window_start
 from recam.engine.sampler import KRepeatBatchSampler
 from recam.engine.selection import select_checkpoint
@@ -148,6 +149,12 @@ class GRPOTrainer:
         from config.validate import trained_steps
 
         scheduler = domain.scheduler(accelerator.device)
+        if s.noise_frequencies:
+            frames = domain.sample_shape()[-1]
+            if s.noise_frequencies > frames:
+                raise ValueError(f"sample.noise_frequencies={s.noise_frequencies} exceeds the {frames} positions on "
+                                 f"the last axis of the {config.domain} domain's samples")
+            scheduler = LowFrequencyNoise(scheduler, s.noise_frequencies)
         T = trained_steps(config)  # the window's size, the timestep_fraction rule, or 0 without log-probs
         self.scheduler = scheduler if scheduler.num_train_steps == T else scheduler.with_train_steps(T)
         if s.ode_solver == "dpm2" and not getattr(self.scheduler, "is_flow", False):

@@ -1,0 +1,130 @@
+"""Low-frequency exploration: stochastic steps whose noise lies in a few cosine components along the last axis.
+
+A GRPO update is a score-function estimate, sum_i A_i grad log p(x_i'), and each stochastic step contributes
+grad log p = J^T noise / std with the noise drawn in every element of the sample. For a motion (263 x 196 = 51,548
+elements) almost all of those directions are frame-to-frame wiggles that the later, deterministic steps smooth
+away and the reward never sees, yet every one of them adds variance to the estimate: measured on the embedded
+motion job, an update of 64 samples is about 1% signal (docs/results.md).
+
+With `sample.noise_frequencies = m` each stochastic step draws its noise only in the m lowest-frequency
+orthonormal cosine (DCT-II) components along the sample's last axis (a motion's frames; over each sample's real
+frames when a frame mask is given), independently for every other element (feature channel):
+
+    x' = mean + std * B z,   z ~ N(0, I_m) per channel,   B: (frames, m) with orthonormal columns.
+
+The policy of such a step is a Gaussian on the m-dimensional coordinates z = B^T (x' - mean) / std, and its
+log-prob is that density, averaged over the d = channels x m coordinates ("mean") or summed ("sum"). The part of
+x' outside span(B) is the mean's own, a deterministic function of the parameters, and goes untrained, as the
+deterministic steps outside a window do. The KL toward the reference is left on every element: it keeps the whole
+mean, explored directions or not, near the reference's. m = 0 is the neutral case: noise in every element (the
+wrapped scheduler itself); m equal to the number of frames spans them all and gives the same samples and
+log-probs as no subspace, up to float rounding.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from recam.engine.sde import StepOutput
+
+_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+def cosine_basis(lengths: Tensor, num_frames: int, num_components: int) -> Tensor:
+    """(N, m, F) float32 rows b_k(n) = c_k cos(pi (n + 1/2) k / L) for n < L (0 beyond), c_0 = sqrt(1/L),
+    c_k = sqrt(2/L): the first m orthonormal DCT-II vectors over each sample's first L = lengths[i] frames."""
+    lengths = lengths.to(torch.float64).reshape(-1, 1, 1)
+    if bool((lengths < num_components).any()):
+        raise ValueError(f"a sample has {int(lengths.min())} real frames, fewer than the {num_components} "
+                         "noise components asked for")
+    n = torch.arange(num_frames, dtype=torch.float64).reshape(1, 1, -1)
+    k = torch.arange(num_components, dtype=torch.float64).reshape(1, -1, 1)
+    scale = torch.where(k == 0, torch.sqrt(1.0 / lengths), torch.sqrt(2.0 / lengths))
+    rows = scale * torch.cos(math.pi * (n + 0.5) * k / lengths)
+    return torch.where(n < lengths, rows, torch.zeros((), dtype=torch.float64)).float()
+
+
+def frame_lengths(mask: Tensor | None, sample: Tensor) -> Tensor:
+    """(N,) the real frames of each sample: all of the last axis without a mask, else the count of a mask that
+    marks frames only (every axis but the batch and the last of size 1) as a prefix of each sample's frames."""
+    n, frames = sample.shape[0], sample.shape[-1]
+    if mask is None:
+        return torch.full((n,), frames, dtype=torch.long, device=sample.device)
+    if mask.shape[-1] != frames or any(s != 1 for s in mask.shape[1:-1]):
+        raise ValueError(f"low-frequency noise needs a mask over the frames only, shape (N, 1, ..., {frames}); got "
+                         f"{tuple(mask.shape)}")
+    real = torch.broadcast_to(mask.reshape(mask.shape[0], frames), (n, frames)).bool()
+    lengths = real.sum(-1)
+    prefix = torch.arange(frames, device=real.device).unsqueeze(0) < lengths.unsqueeze(1)
+    if not bool((prefix == real).all()):
+        raise ValueError("low-frequency noise needs each sample's real frames to come first (padding at the end)")
+    return lengths
+
+
+def to_components(values: Tensor, basis: Tensor) -> Tensor:
+    """(N, ..., F) -> (N, ..., m): coordinates in the basis rows (N, m, F)."""
+    return torch.einsum("n...f,nmf->n...m", values, basis)
+
+
+def from_components(coords: Tensor, basis: Tensor) -> Tensor:
+    """(N, ..., m) -> (N, ..., F): the combination of the basis rows (N, m, F)."""
+    return torch.einsum("n...m,nmf->n...f", coords, basis)
+
+
+def subspace_log_prob(sample: Tensor, mean: Tensor, std: Tensor, basis: Tensor, reduction: str = "mean") -> Tensor:
+    """(N,) float32: log N(z; 0, I) - log std per coordinate of z = B^T (sample - mean) / std, averaged ("mean") or
+    summed ("sum") over the channels x m coordinates; 0 where std is 0 (no density, as for a deterministic step)."""
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+    positive = std > 0
+    safe_std = torch.where(positive, std, torch.ones_like(std))
+    z = to_components(sample.float() - mean, basis) / safe_std
+    density = -0.5 * z**2 - torch.log(safe_std) - _LOG_SQRT_2PI
+    density = torch.where(positive, density, torch.zeros_like(density))
+    dims = tuple(range(1, density.dim()))
+    return density.mean(dim=dims) if reduction == "mean" else density.sum(dim=dims)
+
+
+class LowFrequencyNoise:
+    """A scheduler whose stochastic steps draw their noise in `num_components` cosine components along the last
+    axis (see the module docstring); everything else is the wrapped scheduler's."""
+
+    def __init__(self, inner, num_components: int):
+        if isinstance(num_components, bool) or not isinstance(num_components, int) or num_components < 1:
+            raise ValueError(f"num_components must be a positive int, got {num_components!r}")
+        self.inner, self.num_components = inner, num_components
+        self.reduction = getattr(inner, "reduction", "mean")
+
+    def __getattr__(self, name):  # the time grid, deterministic steps, forward process: the wrapped scheduler's
+        if name == "inner":  # not set yet (copy, unpickling): no delegation loop
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    @property
+    def num_train_steps(self) -> int:
+        return self.inner.num_train_steps
+
+    @property
+    def num_steps(self) -> int:
+        return self.inner.num_steps
+
+    def transition(self, j, output, x, next_state=None, noise=None, mask=None) -> StepOutput:
+        # the wrapped step scores x itself only to give its mean and std
+        probe = self.inner.transition(j, output, x, next_state=x, mask=mask)
+        basis = cosine_basis(frame_lengths(mask, x), x.shape[-1], self.num_components).to(x.device)
+        if next_state is None:
+            # B B^T noise: standard normal coordinates in the subspace, the noise's own projection (so a rollout's
+            # noise stays keyed by sample and step as without a subspace)
+            explore = from_components(to_components(noise.float(), basis), basis)
+            next_state = (probe.mean + probe.std * explore).to(x.dtype)
+        log_prob = subspace_log_prob(next_state, probe.mean, probe.std, basis, self.reduction)
+        return StepOutput(prev_sample=next_state, log_prob=log_prob, mean=probe.mean, std=probe.std)
+
+    def with_steps(self, num_steps: int) -> LowFrequencyNoise:
+        return LowFrequencyNoise(self.inner.with_steps(num_steps), self.num_components)
+
+    def with_train_steps(self, num_train_steps: int) -> LowFrequencyNoise:
+        return LowFrequencyNoise(self.inner.with_train_steps(num_train_steps), self.num_components)
