@@ -97,6 +97,9 @@ def get_config() -> ml_collections.ConfigDict:
     # 0: the stochastic steps draw noise in every element; m > 0: only in the m lowest-frequency cosine components
     # along the sample's last axis (a motion's frames), a lower-variance policy gradient (recam.engine.noise_subspace)
     c.sample.noise_frequencies = 0
+    # 0: in every channel (the axes between the batch and the last); c > 0: only in the c principal directions of the
+    # domain's training data over its channels (needs sample.noise_frequencies > 0 and a domain that gives them)
+    c.sample.noise_channels = 0
 
     # ---- training ----
     c.train = ml_collections.ConfigDict()

@@ -103,6 +103,7 @@ INT_FIELDS = (
     ("sample.window_max_start", -1, None, "a scheduler step, or -1 = the latest that fits"),
     ("sample.window_shift_every", 1, None, "epochs per one-step shift of a progressive window"),
     ("sample.noise_frequencies", 0, None, "0 = noise in every element"),
+    ("sample.noise_channels", 0, None, "0 = noise in every channel"),
     ("train.fp_num_timesteps", 1, None, "re-noised timesteps per final sample per pass"),
     ("reward.max_retries", 0, None, ""),
     ("eval.freq", 1, None, "evaluate every N epochs"),
@@ -269,6 +270,9 @@ def check_window_and_objective(config: ml_collections.ConfigDict) -> None:
     _require(s.noise_frequencies == 0 or objective_needs(t.objective, "needs_log_probs"),
              f"sample.noise_frequencies={s.noise_frequencies} shapes the noise of the trained stochastic steps; "
              f"train.objective={t.objective!r} samples without them: set it to 0")
+    _require(s.noise_channels == 0 or s.noise_frequencies > 0,
+             f"sample.noise_channels={s.noise_channels} restricts the noise of a cosine subspace along the frames: set "
+             "sample.noise_frequencies > 0 as well")
     _require(s.noise_frequencies == 0 or not t.use_gradient_adaptive_weighting,
              f"sample.noise_frequencies={s.noise_frequencies} gives a log-prob over cosine components, and "
              "train.use_gradient_adaptive_weighting's gradient norms assume noise in every element: switch one off")

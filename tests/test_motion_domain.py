@@ -31,6 +31,7 @@ from recam.domains.motion.domain import (
 from recam.domains.motion.model import MotionDiffusionModel, tiny_config
 from recam.domains.motion.skeleton import MAX_FRAMES, NUM_FEATURES, NUM_JOINTS
 from recam.domains.motion.world import MotionWorld, reference_mean_std
+from recam.engine.noise_subspace import LowFrequencyNoise
 from recam.engine.rollout import per_sample_noise, rescore, rollout
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,8 +114,11 @@ def test_denoiser_keeps_padding_at_zero_and_matches_guided_forward(domain):
     torch.testing.assert_close(out[~padded], guided[~padded], rtol=1e-5, atol=1e-5)
 
 
-def test_rollout_and_rescore_give_ratio_exactly_one_under_the_frame_mask(domain):
+@pytest.mark.parametrize("subspace", [None, (8, 8)], ids=["every_element", "noise_subspace"])
+def test_rollout_and_rescore_give_ratio_exactly_one_under_the_frame_mask(domain, subspace):
     scheduler = domain.scheduler("cpu")
+    if subspace is not None:  # sample.noise_frequencies / noise_channels: the log-prob of the subspace coordinates
+        scheduler = LowFrequencyNoise(scheduler, subspace[0], domain.principal_channels(subspace[1]))
     T = scheduler.num_train_steps
     assert 0 < T < scheduler.num_steps  # the last step, to clean data, is never trained
     assert scheduler.prediction_type == "sample" and scheduler.eta == domain.config.motion.eta
@@ -143,6 +147,19 @@ def test_rollout_and_rescore_give_ratio_exactly_one_under_the_frame_mask(domain)
         assert not torch.equal(unmasked, out.log_probs[sel, 0])
     finally:
         domain.policy.eval()
+
+
+def test_principal_channels_are_numpy_s_leading_singular_vectors_of_the_training_frames(domain):
+    train = domain.datasets().train
+    frames = np.concatenate([np.asarray(train[i].features)[:int(train[i].length)] for i in range(len(train))])
+    _, values, right = np.linalg.svd(frames.astype(np.float64), full_matrices=False)
+    got = domain.principal_channels(6).double().numpy()
+    assert got.shape == (NUM_FEATURES, 6)
+    np.testing.assert_allclose(got.T @ got, np.eye(6), atol=1e-5)
+    for k in range(6):  # each column the k-th right singular vector, up to its sign
+        assert abs(float(got[:, k] @ right[k])) == pytest.approx(1.0, abs=1e-4), (k, values[:7])
+    with pytest.raises(ValueError, match="sample.noise_channels must be in"):
+        domain.principal_channels(0)
 
 
 def test_decode_gives_joints_cut_at_the_lengths_and_references_are_the_ground_truth(domain):

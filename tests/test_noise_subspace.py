@@ -87,6 +87,34 @@ def test_all_components_are_the_neutral_case_noise_in_every_element():
     assert wrapped.with_steps(5).num_steps == 5 and wrapped.step_std(0) == _scheduler().step_std(0)
 
 
+def test_channel_directions_confine_the_noise_and_score_with_torch_distributions():
+    torch.manual_seed(2)
+    channels, _ = torch.linalg.qr(torch.randn(3, 2))  # (C 3, c 2) orthonormal columns
+    sched = LowFrequencyNoise(_scheduler(), 3, channels)
+    x, out, noise = torch.randn(2, 3, 1, 10), torch.randn(2, 3, 1, 10), torch.randn(2, 3, 1, 10)
+    step = sched.transition(0, out, x, noise=noise)
+    std = float(step.std.flatten()[0])
+    rows = cosine_basis(torch.tensor([10]), 10, 3)[0]  # (m, F)
+    for i in range(2):
+        residual = (step.prev_sample[i] - step.mean[i]).reshape(3, 10)
+        # the projection P P^T noise B B^T, scaled by std
+        expected = std * channels @ channels.T @ noise[i].reshape(3, 10) @ rows.T @ rows
+        torch.testing.assert_close(residual, expected, atol=1e-5, rtol=1e-5)
+        coords = channels.T @ step.prev_sample[i].reshape(3, 10) @ rows.T
+        centre = channels.T @ step.mean[i].reshape(3, 10) @ rows.T
+        torch.testing.assert_close(step.log_prob[i], torch.distributions.Normal(centre, std).log_prob(coords).mean(),
+                                   atol=1e-5, rtol=1e-5)
+    # every channel direction and every frame: the neutral case again
+    x4, o4, n4 = torch.randn(2, 4, 1, 6), torch.randn(2, 4, 1, 6), torch.randn(2, 4, 1, 6)
+    rotation, _ = torch.linalg.qr(torch.randn(4, 4))
+    full = LowFrequencyNoise(_scheduler(), 6, rotation).transition(1, o4, x4, noise=n4)
+    plain = _scheduler().transition(1, o4, x4, noise=n4)
+    torch.testing.assert_close(full.prev_sample, plain.prev_sample, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(full.log_prob, plain.log_prob, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="orthonormal columns"):
+        LowFrequencyNoise(_scheduler(), 3, torch.ones(3, 2))
+
+
 def test_validation_names_the_field_for_objectives_and_variants_it_does_not_fit():
     c = grpo.get_config("toy")
     c.sample.noise_frequencies = 1
@@ -97,6 +125,10 @@ def test_validation_names_the_field_for_objectives_and_variants_it_does_not_fit(
     c = grpo.get_config("toy")
     c.sample.noise_frequencies, c.train.use_gradient_adaptive_weighting = 1, True
     with pytest.raises(ValueError, match="sample.noise_frequencies=1 .*use_gradient_adaptive_weighting"):
+        validate(c, 1)
+    c = grpo.get_config("toy")
+    c.sample.noise_channels = 2
+    with pytest.raises(ValueError, match="sample.noise_channels=2 .*sample.noise_frequencies > 0"):
         validate(c, 1)
     c = grpo.get_config("toy")
     c.sample.noise_frequencies = -1
@@ -127,3 +159,6 @@ def test_a_toy_run_trains_with_one_component(tmp_path):
         trainer.train()
     first = trainer.history[0]
     assert first["mean_ratio"] == pytest.approx(1.0, abs=1e-6) and math.isfinite(first["loss"])
+    c.sample.noise_channels = 1  # the toy domain gives no principal directions
+    with pytest.raises(ValueError, match="sample.noise_channels=1 needs the principal directions"):
+        GRPOTrainer(c, ToyDomain(c, "cpu", log), Accelerator(cpu=True), log, validate(c, 1))

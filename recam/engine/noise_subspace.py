@@ -1,4 +1,5 @@
-"""Low-frequency exploration: stochastic steps whose noise lies in a few cosine components along the last axis.
+"""Exploration in a subspace: stochastic steps whose noise lies in a few cosine components along the last axis, and
+optionally in a few given directions over the other axes.
 
 A GRPO update is a score-function estimate, sum_i A_i grad log p(x_i'), and each stochastic step contributes
 grad log p = J^T noise / std with the noise drawn in every element of the sample. For a motion (263 x 196 = 51,548
@@ -12,8 +13,14 @@ frames when a frame mask is given), independently for every other element (featu
 
     x' = mean + std * B z,   z ~ N(0, I_m) per channel,   B: (frames, m) with orthonormal columns.
 
-The policy of such a step is a Gaussian on the m-dimensional coordinates z = B^T (x' - mean) / std, and its
-log-prob is that density, averaged over the d = channels x m coordinates ("mean") or summed ("sum"). The part of
+With `sample.noise_channels = c` the noise is further confined to c orthonormal directions P (C, c) over the
+channels (the elements of every axis between the batch and the last, flattened; for a motion its 263 features),
+which the domain gives (the motion domain: the leading principal directions of its training frames):
+
+    x' = mean + std * P Z B^T,   Z ~ N(0, I) of shape (c, m).
+
+The policy of such a step is a Gaussian on the coordinates z = B^T (x' - mean) / std (and P^T), and its log-prob
+is that density, averaged over the d = channels x m (or c x m) coordinates ("mean") or summed ("sum"). The part of
 x' outside span(B) is the mean's own, a deterministic function of the parameters, and goes untrained, as the
 deterministic steps outside a window do. The KL toward the reference is left on every element: it keeps the whole
 mean, explored directions or not, near the reference's. m = 0 is the neutral case: noise in every element (the
@@ -64,24 +71,31 @@ def frame_lengths(mask: Tensor | None, sample: Tensor) -> Tensor:
     return lengths
 
 
-def to_components(values: Tensor, basis: Tensor) -> Tensor:
-    """(N, ..., F) -> (N, ..., m): coordinates in the basis rows (N, m, F)."""
-    return torch.einsum("n...f,nmf->n...m", values, basis)
+def to_components(values: Tensor, basis: Tensor, channels: Tensor | None = None) -> Tensor:
+    """(N, ..., F) -> coordinates (N, C, m) in the frame basis rows (N, m, F), all C = prod(...) channels, or
+    (N, c, m) in the channel basis columns (C, c) as well."""
+    coords = torch.einsum("ncf,nmf->ncm", values.reshape(values.shape[0], -1, values.shape[-1]), basis)
+    return coords if channels is None else torch.einsum("ncm,cp->npm", coords, channels)
 
 
-def from_components(coords: Tensor, basis: Tensor) -> Tensor:
-    """(N, ..., m) -> (N, ..., F): the combination of the basis rows (N, m, F)."""
-    return torch.einsum("n...m,nmf->n...f", coords, basis)
+def from_components(coords: Tensor, basis: Tensor, shape: tuple[int, ...], channels: Tensor | None = None) -> Tensor:
+    """Coordinates (N, C or c, m) -> the combination (N, *shape) of the frame basis rows (and channel columns)."""
+    if channels is not None:
+        coords = torch.einsum("npm,cp->ncm", coords, channels)
+    return torch.einsum("ncm,nmf->ncf", coords, basis).reshape(coords.shape[0], *shape)
 
 
-def subspace_log_prob(sample: Tensor, mean: Tensor, std: Tensor, basis: Tensor, reduction: str = "mean") -> Tensor:
-    """(N,) float32: log N(z; 0, I) - log std per coordinate of z = B^T (sample - mean) / std, averaged ("mean") or
-    summed ("sum") over the channels x m coordinates; 0 where std is 0 (no density, as for a deterministic step)."""
+def subspace_log_prob(sample: Tensor, mean: Tensor, std: Tensor, basis: Tensor, channels: Tensor | None = None,
+                      reduction: str = "mean") -> Tensor:
+    """(N,) float32: log N(z; 0, I) - log std per coordinate of z = (sample - mean) / std in the subspace's
+    coordinates (to_components), averaged ("mean") or summed ("sum") over them; 0 where std is 0 (no density, as
+    for a deterministic step)."""
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+    std = std.reshape(-1, 1, 1) if std.dim() else std
     positive = std > 0
     safe_std = torch.where(positive, std, torch.ones_like(std))
-    z = to_components(sample.float() - mean, basis) / safe_std
+    z = to_components(sample.float() - mean, basis, channels) / safe_std
     density = -0.5 * z**2 - torch.log(safe_std) - _LOG_SQRT_2PI
     density = torch.where(positive, density, torch.zeros_like(density))
     dims = tuple(range(1, density.dim()))
@@ -92,10 +106,15 @@ class LowFrequencyNoise:
     """A scheduler whose stochastic steps draw their noise in `num_components` cosine components along the last
     axis (see the module docstring); everything else is the wrapped scheduler's."""
 
-    def __init__(self, inner, num_components: int):
+    def __init__(self, inner, num_components: int, channels: Tensor | None = None):
         if isinstance(num_components, bool) or not isinstance(num_components, int) or num_components < 1:
             raise ValueError(f"num_components must be a positive int, got {num_components!r}")
-        self.inner, self.num_components = inner, num_components
+        if channels is not None:
+            eye = torch.eye(channels.shape[1], dtype=channels.dtype)
+            if channels.dim() != 2 or not torch.allclose(channels.T @ channels, eye, atol=1e-4):
+                raise ValueError(f"channels must be (C, c) with orthonormal columns, got shape {tuple(channels.shape)}")
+            channels = channels.float()
+        self.inner, self.num_components, self.channels = inner, num_components, channels
         self.reduction = getattr(inner, "reduction", "mean")
 
     def __getattr__(self, name):  # the time grid, deterministic steps, forward process: the wrapped scheduler's
@@ -115,16 +134,18 @@ class LowFrequencyNoise:
         # the wrapped step scores x itself only to give its mean and std
         probe = self.inner.transition(j, output, x, next_state=x, mask=mask)
         basis = cosine_basis(frame_lengths(mask, x), x.shape[-1], self.num_components).to(x.device)
+        channels = None if self.channels is None else self.channels.to(x.device)
         if next_state is None:
             # B B^T noise: standard normal coordinates in the subspace, the noise's own projection (so a rollout's
             # noise stays keyed by sample and step as without a subspace)
-            explore = from_components(to_components(noise.float(), basis), basis)
+            explore = from_components(to_components(noise.float(), basis, channels), basis, tuple(x.shape[1:]),
+                                      channels)
             next_state = (probe.mean + probe.std * explore).to(x.dtype)
-        log_prob = subspace_log_prob(next_state, probe.mean, probe.std, basis, self.reduction)
+        log_prob = subspace_log_prob(next_state, probe.mean, probe.std, basis, channels, self.reduction)
         return StepOutput(prev_sample=next_state, log_prob=log_prob, mean=probe.mean, std=probe.std)
 
     def with_steps(self, num_steps: int) -> LowFrequencyNoise:
-        return LowFrequencyNoise(self.inner.with_steps(num_steps), self.num_components)
+        return LowFrequencyNoise(self.inner.with_steps(num_steps), self.num_components, self.channels)
 
     def with_train_steps(self, num_train_steps: int) -> LowFrequencyNoise:
-        return LowFrequencyNoise(self.inner.with_train_steps(num_train_steps), self.num_components)
+        return LowFrequencyNoise(self.inner.with_train_steps(num_train_steps), self.num_components, self.channels)

@@ -492,6 +492,20 @@ class MotionDomain:
     def condition_id(self, dataset, i: int) -> str:
         return dataset.condition_id(i)
 
+    def principal_channels(self, n: int, max_motions: int = 256) -> torch.Tensor:
+        """(263, n) float32 orthonormal: the n leading eigenvectors of the normalised features' second moment over
+        the real frames of (up to max_motions, evenly strided) training motions: the directions a frame of this
+        data varies in, most first (sample.noise_channels)."""
+        train = self.datasets().train
+        if not 1 <= n <= NUM_FEATURES:
+            raise ValueError(f"sample.noise_channels must be in [1, {NUM_FEATURES}], got {n!r}")
+        picks = range(0, len(train), max(1, len(train) // max_motions))
+        frames = [torch.as_tensor(np.asarray(train[i].features)[:int(train[i].length)], dtype=torch.float64)
+                  for i in picks]
+        rows = torch.cat(frames)
+        _, vectors = torch.linalg.eigh(rows.T @ rows / rows.shape[0])
+        return vectors.flip(1)[:, :n].float()
+
     def collate(self, dataset, indices, cache=None) -> Batch:
         items = [dataset[int(i)] for i in indices]
         features = torch.stack([torch.as_tensor(np.asarray(it.features), dtype=torch.float32) for it in items])
