@@ -31,7 +31,7 @@ from recam.domains.motion.domain import (
 from recam.domains.motion.model import MotionDiffusionModel, tiny_config
 from recam.domains.motion.skeleton import MAX_FRAMES, NUM_FEATURES, NUM_JOINTS
 from recam.domains.motion.world import MotionWorld, reference_mean_std
-from recam.engine.noise_subspace import LowFrequencyNoise
+from recam.engine.noise_subspace import SubspaceNoise
 from recam.engine.rollout import per_sample_noise, rescore, rollout
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,7 +118,7 @@ def test_denoiser_keeps_padding_at_zero_and_matches_guided_forward(domain):
 def test_rollout_and_rescore_give_ratio_exactly_one_under_the_frame_mask(domain, subspace):
     scheduler = domain.scheduler("cpu")
     if subspace is not None:  # sample.noise_frequencies / noise_channels: the log-prob of the subspace coordinates
-        scheduler = LowFrequencyNoise(scheduler, subspace[0], domain.principal_channels(subspace[1]))
+        scheduler = SubspaceNoise(scheduler, subspace[0], domain.principal_channels(subspace[1]))
     T = scheduler.num_train_steps
     assert 0 < T < scheduler.num_steps  # the last step, to clean data, is never trained
     assert scheduler.prediction_type == "sample" and scheduler.eta == domain.config.motion.eta

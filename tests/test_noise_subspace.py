@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from config import grpo  # noqa: E402
 from config.validate import validate  # noqa: E402
 from recam.domains.motion.domain import cosine_alphas_cumprod  # noqa: E402
-from recam.engine.noise_subspace import LowFrequencyNoise, cosine_basis, frame_lengths  # noqa: E402
+from recam.engine.noise_subspace import SubspaceNoise, cosine_basis, frame_lengths  # noqa: E402
 from recam.engine.scheduler import DDIMScheduler  # noqa: E402
 
 
@@ -49,7 +49,7 @@ def test_frame_lengths_read_a_prefix_mask_and_reject_others():
 
 def test_a_step_draws_in_the_subspace_and_scores_with_torch_distributions():
     torch.manual_seed(0)
-    sched = LowFrequencyNoise(_scheduler(), 4)
+    sched = SubspaceNoise(_scheduler(), 4)
     x, out, noise = torch.randn(2, 3, 1, 12), torch.randn(2, 3, 1, 12), torch.randn(2, 3, 1, 12)
     mask = torch.ones(2, 1, 1, 12, dtype=torch.bool)
     mask[1, ..., 9:] = False
@@ -79,10 +79,10 @@ def test_all_components_are_the_neutral_case_noise_in_every_element():
     torch.manual_seed(1)
     x, out, noise = torch.randn(3, 4, 1, 8), torch.randn(3, 4, 1, 8), torch.randn(3, 4, 1, 8)
     plain = _scheduler().transition(1, out, x, noise=noise)
-    full = LowFrequencyNoise(_scheduler(), 8).transition(1, out, x, noise=noise)
+    full = SubspaceNoise(_scheduler(), 8).transition(1, out, x, noise=noise)
     torch.testing.assert_close(full.prev_sample, plain.prev_sample, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(full.log_prob, plain.log_prob, atol=1e-5, rtol=1e-5)
-    wrapped = LowFrequencyNoise(_scheduler(), 2)
+    wrapped = SubspaceNoise(_scheduler(), 2)
     assert wrapped.with_train_steps(1).num_train_steps == 1 and wrapped.with_train_steps(1).num_components == 2
     assert wrapped.with_steps(5).num_steps == 5 and wrapped.step_std(0) == _scheduler().step_std(0)
 
@@ -90,7 +90,7 @@ def test_all_components_are_the_neutral_case_noise_in_every_element():
 def test_channel_directions_confine_the_noise_and_score_with_torch_distributions():
     torch.manual_seed(2)
     channels, _ = torch.linalg.qr(torch.randn(3, 2))  # (C 3, c 2) orthonormal columns
-    sched = LowFrequencyNoise(_scheduler(), 3, channels)
+    sched = SubspaceNoise(_scheduler(), 3, channels)
     x, out, noise = torch.randn(2, 3, 1, 10), torch.randn(2, 3, 1, 10), torch.randn(2, 3, 1, 10)
     step = sched.transition(0, out, x, noise=noise)
     std = float(step.std.flatten()[0])
@@ -107,12 +107,12 @@ def test_channel_directions_confine_the_noise_and_score_with_torch_distributions
     # every channel direction and every frame: the neutral case again
     x4, o4, n4 = torch.randn(2, 4, 1, 6), torch.randn(2, 4, 1, 6), torch.randn(2, 4, 1, 6)
     rotation, _ = torch.linalg.qr(torch.randn(4, 4))
-    full = LowFrequencyNoise(_scheduler(), 6, rotation).transition(1, o4, x4, noise=n4)
+    full = SubspaceNoise(_scheduler(), 6, rotation).transition(1, o4, x4, noise=n4)
     plain = _scheduler().transition(1, o4, x4, noise=n4)
     torch.testing.assert_close(full.prev_sample, plain.prev_sample, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(full.log_prob, plain.log_prob, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="orthonormal columns"):
-        LowFrequencyNoise(_scheduler(), 3, torch.ones(3, 2))
+        SubspaceNoise(_scheduler(), 3, torch.ones(3, 2))
 
 
 def test_validation_names_the_field_for_objectives_and_variants_it_does_not_fit():
@@ -151,7 +151,7 @@ def test_a_toy_run_trains_with_one_component(tmp_path):
     torch.manual_seed(c.seed)
     log = runlog.RunLog(tmp_path, c)
     trainer = GRPOTrainer(c, ToyDomain(c, "cpu", log), Accelerator(cpu=True), log, derived)
-    assert isinstance(trainer.scheduler, LowFrequencyNoise)
+    assert isinstance(trainer.scheduler, SubspaceNoise)
     import contextlib
     import io
 

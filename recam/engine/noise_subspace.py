@@ -3,9 +3,10 @@ optionally in a few given directions over the other axes.
 
 A GRPO update is a score-function estimate, sum_i A_i grad log p(x_i'), and each stochastic step contributes
 grad log p = J^T noise / std with the noise drawn in every element of the sample. For a motion (263 x 196 = 51,548
-elements) almost all of those directions are frame-to-frame wiggles that the later, deterministic steps smooth
-away and the reward never sees, yet every one of them adds variance to the estimate: measured on the embedded
-motion job, an update of 64 samples is about 1% signal (docs/results.md).
+elements) most of those directions are frame-to-frame wiggles or feature combinations no real frame has, which
+the reward hardly sees; if each of them added variance to the estimate, exploring in fewer directions would make
+an update more signal. On the embedded motion job it did not (docs/results.md, "Exploring in fewer directions"):
+the options are here for models and rewards where it may.
 
 With `sample.noise_frequencies = m` each stochastic step draws its noise only in the m lowest-frequency
 orthonormal cosine (DCT-II) components along the sample's last axis (a motion's frames; over each sample's real
@@ -102,9 +103,10 @@ def subspace_log_prob(sample: Tensor, mean: Tensor, std: Tensor, basis: Tensor, 
     return density.mean(dim=dims) if reduction == "mean" else density.sum(dim=dims)
 
 
-class LowFrequencyNoise:
+class SubspaceNoise:
     """A scheduler whose stochastic steps draw their noise in `num_components` cosine components along the last
-    axis (see the module docstring); everything else is the wrapped scheduler's."""
+    axis, and in the columns of `channels` (C, c) when given (see the module docstring); everything else is the
+    wrapped scheduler's."""
 
     def __init__(self, inner, num_components: int, channels: Tensor | None = None):
         if isinstance(num_components, bool) or not isinstance(num_components, int) or num_components < 1:
@@ -136,7 +138,7 @@ class LowFrequencyNoise:
         basis = cosine_basis(frame_lengths(mask, x), x.shape[-1], self.num_components).to(x.device)
         channels = None if self.channels is None else self.channels.to(x.device)
         if next_state is None:
-            # B B^T noise: standard normal coordinates in the subspace, the noise's own projection (so a rollout's
+            # the noise's projection onto the subspace: standard normal coordinates there, the noise's own projection (so a rollout's
             # noise stays keyed by sample and step as without a subspace)
             explore = from_components(to_components(noise.float(), basis, channels), basis, tuple(x.shape[1:]),
                                       channels)
@@ -144,8 +146,8 @@ class LowFrequencyNoise:
         log_prob = subspace_log_prob(next_state, probe.mean, probe.std, basis, channels, self.reduction)
         return StepOutput(prev_sample=next_state, log_prob=log_prob, mean=probe.mean, std=probe.std)
 
-    def with_steps(self, num_steps: int) -> LowFrequencyNoise:
-        return LowFrequencyNoise(self.inner.with_steps(num_steps), self.num_components, self.channels)
+    def with_steps(self, num_steps: int) -> SubspaceNoise:
+        return SubspaceNoise(self.inner.with_steps(num_steps), self.num_components, self.channels)
 
-    def with_train_steps(self, num_train_steps: int) -> LowFrequencyNoise:
-        return LowFrequencyNoise(self.inner.with_train_steps(num_train_steps), self.num_components, self.channels)
+    def with_train_steps(self, num_train_steps: int) -> SubspaceNoise:
+        return SubspaceNoise(self.inner.with_train_steps(num_train_steps), self.num_components, self.channels)

@@ -24,7 +24,7 @@ from recam.engine.advantages import broadcast_over_timesteps, nonzero_group_mask
 from recam.engine.containers import EpochResult, Groups, Rollouts, Scores, StepStats
 from recam.engine.health import SAMPLE_RULES, Finding, diagnose_step
 from recam.engine.hooks import ConstraintHook, FaultInjectionHook
-from recam.engine.noise_subspace import LowFrequencyNoise
+from recam.engine.noise_subspace import SubspaceNoise
 from recam.engine.objective import OBJECTIVES, MicroBatch, known_objectives, objective_needs
 from recam.engine.rollout import deterministic_sample, per_sample_noise, rollout, window_start
 from recam.engine.sampler import KRepeatBatchSampler
@@ -160,7 +160,7 @@ class GRPOTrainer:
                     raise ValueError(f"sample.noise_channels={s.noise_channels} needs the principal directions of the "
                                      f"domain's data; the {config.domain} domain gives none: set it to 0")
                 channels = domain.principal_channels(s.noise_channels)
-            scheduler = LowFrequencyNoise(scheduler, s.noise_frequencies, channels)
+            scheduler = SubspaceNoise(scheduler, s.noise_frequencies, channels)
         T = trained_steps(config)  # the window's size, the timestep_fraction rule, or 0 without log-probs
         self.scheduler = scheduler if scheduler.num_train_steps == T else scheduler.with_train_steps(T)
         if s.ode_solver == "dpm2" and not getattr(self.scheduler, "is_flow", False):
