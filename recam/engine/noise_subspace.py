@@ -138,8 +138,8 @@ class SubspaceNoise:
         basis = cosine_basis(frame_lengths(mask, x), x.shape[-1], self.num_components).to(x.device)
         channels = None if self.channels is None else self.channels.to(x.device)
         if next_state is None:
-            # the noise's projection onto the subspace: standard normal coordinates there, the noise's own projection (so a rollout's
-            # noise stays keyed by sample and step as without a subspace)
+            # the step's own noise projected onto the subspace: standard normal coordinates there, and a rollout's
+            # noise stays keyed by sample and step as without a subspace
             explore = from_components(to_components(noise.float(), basis, channels), basis, tuple(x.shape[1:]),
                                       channels)
             next_state = (probe.mean + probe.std * explore).to(x.dtype)
