@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from recam.infra.runlog import read_records  # noqa: E402
+from recam.infra.stats import mean_interval  # noqa: E402
 
 # Two-sided 95% Student-t quantiles by degrees of freedom (n - 1).
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
 def run_one(preset: str, seed: int, run_dir: Path, extra: list[str]) -> float:
@@ -45,13 +45,6 @@ def run_one(preset: str, seed: int, run_dir: Path, extra: list[str]) -> float:
     if p.returncode not in (0, 3):  # 3 = stopped by the health guard, still a result worth reporting
         raise RuntimeError(f"{preset} seed {seed} failed (exit {p.returncode}); see {run_dir / 'stdout.log'}")
     return time.time() - t0
-
-
-def mean_ci(values: list[float]) -> tuple[float, float]:
-    v = np.asarray(values, dtype=np.float64)
-    if len(v) < 2:
-        return float(v.mean()), float("nan")
-    return float(v.mean()), T95.get(len(v) - 1, 1.96) * float(v.std(ddof=1)) / np.sqrt(len(v))
 
 
 def collect(run_dir: Path) -> dict:
@@ -96,11 +89,11 @@ def report(out: Path, presets: list[str], seeds: list[int], results: dict, comma
              "importance-weight var | KL | s/epoch |", "|---|---|---|---|---|---|---|---|---|"]
     for p in presets:
         rs = [results[(p, s)] for s in seeds]
-        cam, cam_ci = mean_ci([r["cam_after"] for r in rs])
-        dcam, dcam_ci = mean_ci([r["cam_after"] - r["cam_before"] for r in rs])
-        rel, rel_ci = mean_ci([r["cam_after"] - r["cam_before"] - b for r, b in zip(rs, base_delta, strict=True)])
-        fid, fid_ci = mean_ci([r["fid_after"] for r in rs])
-        dfid, dfid_ci = mean_ci([r["fid_after"] - r["fid_before"] for r in rs])
+        cam, cam_ci = mean_interval([r["cam_after"] for r in rs])
+        dcam, dcam_ci = mean_interval([r["cam_after"] - r["cam_before"] for r in rs])
+        rel, rel_ci = mean_interval([r["cam_after"] - r["cam_before"] - b for r, b in zip(rs, base_delta, strict=True)])
+        fid, fid_ci = mean_interval([r["fid_after"] for r in rs])
+        dfid, dfid_ci = mean_interval([r["fid_after"] - r["fid_before"] for r in rs])
         lines.append(f"| {p} | {cam:.4f} ± {cam_ci:.4f} | {dcam:+.4f} ± {dcam_ci:.4f} | "
                      f"{'—' if p == base else f'{rel:+.4f} ± {rel_ci:.4f}'} | {fid:.4f} ± {fid_ci:.4f} | "
                      f"{dfid:+.4f} ± {dfid_ci:.4f} | {np.mean([r['iw_var'] for r in rs]):.3g} | "

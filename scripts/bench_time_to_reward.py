@@ -36,25 +36,10 @@ sys.path.insert(0, str(ROOT))
 
 from config.grpo import get_config  # noqa: E402
 from config.methods import METHODS  # noqa: E402
-
-# two-sided 95% Student t quantiles by degrees of freedom (1..30); beyond, the normal's 1.96
-_T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
-
+from recam.infra.stats import mean_interval  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------------------
 # statistics (pure)
-
-def mean_interval(values) -> tuple[float, float]:
-    """Mean and the half-width of its 95% t-interval over seeds (NaN half-width for a single value)."""
-    v = np.asarray([x for x in values if x is not None and math.isfinite(x)], dtype=np.float64)
-    if v.size == 0:
-        return float("nan"), float("nan")
-    if v.size == 1:
-        return float(v[0]), float("nan")
-    t = _T975[v.size - 2] if v.size - 1 <= len(_T975) else 1.96
-    return float(v.mean()), float(t * v.std(ddof=1) / math.sqrt(v.size))
-
 
 def seed_mean_curve(curves: list[dict[float, float]]) -> dict[float, float]:
     """Mean over seeds at each grid point every seed reached (a point some seed lacks is left out)."""

@@ -18,7 +18,8 @@ from config.validate import validate  # noqa: E402
 from recam.engine.health import Thresholds, diagnose_run, rule_update_noise  # noqa: E402
 from recam.engine.trainer import flat_cosine  # noqa: E402
 from recam.infra import runlog  # noqa: E402
-from scripts.gradient_agreement import agreement, epoch_gradients, samples_for_half  # noqa: E402
+from recam.infra.stats import mean_interval, t975  # noqa: E402
+from scripts.gradient_agreement import agreement, epoch_gradients, samples_for_half, share_interval  # noqa: E402
 
 
 def test_flat_cosine_is_the_cosine_of_the_concatenated_vectors():
@@ -40,7 +41,7 @@ def _steps(cosines, samples=32):
 def test_update_noise_fires_with_the_samples_a_cosine_of_one_half_would_take():
     cos = [0.01 + 0.002 * ((i % 5) - 2) for i in range(20)]  # mean 0.01, small spread
     [f] = rule_update_noise(_steps(cos), Thresholds())
-    mean, half = statistics.fmean(cos), 1.96 * statistics.stdev(cos) / math.sqrt(20)
+    mean, half = statistics.fmean(cos), 2.093 * statistics.stdev(cos) / math.sqrt(20)  # t_{0.975, 19}
     assert f.rule == "update_noise" and f.severity == "info"
     assert f.numbers["mean_grad_cosine"] == pytest.approx(mean)
     assert f.numbers["interval_95"] == pytest.approx(half)
@@ -85,6 +86,33 @@ def test_agreement_against_a_loop_and_a_known_signal_share():
     assert samples_for_half(-0.01, 64) == math.inf
     with pytest.raises(ValueError, match="at least 2"):
         agreement(small[:1])
+
+
+def test_share_interval_is_the_jackknife_of_a_loop():
+    g = torch.randn(5, 40, generator=torch.Generator().manual_seed(3), dtype=torch.float64) + 0.4
+
+    def share(rows):  # mean pairwise dot product over mean squared norm, by hand
+        dots = [float(rows[a] @ rows[b]) for a in range(len(rows)) for b in range(a + 1, len(rows))]
+        return (sum(dots) / len(dots)) / (sum(float(r @ r) for r in rows) / len(rows))
+
+    loo = [share([g[i] for i in range(5) if i != r]) for r in range(5)]
+    centre = sum(loo) / 5
+    se = math.sqrt(4 / 5 * sum((x - centre) ** 2 for x in loo))
+    got, half = share_interval(g)
+    assert got == pytest.approx(share(list(g)), rel=1e-9) and half == pytest.approx(2.776 * se, rel=1e-9)
+    with pytest.raises(ValueError, match="at least 3"):
+        share_interval(g[:2])
+
+
+def test_t_quantiles_and_mean_interval():
+    stats = pytest.importorskip("scipy.stats")
+    for df in (1, 2, 4, 9, 19, 30):
+        assert t975(df) == pytest.approx(float(stats.t.ppf(0.975, df)), abs=1e-3)
+    assert t975(31) == 1.96
+    with pytest.raises(ValueError, match="degrees of freedom"):
+        t975(0)
+    mean, half = mean_interval([1.0, 2.0, 4.0, None, float("nan")])
+    assert mean == pytest.approx(7 / 3) and half == pytest.approx(4.303 * statistics.stdev([1, 2, 4]) / math.sqrt(3))
 
 
 def _toy_trainer(tmp_path: Path, **sample):

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from recam.infra.schema import REWARD_BOOKKEEPING
+from recam.infra.stats import t975
 
 SEVERITIES = ("info", "warn", "critical")
 _RANK = {s: i for i, s in enumerate(SEVERITIES)}
@@ -509,7 +510,7 @@ def rule_update_noise(steps: list[dict], th: Thresholds) -> list[Finding]:
     if len(cos) < th.update_noise_min_steps:
         return []
     mean = statistics.fmean(cos)
-    half = 1.96 * statistics.stdev(cos) / math.sqrt(len(cos))
+    half = t975(len(cos) - 1) * statistics.stdev(cos) / math.sqrt(len(cos))
     if mean + half >= th.update_noise_cosine:
         return []
     sizes = [n for n in (_num(m, "step_samples") for m in steps) if _ok(n) and n > 0]
