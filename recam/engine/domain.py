@@ -95,3 +95,5 @@ class Domain(Protocol):
     # {name: float} over a whole evaluated split (every process's items, in dataset order), logged as
     # <prefix>/<name> beside the per-condition means: metrics over sets of samples, such as retrieval precision
     # within pools of conditions or a distance between generated and real distributions.
+    # Optional: principal_channels(n) -> (C, n) orthonormal directions over the channels (every sample axis but the
+    # last), the ones the data varies in most; sample.noise_channels confines exploration noise to them.
