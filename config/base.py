@@ -95,7 +95,8 @@ def get_config() -> ml_collections.ConfigDict:
     # made would enter the advantage while no trained step is responsible for it (DanceGRPO's shared noise)
     c.sample.same_initial_noise = False
     # 0: the stochastic steps draw noise in every element; m > 0: only in the m lowest-frequency cosine components
-    # along the sample's last axis (a motion's frames), a lower-variance policy gradient (recam.engine.noise_subspace)
+    # along the sample's last axis (a motion's frames; recam.engine.noise_subspace). Meant to lower the policy
+    # gradient's variance; on the motion job it did not (docs/results.md)
     c.sample.noise_frequencies = 0
     # 0: in every channel (the axes between the batch and the last); c > 0: only in the c principal directions of the
     # domain's training data over its channels (needs sample.noise_frequencies > 0 and a domain that gives them)

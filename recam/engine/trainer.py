@@ -89,6 +89,25 @@ class FirstConditions(Sequence):
         return getattr(self.dataset, name)
 
 
+def exploration_scheduler(domain, config, device):
+    """The domain's scheduler, its stochastic steps' noise confined to a subspace when sample.noise_frequencies
+    (and sample.noise_channels) ask for one (recam.engine.noise_subspace)."""
+    s, scheduler = config.sample, domain.scheduler(device)
+    if not s.noise_frequencies:
+        return scheduler
+    frames = domain.sample_shape()[-1]
+    if s.noise_frequencies > frames:
+        raise ValueError(f"sample.noise_frequencies={s.noise_frequencies} exceeds the {frames} positions on the last "
+                         f"axis of the {config.domain} domain's samples")
+    channels = None
+    if s.noise_channels:
+        if not hasattr(domain, "principal_channels"):
+            raise ValueError(f"sample.noise_channels={s.noise_channels} needs the principal directions of the "
+                             f"domain's data; the {config.domain} domain gives none: set it to 0")
+        channels = domain.principal_channels(s.noise_channels)
+    return SubspaceNoise(scheduler, s.noise_frequencies, channels)
+
+
 class GRPOTrainer:
     def __init__(self, config, domain, accelerator, log, derived: dict, report_rewards: tuple[str, ...] = ()):
         self.config, self.domain, self.accelerator, self.log, self.derived = config, domain, accelerator, log, derived
@@ -148,19 +167,7 @@ class GRPOTrainer:
         self.needs_old_means = objective_needs(t.objective, "needs_old_means")
         from config.validate import trained_steps
 
-        scheduler = domain.scheduler(accelerator.device)
-        if s.noise_frequencies:
-            frames = domain.sample_shape()[-1]
-            if s.noise_frequencies > frames:
-                raise ValueError(f"sample.noise_frequencies={s.noise_frequencies} exceeds the {frames} positions on "
-                                 f"the last axis of the {config.domain} domain's samples")
-            channels = None
-            if s.noise_channels:
-                if not hasattr(domain, "principal_channels"):
-                    raise ValueError(f"sample.noise_channels={s.noise_channels} needs the principal directions of the "
-                                     f"domain's data; the {config.domain} domain gives none: set it to 0")
-                channels = domain.principal_channels(s.noise_channels)
-            scheduler = SubspaceNoise(scheduler, s.noise_frequencies, channels)
+        scheduler = exploration_scheduler(domain, config, accelerator.device)
         T = trained_steps(config)  # the window's size, the timestep_fraction rule, or 0 without log-probs
         self.scheduler = scheduler if scheduler.num_train_steps == T else scheduler.with_train_steps(T)
         if s.ode_solver == "dpm2" and not getattr(self.scheduler, "is_flow", False):
