@@ -29,8 +29,6 @@ sys.path.insert(0, str(ROOT))
 from recam.infra.runlog import read_records  # noqa: E402
 from recam.infra.stats import mean_interval  # noqa: E402
 
-# Two-sided 95% Student-t quantiles by degrees of freedom (n - 1).
-
 
 def run_one(preset: str, seed: int, run_dir: Path, extra: list[str]) -> float:
     if (run_dir / "summary.md").exists():

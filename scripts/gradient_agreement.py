@@ -141,5 +141,6 @@ def main(_):
         print(f"| {name} | {a['cosine']:.4f} +- {a['cosine_std']:.4f} | {share:.4f} +- {half:.4f} | "
               f"{a['total_sq']:.3e} | {samples_for_half(share, n):.3g} | {at_least:.3g} |")
 
+
 if __name__ == "__main__":
     app.run(main)
