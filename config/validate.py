@@ -226,10 +226,10 @@ def scheduler_is_flow(domain: str) -> bool | None:
     `scheduler` method (the scheduler class's is_flow); None when the annotation does not say."""
     import typing
 
-    from recam.engine.domain import DOMAINS
+    from recam.engine.domain import domain_class
 
     try:
-        hint = typing.get_type_hints(DOMAINS[domain].scheduler).get("return")
+        hint = typing.get_type_hints(domain_class(domain).scheduler).get("return")
     except Exception:  # noqa: BLE001 - a factory or an unresolvable annotation: the trainer checks at build time
         return None
     flow = getattr(hint, "is_flow", None)
@@ -305,7 +305,7 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
     or in the domain's `check_config` (its own fields); each error is one line naming the field and what it
     may be."""
     from recam.engine.advantages import STD_MODES
-    from recam.engine.domain import DOMAINS, known_domains
+    from recam.engine.domain import domain_class, known_domains
     from recam.engine.losses import KL_ESTIMATORS, POLICY_LOSSES
     from recam.engine.objective import OBJECTIVES, STEP_WEIGHTINGS, known_objectives
     from recam.engine.variants import VARIANT_SWITCHES  # (importing it registers the "grpo_variants" policy loss)
@@ -313,7 +313,7 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
 
     s, t, a = config.sample, config.train, config.advantage
     _require(_is_int(num_processes) and num_processes >= 1, f"num_processes must be >= 1, got {num_processes}")
-    _require(config.domain in known_domains(), f"domain={config.domain!r} unknown; use one of {sorted(DOMAINS)}")
+    _require(config.domain in known_domains(), f"domain={config.domain!r} unknown; use one of {known_domains()}")
     check_nonempty_str(config, "run_name")
     check_nonempty_str(config, "run_dir", "where checkpoints and logs go")
     check_nonempty_str(config, "logging.wandb_project")
@@ -397,7 +397,7 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
     fail_reward_slots(config, num_processes)
     conds_per_batch = per_batch // s.k
     # a domain names its own rewards, data and model, and checks them (its `check_config`)
-    check = getattr(DOMAINS[config.domain], "check_config", None)
+    check = getattr(domain_class(config.domain), "check_config", None)
     if check is not None:
         check(config, conds_per_batch, _require)
     r = config.reward
@@ -576,10 +576,10 @@ def validate_files(config: ml_collections.ConfigDict) -> None:
     """The checks that read the filesystem (paths, config.json headers; never weights), run by the trainer right
     after `validate` and before any model is built. Kept apart so presets for other machines validate anywhere.
     A domain whose model or data live in files checks them (its `check_files`)."""
-    from recam.engine.domain import DOMAINS, known_domains
+    from recam.engine.domain import domain_class, known_domains
 
-    if config.domain in known_domains() and hasattr(DOMAINS[config.domain], "check_files"):
-        DOMAINS[config.domain].check_files(config)
+    if config.domain in known_domains() and hasattr(domain_class(config.domain), "check_files"):
+        domain_class(config.domain).check_files(config)
 
 
 def validate_camera_files(config: ml_collections.ConfigDict) -> None:

@@ -1,10 +1,17 @@
 """Reward registry. Each name maps to a factory `factory(config) -> Reward`, and a Reward is an object called as
 `reward(videos (B, 3, F, H, W) in [-1, 1], conditions: list) -> (scores (B,), details)`, optionally with `close()`.
 
+Importing this package registers nothing: each reward module registers its own names when imported, and a domain
+imports the modules of the rewards it scores (the camera domain: recam/domains/camera/services.py; the motion
+domain: recam/domains/motion/domain.py), so choosing one domain never loads another's dependencies.
+
 config is the run's ConfigDict (config/base.py: a reward reads its own section, e.g. reward.unified), or None for
 rewards that need no configuration. Whatever a reward needs (a judge's server and HTTP client, a critic's
 weights) lives on the object a factory returns, never in module state, so two runs in one process, or a test
 next to a run, cannot see each other's judge or critic.
+
+A reward scored by a server (the judge, a served pose estimator) names it in a `server` attribute (its URL), so a
+run whose server went down can evaluate without it (MultiReward.without_served).
 
 scores are float32 in [0, 1] (the critic's raw score excepted); NaN marks a sample whose score could not be
 computed (never a silent 0); details maps names to (B,) tensors or lists. `MultiReward` combines weighted
@@ -116,21 +123,33 @@ class MultiReward:
         scores["avg"] = weighted_mean(scores, self.weights)
         return scores, details
 
+    def served(self) -> list[str]:
+        """The names of the rewards a server scores (a Reward whose `server` attribute names it)."""
+        return [name for name, reward in self.rewards.items() if getattr(reward, "server", None)]
+
+    def without_served(self, why: str) -> MultiReward:
+        """These rewards with every served one replaced by `Skipped` (NaN, never a call): the same names and
+        weights, so a weighted skipped reward leaves `avg` NaN rather than an average of the others that reads
+        like the full one. The objects are shared; closing the result closes nothing."""
+        skipped = {name: Skipped(why) for name in self.served()}
+        new = MultiReward.__new__(MultiReward)
+        new.weights, new.report, new._owned = self.weights, self.report, []
+        new.rewards = {name: skipped.get(name, reward) for name, reward in self.rewards.items()}
+        return new
+
     def close(self) -> None:
         owned, self._owned = self._owned, []
         for reward in owned:
             close_reward(reward)
 
 
-def _register_builtin() -> None:
-    from rewards import cam_score, fidelity, motion  # noqa: F401  (self-registering)
+class Skipped:
+    """A reward not computed, for a stated reason: NaN for every sample (a failure, never a 0) and the reason in
+    its details."""
 
-    for module_name in ("unified", "discriminator"):
-        try:
-            module = __import__(f"rewards.{module_name}", fromlist=["register"])
-        except ModuleNotFoundError:  # optional extras (e.g. httpx) missing: those rewards are simply unavailable
-            continue
-        module.register(register_reward)
+    def __init__(self, why: str):
+        self.why = why
 
-
-_register_builtin()
+    def __call__(self, videos: torch.Tensor, conditions: list) -> tuple[torch.Tensor, dict]:
+        n = len(conditions)
+        return torch.full((n,), float("nan")), {"skipped": [self.why] * n}

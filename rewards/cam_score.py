@@ -189,6 +189,12 @@ class CamScore:
         self.settings = settings
         self.estimator = build_estimator(settings.estimator, cam_config)
 
+    @property
+    def server(self) -> str | None:
+        """The served estimator's URL; None for an estimator that runs in process."""
+        config = getattr(self.estimator, "config", None)
+        return getattr(config, "api_root", None)
+
     def describe(self) -> str:
         inner = self.estimator.describe() if hasattr(self.estimator, "describe") else self.settings.estimator
         return f"{inner}; up to {self.settings.max_frames} frames per video"

@@ -37,6 +37,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from rewards import register_reward
+
 
 def discriminator_loss(s_teacher: torch.Tensor, s_student: torch.Tensor, temperature: float | torch.Tensor,
                        reg_threshold: float = 3.0, reg_weight: float = 0.1
@@ -305,12 +307,8 @@ def discriminator_config(config) -> DiscriminatorConfig:
     return DiscriminatorConfig(**values)
 
 
+@register_reward("discriminator")
 def build_discriminator_reward(config) -> DiscriminatorReward:
     """Factory of `discriminator`: a fresh critic configured by config.reward.discriminator (None: defaults)."""
     return DiscriminatorReward(Discriminator(discriminator_config(config) if config is not None else None))
 
-
-def register(register_reward) -> None:
-    """Register the `discriminator` factory with the registry's decorator factory (register_reward(name)(factory));
-    rewards/__init__.py calls this, which keeps this module free of an import cycle with the package."""
-    register_reward("discriminator")(build_discriminator_reward)

@@ -55,6 +55,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from recam.infra.reward_runner import RewardServerDown
+from rewards import register_reward
 
 PROMPT_FORMATS = ("final_score", "alignment_physics_style")
 APS_KEYS = ("alignment", "physics", "style")
@@ -476,6 +477,10 @@ class UnifiedReward:
         # when this object is collected, or at interpreter exit, whichever comes first.
         self._finalizer = weakref.finalize(self, self.client.close)
 
+    @property
+    def server(self) -> str:
+        return self.config.api_root
+
     def describe(self) -> str:
         return f"UnifiedReward judge at {self.config.api_root} is up (serves {self.served_models})"
 
@@ -496,6 +501,7 @@ def unified_config(section) -> UnifiedConfig:
     return UnifiedConfig(**{f.name: section[f.name] for f in fields(UnifiedConfig) if f.name in section})
 
 
+@register_reward("unifiedscore")
 def build_unifiedscore(config) -> UnifiedReward:
     """Factory of `unifiedscore`: the judge of config.reward.unified, health-checked now."""
     if config is None:
@@ -504,9 +510,3 @@ def build_unifiedscore(config) -> UnifiedReward:
     section = config.reward.unified
     return UnifiedReward(unified_config(section), check_model=bool(section.get("check_model", True)))
 
-
-def register(register_reward) -> None:
-    """Register the `unifiedscore` factory with the reward registry's decorator factory
-    (register_reward(name)(factory)); rewards/__init__.py calls this, which keeps this module free of an import
-    cycle with the package."""
-    register_reward("unifiedscore")(build_unifiedscore)

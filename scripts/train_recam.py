@@ -42,9 +42,21 @@ FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", f"{ROOT / 'config' / 'grpo.py'}:tiny_cpu", "Preset file:name plus overrides.")
 
 
+def without_traceback(message: str) -> str:
+    """ml_collections puts the preset file's whole traceback into its flag error; what the user needs is where
+    (the flag) and the exception's own message (e.g. "unknown preset 'nope' ...; known presets: [...]")."""
+    head, sep, trace = str(message).partition("Traceback (most recent call last):")
+    if not sep:
+        return str(message)
+    last = [line for line in trace.splitlines() if line.strip()][-1].strip()
+    last = re.sub(r"^[\w.]+(Error|Exception): ", "", last)
+    flag = re.match(r"\s*(flag --?config=\S+): ", head)
+    return f"{flag.group(1)}: {last}" if flag else last
+
+
 def config_error(message: str) -> None:
     """An invalid config: one line on stderr, exit status 2, no traceback."""
-    print(f"config error: {' '.join(str(message).split())}", file=sys.stderr)
+    print(f"config error: {' '.join(without_traceback(message).split())}", file=sys.stderr)
     sys.exit(2)
 
 
@@ -119,7 +131,8 @@ def main(_):
         except ConfigError as e:
             config_error(str(e))
     log = runlog.RunLog(Path(config.run_dir), config, enabled=accelerator.is_main_process)
-    log.info(f"derived numbers: {json.dumps(derived)}")
+    log.capture_logs(accelerator.process_index)
+    log.detail(f"derived numbers: {json.dumps(derived)}")
     torch.manual_seed(config.seed)
     np.random.seed(config.seed)
 

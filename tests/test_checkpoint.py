@@ -1,7 +1,17 @@
 import json
 
+import pytest
+
 from recam.engine.health import SAMPLE_RULES, diagnose_step
-from recam.infra.checkpoint import checkpoint_before, latest_checkpoint, point_latest
+from recam.infra.checkpoint import (
+    LATEST,
+    CheckpointCorrupt,
+    checkpoint_before,
+    latest_checkpoint,
+    point_latest,
+    pointed_checkpoint,
+    read_pointer,
+)
 
 
 def _ckpt(root, epoch, intact=True):
@@ -24,6 +34,35 @@ def test_checkpoint_before_skips_the_weights_that_drew_a_collapsed_epoch(tmp_pat
     point_latest(tmp_path, "epoch_0001")
     assert latest_checkpoint(tmp_path).name == "epoch_0001"
     assert not list(tmp_path.glob(".*tmp"))
+
+
+@pytest.mark.parametrize("content", [b"", b"\n", b"\xff\xfe\x00garbled", b"epoch_00", b"../epoch_0004", b"epoch_0004x"])
+def test_a_damaged_latest_pointer_falls_back_to_the_newest_folder_and_is_named(tmp_path, content):
+    for e in (0, 3, 4):
+        _ckpt(tmp_path, e)
+    (tmp_path / "epoch_best").mkdir()
+    (tmp_path / LATEST).write_bytes(content)
+    said = []
+    assert read_pointer(tmp_path) == ("epoch_00" if content == b"epoch_00" else None)  # well-formed, not there
+    assert pointed_checkpoint(tmp_path, said.append) == tmp_path / "epoch_0004"
+    assert len(said) == 1 and str(tmp_path / LATEST) in said[0] and "epoch_0004" in said[0]
+    assert latest_checkpoint(tmp_path) == tmp_path / "epoch_0004"  # not "holds no state.json" about the root
+
+
+def test_a_sound_pointer_is_read_as_it_is_and_none_without_one(tmp_path):
+    assert pointed_checkpoint(tmp_path) is None
+    for e in (0, 1):
+        _ckpt(tmp_path, e)
+    (tmp_path / LATEST).write_text("epoch_0000\n")
+    said = []
+    assert read_pointer(tmp_path) == "epoch_0000"
+    assert pointed_checkpoint(tmp_path, said.append) == tmp_path / "epoch_0000" and said == []
+
+
+def test_a_damaged_pointer_with_no_folder_beside_it_is_an_error_naming_it(tmp_path):
+    (tmp_path / LATEST).write_bytes(b"")
+    with pytest.raises(CheckpointCorrupt, match="latest names no epoch_NNNN"):
+        pointed_checkpoint(tmp_path)
 
 
 def test_checkpoint_before_ignores_incomplete_folders_and_other_names(tmp_path):

@@ -331,6 +331,18 @@ def test_resume_with_an_emptied_log_reads_the_base_evaluation_from_the_checkpoin
 
 
 @needs_base
+def test_resume_with_an_emptied_latest_pointer_takes_the_newest_intact_folder_and_names_the_pointer(finished,
+                                                                                                   tmp_path):
+    run = _copy(finished, tmp_path)
+    (run / "checkpoints" / "latest").write_bytes(b"")
+    p = _run(run)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"{run / 'checkpoints' / 'latest'} names no epoch_NNNN checkpoint folder here" in p.stdout
+    assert f"resumed from {run / 'checkpoints' / 'epoch_0002'}" in p.stdout and "state.json" not in p.stderr
+    assert (run / "checkpoints" / "latest").read_text() == "epoch_0002"  # repaired
+
+
+@needs_base
 def test_resume_refuses_a_state_json_that_disagrees_with_its_checkpoint_and_the_log(finished, tmp_path):
     run = _copy(finished, tmp_path)
     ckpt = run / "checkpoints" / "epoch_0002"

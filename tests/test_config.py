@@ -49,6 +49,16 @@ def test_unknown_preset_is_named():
         grpo.get_config("nope")
 
 
+def test_the_trainer_names_an_unknown_preset_in_one_short_line_without_its_traceback():
+    cmd = [sys.executable, "scripts/train_recam.py", "--config", "config/grpo.py:nope"]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stdout == ""
+    [line] = p.stderr.strip().splitlines()
+    assert line.startswith("config error: flag --config=config/grpo.py:nope: unknown preset 'nope' in config/grpo.py; "
+                           "known presets: [") and "'tiny_cpu'" in line
+    assert "Traceback" not in line and "File " not in line and "line " not in line
+
+
 def test_command_line_overrides_reach_validation_before_any_model_is_built(tmp_path):
     # --config.sample.k=3 cannot hold whole groups in 8 samples: the trainer must stop at validation, naming it.
     cmd = [sys.executable, "scripts/train_recam.py", "--config=config/grpo.py:smoke", "--config.sample.k=3",

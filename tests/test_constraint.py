@@ -8,7 +8,7 @@ import torch
 from config import grpo
 from config.validate import ConfigError, validate
 from recam.engine.constraint import dual_step
-from rewards import MultiReward, weighted_mean
+from rewards import MultiReward, cam_score, fidelity, weighted_mean  # noqa: F401  (cam_score, fidelity register)
 
 
 def test_dual_step_by_hand():

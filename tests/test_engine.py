@@ -98,6 +98,36 @@ def test_engine_imports_no_domain_and_no_reward():
     assert out.stdout.strip() == "[]"
 
 
+def _loaded(*modules: str) -> list[str]:
+    """Modules of recam.domains, rewards and the domains' heavy dependencies loaded by importing `modules`, in a
+    fresh interpreter."""
+    code = (f"import sys, {', '.join(modules)}; print(' '.join(sorted(m for m in sys.modules if m.startswith("
+            "('recam.domains.', 'rewards', 'pycolmap')))))")
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout.split()
+
+
+def test_one_domain_never_loads_another():
+    camera = _loaded("recam.domains.camera", "config.validate")
+    assert "recam.domains.camera.domain" in camera and "rewards.cam_score" in camera
+    assert not [m for m in camera if m.startswith(("recam.domains.motion", "recam.domains.toy", "rewards.motion"))]
+    motion = _loaded("recam.domains.motion.domain")
+    assert "rewards.motion" in motion
+    assert not [m for m in motion if m.startswith(("recam.domains.camera", "recam.domains.toy", "rewards.pose",
+                                                   "rewards.cam_score", "pycolmap"))]
+    assert _loaded("rewards") == ["rewards"]  # the registry alone registers nothing
+
+
+def test_a_chosen_domain_is_loaded_with_its_rewards():
+    code = ("import sys; from recam.engine.domain import domain_class, known_domains; from rewards import "
+            "known_rewards; print(known_domains(), known_rewards()); domain_class('motion'); "
+            "print(known_rewards(), any(m.startswith('recam.domains.camera') for m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    before, after = out.stdout.strip().splitlines()
+    assert before == "['camera', 'motion', 'toy'] []"
+    assert after == "['motion_alignment', 'motion_physics', 'motion_retrieval'] False"
+
+
 def test_first_conditions_is_the_splits_head_and_reads_through():
     class Split:
         kind = "world"

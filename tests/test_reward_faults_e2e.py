@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import math
 import random
 import socket
 import subprocess
@@ -164,6 +165,12 @@ def test_a_judge_that_dies_mid_run_stops_cleanly_with_the_last_checkpoint_intact
     assert stops[0].startswith("[recam] reward server down at epoch 1: every one of the 8 samples")
     assert "HTTP 500" in stops[0] and "checkpoints/epoch_0001 is intact" in stops[0]
     assert "stopped early: reward server down at epoch 1" in p.stdout  # the summary repeats why
+    # the final evaluation calls the dead judge no more (tests/test_rewards.py counts the calls)
+    assert "the final evaluation skips unifiedscore" in p.stdout
+    final = [r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())
+             if r["type"] == "eval" and r["tag"] == "final"]
+    assert len(final) == 1 and math.isnan(final[0]["eval/reward_unifiedscore"])
+    assert math.isnan(final[0]["eval/reward_avg"]) and math.isfinite(final[0]["eval/reward_cam_score"])
 
     # the last good checkpoint is the one `latest` names, whole and loadable
     ckpt_root = tmp_path / "checkpoints"

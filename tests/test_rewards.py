@@ -67,6 +67,9 @@ def test_fidelity_is_one_for_ground_truth_and_low_for_noise_and_nan_for_nan(held
 
 
 def test_registry_and_weighted_average(heldout):
+    from recam.engine.domain import domain_class
+
+    domain_class("camera")  # choosing the camera domain registers its rewards
     assert {"cam_score", "fidelity", "unifiedscore", "discriminator"} <= set(known_rewards())
     with pytest.raises(ValueError, match="camscore"):
         get_reward("camscore")
@@ -210,3 +213,33 @@ def test_reported_rewards_are_scored_but_never_enter_avg(heldout):
     assert "fidelity/psnr" in details and m.report == ("fidelity",)
     with pytest.raises(ValueError, match="fidlity"):
         MultiReward({"cam_score": 1.0}, report=("fidlity",))
+
+
+def test_without_served_never_calls_a_served_reward_and_leaves_the_weighted_average_nan(monkeypatch):
+    calls = {"served": 0, "local": 0}
+
+    class Served:
+        server = "http://127.0.0.1:1"
+
+        def __call__(self, videos, conditions):
+            calls["served"] += 1
+            return torch.full((len(conditions),), 0.5), {}
+
+    def local(videos, conditions):
+        calls["local"] += 1
+        return torch.full((len(conditions),), 0.25), {}
+
+    monkeypatch.setitem(REWARDS, "test_served", lambda config: Served())
+    monkeypatch.setitem(REWARDS, "test_local", lambda config: local)
+    m = MultiReward({"test_served": 1.0, "test_local": 1.0})
+    assert m.served() == ["test_served"]
+    full, _ = m(torch.zeros(2, 3, 1, 4, 4), ["a", "b"])
+    assert full["avg"].tolist() == [0.375, 0.375] and calls == {"served": 1, "local": 1}
+    skipped = m.without_served("its server is down")
+    scores, details = skipped(torch.zeros(2, 3, 1, 4, 4), ["a", "b"])
+    assert calls == {"served": 1, "local": 2}  # the served reward was not called again
+    assert torch.isnan(scores["test_served"]).all() and torch.isnan(scores["avg"]).all()
+    assert scores["test_local"].tolist() == [0.25, 0.25]
+    assert details["test_served/skipped"] == ["its server is down"] * 2
+    skipped.close()  # shares the objects: closes nothing
+    assert m.rewards["test_served"] is not skipped.rewards["test_served"]

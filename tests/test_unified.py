@@ -449,12 +449,10 @@ def test_camera_domain_builds_one_judge_for_training_evaluation_and_hooks(judge_
     domain._rewards().close()
 
 
-def test_register_hands_the_factory_to_the_registry():
-    from rewards import REWARDS, unified
+def test_the_module_registers_its_factory():
+    from rewards import REWARDS
 
-    seen = {}
-    unified.register(lambda name: (lambda factory: seen.setdefault(name, factory)))
-    assert seen == {"unifiedscore": build_unifiedscore} and REWARDS["unifiedscore"] is build_unifiedscore
+    assert REWARDS["unifiedscore"] is build_unifiedscore
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -44,9 +44,10 @@ def test_update_noise_fires_with_the_samples_a_cosine_of_one_half_would_take():
     mean, half = statistics.fmean(cos), 2.093 * statistics.stdev(cos) / math.sqrt(20)  # t_{0.975, 19}
     assert f.rule == "update_noise" and f.severity == "info"
     assert f.numbers["mean_grad_cosine"] == pytest.approx(mean)
-    assert f.numbers["interval_95"] == pytest.approx(half)
+    assert f.numbers["interval_95"] == pytest.approx(half, rel=3e-4)  # t printed to 3 decimals
     assert f.numbers["samples_for_cosine_half"] == pytest.approx(32 * (1 - mean) / mean)  # 3168
-    assert f.numbers["samples_for_cosine_half_at_least"] == pytest.approx(32 * (1 - mean - half) / (mean + half))
+    assert f.numbers["samples_for_cosine_half_at_least"] == pytest.approx(32 * (1 - mean - half) / (mean + half),
+                                                                          rel=3e-4)
     assert "3168 samples per step" in f.explanation
     # a run whose steps agree, too few steps, and cosines that could not be computed: no finding
     assert rule_update_noise(_steps([0.4] * 20), Thresholds()) == []
@@ -99,20 +100,21 @@ def test_share_interval_is_the_jackknife_of_a_loop():
     centre = sum(loo) / 5
     se = math.sqrt(4 / 5 * sum((x - centre) ** 2 for x in loo))
     got, half = share_interval(g)
-    assert got == pytest.approx(share(list(g)), rel=1e-9) and half == pytest.approx(2.776 * se, rel=1e-9)
+    assert got == pytest.approx(share(list(g)), rel=1e-9) and half == pytest.approx(2.776 * se, rel=2e-4)
     with pytest.raises(ValueError, match="at least 3"):
         share_interval(g[:2])
 
 
 def test_t_quantiles_and_mean_interval():
-    stats = pytest.importorskip("scipy.stats")
-    for df in (1, 2, 4, 9, 19, 30):
-        assert t975(df) == pytest.approx(float(stats.t.ppf(0.975, df)), abs=1e-3)
-    assert t975(31) == 1.96
+    # printed tables of Student's t (two-sided 95%), not the scipy call t975 makes
+    for df, printed in ((1, 12.706), (2, 4.303), (4, 2.776), (9, 2.262), (19, 2.093), (30, 2.042), (120, 1.980)):
+        assert t975(df) == pytest.approx(printed, abs=5e-4)
+    assert 1.96 < t975(10_000) < 1.961
     with pytest.raises(ValueError, match="degrees of freedom"):
         t975(0)
     mean, half = mean_interval([1.0, 2.0, 4.0, None, float("nan")])
-    assert mean == pytest.approx(7 / 3) and half == pytest.approx(4.303 * statistics.stdev([1, 2, 4]) / math.sqrt(3))
+    assert mean == pytest.approx(7 / 3) and half == pytest.approx(4.303 * statistics.stdev([1, 2, 4]) / math.sqrt(3),
+                                                                        rel=2e-4)
 
 
 def _toy_trainer(tmp_path: Path, **sample):
@@ -165,7 +167,8 @@ def test_the_script_s_per_step_split_sums_to_the_trainer_s_gradient_and_runs_log
     trainer2.optimizer_step = capture
     rollouts = trainer2.sample(0)
     trainer2.update(rollouts, trainer2.advantages(rollouts, trainer2.score()), {})
-    torch.testing.assert_close(per_step.sum(0), captured[0], rtol=1e-5, atol=1e-9)
+    # fp32 gradients summed in two orders: agree to fp32 rounding of the largest entry, not of each tiny one
+    torch.testing.assert_close(per_step.sum(0), captured[0], rtol=1e-5, atol=1e-6 * float(captured[0].abs().max()))
     for t in (trainer, trainer2):
         t.runner.close()
     # a real run logs the cosine from its second optimizer step on, and the samples each step averaged

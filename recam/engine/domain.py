@@ -7,6 +7,7 @@ config. Datasets are sequences of conditions with stable string ids (`condition_
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,15 +27,26 @@ def register_domain(name: str):
 
 
 def known_domains() -> list[str]:
-    import recam.domains  # noqa: F401  (importing the package registers the built-in domains)
+    """Every domain that can be chosen: the built-in ones (named, not imported) and any registered since."""
+    from recam.domains import BUILTIN_DOMAINS
 
-    return sorted(DOMAINS)
+    return sorted(set(BUILTIN_DOMAINS) | set(DOMAINS))
+
+
+def domain_class(name: str) -> Callable[..., Domain]:
+    """The class (or factory) registered as `name`, importing a built-in domain's module on first use: only the
+    chosen domain is loaded, so one domain's dependencies (and rewards) never break another."""
+    from recam.domains import BUILTIN_DOMAINS
+
+    if name not in DOMAINS and name in BUILTIN_DOMAINS:
+        importlib.import_module(BUILTIN_DOMAINS[name])
+    if name not in DOMAINS:
+        raise ValueError(f"domain: unknown {name!r}; known: {known_domains()}")
+    return DOMAINS[name]
 
 
 def build_domain(config, device, log) -> Domain:
-    if config.domain not in known_domains():
-        raise ValueError(f"domain: unknown {config.domain!r}; known: {sorted(DOMAINS)}")
-    return DOMAINS[config.domain](config, device, log)
+    return domain_class(config.domain)(config, device, log)
 
 
 @dataclass

@@ -45,6 +45,7 @@ from recam.infra.checkpoint import (
     point_latest,
     pointed_checkpoint,
     read_intact,
+    read_pointer,
     save_checkpoint,
     set_rng_state,
 )
@@ -119,7 +120,7 @@ class GRPOTrainer:
         # ---- data, policy (+ LoRA or a frozen reference copy), optimizer, rewards ----
         splits = domain.datasets()
         self.train_set, self.heldout, self.val_set = splits.train, splits.heldout, splits.val
-        log.info(f"data ({config.domain} domain): {len(self.train_set)} training / {len(self.heldout)} held-out"
+        log.detail(f"data ({config.domain} domain): {len(self.train_set)} training / {len(self.heldout)} held-out"
                  + (f" / {len(self.val_set)} validation conditions" if self.val_set is not None else " conditions"))
         # the first N training conditions, evaluated like the held-out ones: whether the policy improves on the
         # conditions it trains on at all, which tells an optimisation problem from a generalisation one
@@ -222,6 +223,7 @@ class GRPOTrainer:
             except RewardServerDown as e:
                 self.stopped_by = f"reward server down at epoch {self.epoch}: {e}"
                 self.log.info(f"{self.stopped_by}; the last checkpoint {latest_checkpoint(self.ckpt_root)} is intact")
+                self.skip_served_rewards()
                 break
             t_scored = time.time()
             groups = self.advantages(rollouts, scores)               # 3. gather, group-relative advantages
@@ -313,6 +315,16 @@ class GRPOTrainer:
         point = math.floor(self.train_seconds / every) * every
         self.next_time_eval = point + every
         return time_eval_tag(point)
+
+    def skip_served_rewards(self) -> None:
+        """After a reward server stopped the run, the final evaluation calls no server again (a dead one would cost
+        its retries and timeouts on every batch): the served rewards are NaN there, and the log says so."""
+        without = getattr(self.eval_reward_fn, "without_served", None)
+        served = self.eval_reward_fn.served() if without is not None else []
+        if served:
+            self.eval_reward_fn = without("not evaluated: a reward server stopped the run")
+            self.log.info(f"the final evaluation skips {', '.join(served)} (served; a reward server stopped the "
+                          "run): n/a in the summary")
 
     def progress(self) -> dict:
         """What every evaluation record carries: where in the run's budget it was taken."""
@@ -587,7 +599,8 @@ class GRPOTrainer:
         returns "stop" or "continue". A checkpoint that fails its checks is skipped for the intact one below it."""
         cfg, acc = self.config, self.accelerator
         self.log.info("health guard: " + "; ".join(f"{f.rule} ({f.severity})" for f in critical))
-        healthy = pointed_checkpoint(self.ckpt_root)  # load() skips it for the one below if it is damaged
+        # load() skips it for the one below if it is damaged
+        healthy = pointed_checkpoint(self.ckpt_root, self.log.info)
         if any(f.rule in SAMPLE_RULES for f in critical):
             # the collapsed samples were drawn by the weights in `latest`: restore the checkpoint before them
             older = checkpoint_before(self.ckpt_root, self.epoch)
@@ -734,7 +747,7 @@ class GRPOTrainer:
         """Resume from `latest` (or, when it is corrupt, the newest intact checkpoint below it), or evaluate the base
         and save it as the first healthy checkpoint with that evaluation sealed in; returns the base's evaluation,
         which a resumed run reads from its checkpoint and never recomputes from weights that are not the base."""
-        newest = pointed_checkpoint(self.ckpt_root) if self.config.resume else None
+        newest = pointed_checkpoint(self.ckpt_root, self.log.info) if self.config.resume else None
         self.resumed_from = None
         if newest is None:
             self.evaluate_references()
@@ -854,7 +867,7 @@ class GRPOTrainer:
         checks, from the newest intact one below it (`latest` then points there); returns the checkpoint read."""
         ckpt = read_intact(self.ckpt_root, newest, self.model, self.log.info)
         self.previous_grads = None  # a gradient of weights that are no longer the policy's
-        if ckpt.path != newest and self.accelerator.is_main_process:
+        if read_pointer(self.ckpt_root) != ckpt.path.name and self.accelerator.is_main_process:
             point_latest(self.ckpt_root, ckpt.path.name)  # a crash from here on resumes from the intact one
         state, trainer = ckpt.state, ckpt.trainer
         for h in self.hooks:

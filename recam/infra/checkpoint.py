@@ -296,10 +296,36 @@ def _prune(ckpt_root: Path, keep: int, protect: tuple[str, ...]) -> None:
             shutil.rmtree(ckpt_root / old, ignore_errors=True)
 
 
-def pointed_checkpoint(ckpt_root: Path) -> Path | None:
-    """The folder `latest` names, whatever state it is in (reading it checks it), or None for a fresh run."""
+def read_pointer(ckpt_root: Path, pointer: str = LATEST) -> str | None:
+    """The checkpoint folder name a pointer file holds, or None when the file is missing, empty, not UTF-8, or
+    holds anything but an epoch_NNNN name (a torn or garbled write)."""
+    try:
+        name = (ckpt_root / pointer).read_bytes().decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return name if re.fullmatch(r"epoch_\d+", name) else None
+
+
+def pointed_checkpoint(ckpt_root: Path, say: Callable[[str], None] | None = None) -> Path | None:
+    """The folder `latest` names, whatever state it is in (reading it checks it), or None for a fresh run.
+
+    A damaged pointer (empty, garbled, naming no folder that exists) loses nothing: the newest epoch_NNNN folder
+    beside it stands in (reading it, `read_intact` walks down to the newest intact one), and say() gets one line
+    naming the pointer."""
     pointer = ckpt_root / LATEST
-    return ckpt_root / pointer.read_text().strip() if pointer.exists() else None
+    if not pointer.exists():
+        return None
+    name = read_pointer(ckpt_root)
+    if name is not None and (ckpt_root / name).is_dir():
+        return ckpt_root / name
+    folders = sorted(p for p in ckpt_root.glob("epoch_*") if p.is_dir() and epoch_of(p) is not None)
+    if not folders:
+        raise CheckpointCorrupt(f"{pointer} names no epoch_NNNN checkpoint folder here (it holds "
+                                f"{pointer.read_bytes()[:40]!r}) and {ckpt_root} has none: nothing to resume from")
+    if say is not None:
+        say(f"{pointer} names no epoch_NNNN checkpoint folder here (it holds {pointer.read_bytes()[:40]!r}): resuming "
+            f"from the newest folder beside it, {folders[-1].name}, or the newest intact one below it")
+    return folders[-1]
 
 
 def latest_checkpoint(ckpt_root: Path) -> Path | None:

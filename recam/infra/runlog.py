@@ -10,6 +10,7 @@ metrics.jsonl holds one JSON object per line with a "type":
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -22,13 +23,20 @@ from tqdm.auto import tqdm
 from recam.engine.advantages import per_group_stats
 from recam.infra.schema import reward_terms
 
+LOG_FILE = "run.log"  # everything logged at INFO and above: the run's own lines, per-batch reward timings, retries
+_file_log = logging.getLogger("recam.run")
+
 
 class RunLog:
+    """The console shows progress bars, one line per epoch, what went wrong, and the summary (`info`); the run's
+    log file gets those and every detail besides (`detail`, and the libraries' logging once `capture_logs` ran)."""
+
     def __init__(self, run_dir: Path, config, enabled: bool = True):
         self.enabled = enabled
         self.run_dir = run_dir
         self.path = run_dir / "metrics.jsonl"
         self.wandb = None
+        self._file_handler: logging.Handler | None = None
         if not enabled:
             return
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -42,8 +50,33 @@ class RunLog:
                                     resume="allow")
 
     def info(self, msg: str) -> None:
+        """A line for the console (and the log file)."""
         if self.enabled:
             tqdm.write(f"[recam] {msg}")  # above a progress bar, never glued onto it
+            _file_log.info(msg)
+
+    def detail(self, msg: str) -> None:
+        """A line for the log file only: setup and per-batch details a person reads when something needs
+        explaining."""
+        if self.enabled:
+            _file_log.info(msg)
+
+    def capture_logs(self, rank: int = 0) -> Path:
+        """Route this process's Python logging (INFO and above) to <run_dir>/run.log (run.rank<N>.log on the other
+        processes) and leave the console handlers only warnings and errors, so per-batch lines never interleave
+        with the progress bars. close() undoes it. Returns the file's path."""
+        path = self.run_dir / (LOG_FILE if rank == 0 else f"run.rank{rank}.log")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        root = logging.getLogger()
+        for handler in root.handlers:
+            handler.setLevel(max(handler.level, logging.WARNING))
+        self._file_handler = logging.FileHandler(path, encoding="utf-8")
+        self._file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        self._file_handler.setLevel(logging.INFO)
+        root.addHandler(self._file_handler)
+        if root.level == logging.NOTSET or root.level > logging.INFO:
+            root.setLevel(logging.INFO)
+        return path
 
     def _append(self, obj: dict) -> None:
         with self.path.open("a") as f:
@@ -86,7 +119,7 @@ class RunLog:
         self._append({"type": "reference", "step": step, **summary})
         means = " ".join(f"{k} {fmt_or_na(v, '.4f')}" for k, v in summary.items()
                          if k.endswith(("/reward_avg", "/cam_score", "/rot_err", "/trans_err")))
-        tqdm.write(f"[recam] references: {means}")
+        self.detail(f"references: {means}")
 
     def read_eval(self, tag: str) -> dict | None:
         """A previously logged evaluation (so a resumed run does not re-evaluate its start)."""
@@ -192,6 +225,10 @@ class RunLog:
     def close(self) -> None:
         if self.wandb:
             self.wandb.finish()
+        if self._file_handler is not None:
+            logging.getLogger().removeHandler(self._file_handler)
+            self._file_handler.close()
+            self._file_handler = None
 
 
 def write_reports(run_dir: Path) -> dict:

@@ -113,7 +113,7 @@ class CameraDomain:
         else:
             loader = load_wan_transformer if m.format == "wan_diffusers" else load_recammaster_checkpoint
             model, report = loader(m.pretrained, dtype=dtype)
-            self.log.info(report.summary())
+            self.log.detail(report.summary())
         check_in_channels(model.config.in_channels, self.config)
         return model
 

@@ -5,7 +5,8 @@ trained)."""
 
 from __future__ import annotations
 
-from rewards import Reward, build_rewards, close_reward
+# cam_score, discriminator, fidelity, unified: the camera domain's reward modules, which register on import
+from rewards import Reward, build_rewards, cam_score, close_reward, discriminator, fidelity, unified  # noqa: F401
 
 
 class CameraRewards:
@@ -22,7 +23,7 @@ class CameraRewards:
         new = build_rewards([n for n in names if n not in self._built], self.config)
         for name, reward in new.items():
             if hasattr(reward, "describe"):  # a reward with a service or state says what it is
-                self.log.info(f"{name}: {reward.describe()}")
+                self.log.detail(f"{name}: {reward.describe()}")
         self._built.update(new)
         return {n: self._built[n] for n in names}
 

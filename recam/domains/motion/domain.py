@@ -48,6 +48,8 @@ from recam.engine.domain import Splits, register_domain
 from recam.engine.scheduler import DDIMScheduler
 from recam.engine.sde import REDUCTIONS
 from recam.infra.lora import adapter_disabled
+from rewards import MultiReward, build_rewards
+from rewards.motion import MOTION_REWARDS, finite_motions  # (importing it registers the motion rewards)
 
 DATA_SOURCES = ("synthetic", "humanml3d")
 MODEL_FORMATS = ("base", "mdm")
@@ -302,8 +304,6 @@ def motion_samples(normalised: torch.Tensor, lengths: torch.Tensor, mean, std) -
 def check_config(config, conditions_per_batch: int, require) -> None:
     """The motion domain's checks (config/validate.py runs them for domain 'motion'): one line per problem, naming
     the field."""
-    from rewards.motion import MOTION_REWARDS
-
     require("motion" in config, "domain='motion' needs the `motion` config section (config/base.py); start from a "
             "motion preset (--config config/grpo.py:motion_tiny_cpu)")
     m, d, s, e, mo = config.motion, config.data, config.sample, config.eval, config.model
@@ -462,6 +462,12 @@ class MotionDomain:
         self._metric_evaluator = None
 
     def _info(self, msg: str) -> None:
+        """A setup detail, for the run's log file."""
+        if self.log is not None:
+            self.log.detail(msg)
+
+    def _note(self, msg: str) -> None:
+        """Something the user should see on the console."""
         if self.log is not None:
             self.log.info(msg)
 
@@ -551,7 +557,7 @@ class MotionDomain:
             model, report = load_mdm_checkpoint(m.pretrained, m.mdm_args or None, use_ema=m.mdm_use_ema)
             self._info(report.summary())
             if report.trained_with_frame_mask != m.mask_frames:
-                self._info(f"note: motion.mask_frames={m.mask_frames} but the checkpoint was trained with "
+                self._note(f"note: motion.mask_frames={m.mask_frames} but the checkpoint was trained with "
                            f"mask_frames={report.trained_with_frame_mask}")
         text_dim = self.text_encoder().text_dim
         if model.config.text_dim != text_dim:
@@ -607,15 +613,11 @@ class MotionDomain:
 
     # ---- rewards, metrics, hooks, examples ----
     def reward_fn(self, weights, report=()):
-        from rewards import MultiReward
-
         used = [*(n for n, w in weights.items() if w > 0), *report]
         return MultiReward(weights, report=report, rewards=self._rewards(used))
 
     def _rewards(self, names) -> dict:
         """Reward objects by name, built once per run and shared by training and evaluation (one evaluator)."""
-        from rewards import build_rewards
-
         names = list(dict.fromkeys(names))
         new = build_rewards([n for n in names if n not in self._built_rewards], self.config)
         for name, reward in new.items():
@@ -643,7 +645,7 @@ class MotionDomain:
             else:
                 self._metric_evaluator = ev.TextMotionEvaluator.load(path).requires_grad_(False)
             if not m.metric_evaluator:
-                self._info("motion metrics are measured with the reward's evaluator (motion.metric_evaluator=''): "
+                self._note("motion metrics are measured with the reward's evaluator (motion.metric_evaluator=''): "
                            "R-precision, MM-Dist and FID then share weights with motion_alignment")
         return self._metric_evaluator
 
@@ -651,8 +653,6 @@ class MotionDomain:
     def evaluation_items(self, decoded: MotionSamples, batch: Batch) -> list[dict]:
         """Per condition: its caption's, its motion's and its reference motion's embeddings in the metric evaluator
         (numpy float32), and whether the motion is finite."""
-        from rewards.motion import finite_motions
-
         evaluator = self.metric_evaluator()
         reference = self.references(batch)["target"]
         finite = finite_motions(decoded.features, decoded.lengths)

@@ -42,7 +42,7 @@ def build_base(toy_config, log=None) -> ToyDenoiser:
     losses = pretrain(model, training_alphas_cumprod(t), t.prediction_type, t, t.pretrain_steps, t.pretrain_batch_size,
                       t.pretrain_lr, t.model_seed)
     if log is not None:
-        log.info(f"toy base: {t.pretrain_steps} DDPM steps ({t.prediction_type} prediction), "
+        log.detail(f"toy base: {t.pretrain_steps} DDPM steps ({t.prediction_type} prediction), "
                  f"loss {losses[0]:.4f} -> {losses[-1]:.4f}")
     return model
 
