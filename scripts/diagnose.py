@@ -5,13 +5,16 @@
     python scripts/diagnose.py step_metrics.json              # one metric dict or a list of them
 
 Exit status: 0 when nothing is critical (warnings allowed), 2 when something is critical, 1 when the input
-could not be read at all. A torn line (a run killed mid-write, or still writing) is reported and skipped.
+could not be read at all, or when nothing readable is critical but some lines could not be read (verdict
+INCOMPLETE: what those lines held was not diagnosed, so the run is not called healthy). A record glued onto noise
+(bytes written before it with no newline of their own) is recovered and said so.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -21,11 +24,12 @@ from recam import verify  # noqa: E402
 from recam.engine import health  # noqa: E402
 
 
-def load_records(path: Path) -> tuple[list[dict], list[verify.Unreadable], Path]:
-    """Metric records of a run dir / JSONL / JSON file, the lines that could not be read, the file read."""
+def load_records(path: Path) -> tuple[list[dict], list[verify.Unreadable], list[verify.Unreadable], Path]:
+    """Metric records of a run dir / JSONL / JSON file, the lines that could not be read, the lines whose record
+    was recovered from after noise, the file read."""
     if path.is_dir():
         path = path / "metrics.jsonl"
-    text = path.read_text(errors="replace")
+    text = path.read_bytes().decode("utf-8", errors="replace")  # no newline translation: a \r is not a line end
     stripped = text.strip()
     if stripped.startswith("["):
         try:
@@ -36,9 +40,9 @@ def load_records(path: Path) -> tuple[list[dict], list[verify.Unreadable], Path]
             records = [r for r in data if isinstance(r, dict)]
             bad = [verify.Unreadable(0, f"list item {i} is not a metrics dict", str(r)[:80])
                    for i, r in enumerate(data) if not isinstance(r, dict)]
-            return records, bad, path
+            return records, bad, [], path
     parsed = verify.parse_jsonl(text)
-    return parsed.records, parsed.unreadable, path
+    return parsed.records, parsed.unreadable, parsed.recovered, path
 
 
 def _run_dir(path: Path) -> str:
@@ -61,13 +65,33 @@ def _exclusions(records: list[dict]) -> tuple[int, int, int]:
     return sum(e for e, _ in counts), sum(n for _, n in counts), sum(1 for e, _ in counts if e)
 
 
+def _lost(u: verify.Unreadable) -> str:
+    """What an unreadable line still shows it was, e.g. "an epoch record (epoch 2)"."""
+    kind = re.search(r'"type"\s*:\s*"(\w+)"', u.text)
+    epoch = re.search(r'"epoch"\s*:\s*(-?\d+)', u.text)
+    if kind is None:
+        return "unknown content"
+    return f"a{'n' if kind.group(1)[0] in 'aeiou' else ''} {kind.group(1)} record" + (
+        f" (epoch {epoch.group(1)})" if epoch else "")
+
+
+def verdict(findings: list, unreadable: list) -> tuple[str, int]:
+    """(verdict, exit status): CRITICAL / 2 when a readable record shows something critical; INCOMPLETE / 1 when
+    nothing readable does but some lines could not be read; HEALTHY / 0 otherwise."""
+    if not health.is_healthy(findings):
+        return "CRITICAL", 2
+    if unreadable:
+        return "INCOMPLETE", 1
+    return "HEALTHY", 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("path", help="run directory, metrics.jsonl, or a JSON/JSONL file of metric dicts")
     parser.add_argument("--json", action="store_true", help="print the findings as JSON instead of Markdown")
     args = parser.parse_args(argv)
     try:
-        records, unreadable, source = load_records(Path(args.path))
+        records, unreadable, recovered, source = load_records(Path(args.path))
     except OSError as e:
         print(f"cannot read {args.path}: {e}")
         return 1
@@ -79,10 +103,12 @@ def main(argv: list[str] | None = None) -> int:
                                    "The metrics could not be diagnosed; some record is malformed.",
                                    ["inspect the records named in the error"])]
     excluded, samples, epochs_hit = _exclusions(records)
+    word, status = verdict(findings, unreadable)
     if args.json:
-        print(json.dumps({"source": str(source), "unreadable_lines": [u.line for u in unreadable],
+        print(json.dumps({"source": str(source), "verdict": word, "unreadable_lines": [u.line for u in unreadable],
+                          "recovered_lines": [u.line for u in recovered],
                           "excluded_samples": excluded, "samples": samples,
-                          "healthy": health.is_healthy(findings), "worst": health.worst_severity(findings),
+                          "healthy": status == 0, "worst": health.worst_severity(findings),
                           "findings": [f.__dict__ for f in findings]}, indent=1, default=str))
     else:
         n_steps = sum(1 for r in records if r.get("type", "step") == "step")
@@ -92,15 +118,18 @@ def main(argv: list[str] | None = None) -> int:
         if excluded:
             print(f"excluded samples: {excluded} of {samples} in {epochs_hit} epoch(s) (failed rewards, kept out of "
                   "the advantages; the reward statistics below ignore them)")
+        for u in recovered:
+            print(f"line {u.line}: {u.reason}")
         for u in unreadable:
-            print(f"could not read line {u.line}: {u.reason}")
-        print(f"\nverdict: {'HEALTHY' if health.is_healthy(findings) else 'CRITICAL'} "
-              f"(worst: {health.worst_severity(findings) or 'none'})\n")
+            print(f"could not read line {u.line}: {u.reason}; it held {_lost(u)}")
+        why = (f"nothing critical in the readable records, but {len(unreadable)} line(s) could not be read and were "
+               "not diagnosed" if word == "INCOMPLETE" else f"worst: {health.worst_severity(findings) or 'none'}")
+        print(f"\nverdict: {word} ({why})\n")
         print(health.format_findings(findings), end="")
     if not records:
         print("no metric records found")
         return 1
-    return 0 if health.is_healthy(findings) else 2
+    return status
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ def find_source(path: Path) -> tuple[Path, Path | None]:
 def build_report(path: Path, tol: float) -> tuple[verify.Report, list[dict]]:
     """The report and, for metrics.jsonl, its records (for the plots)."""
     log, config_path = find_source(path)
-    text = log.read_text(errors="replace")
+    text = log.read_bytes().decode("utf-8", errors="replace")  # no newline translation: a \r is not a line end
     if not verify.looks_like_jsonl(text) and (log.suffix != ".jsonl" or verify.has_debug_tag(text)):
         # anything that is not JSON lines is read as a text log: with no [GRPO Debug] epoch in it, it fails
         return verify.verify_debug_log(verify.parse_debug_log(text), tol, source=str(log)), []

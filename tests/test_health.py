@@ -174,6 +174,44 @@ def test_diagnose_script_exit_codes_and_torn_file(tmp_path, capsys):
     assert diagnose_script.main([str(tmp_path / "missing.jsonl")]) == 1
 
 
+def _collapsing_run(run):
+    """A run whose epoch records show a reward collapse at epoch 2 (its steps look healthy): the bytes of its
+    metrics.jsonl."""
+    lines = []
+    for e, reward in enumerate((0.5, 0.6, 0.2)):
+        lines += [json.dumps({"type": "step", **healthy(2 * e + s + 1, epoch=e)}) for s in range(2)]
+        lines.append(json.dumps(_epoch(e, 2 * e, reward)))
+    return ("\n".join(lines) + "\n").encode()
+
+
+def test_binary_noise_in_the_log_never_hides_what_its_records_show(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    clean = _collapsing_run(run)
+    (run / "metrics.jsonl").write_bytes(clean)
+    assert diagnose_script.main([str(run)]) == 2
+    assert "reward_collapse" in capsys.readouterr().out
+    # noise written just before records (no newline of its own): every epoch record is glued onto binary noise,
+    # with bytes that str.splitlines() also breaks at (\r, \x0b, \x1c, \x85)
+    noise = [b"\x00\xff\xfe\x1c\xc2\x85garbage\x0b\r", b"\x9c\x01\x1e{\"type\": \"ep", b"\xc3(\xa0\xa1]"]
+    lines, glued = clean.split(b"\n"), iter(noise)
+    noisy = b"\n".join(next(glued) + line if b'"type": "epoch"' in line else line for line in lines)
+    (run / "metrics.jsonl").write_bytes(noisy + b"\xf0\x9f\n\x00\x00\n")  # and two lines of noise at the end
+    assert diagnose_script.main([str(run)]) == 2
+    out = capsys.readouterr().out
+    assert "verdict: CRITICAL" in out and "reward_collapse" in out
+    assert "6 step records, 3 epoch records" in out
+    assert out.count("recovered the record after") == 3 and "could not read line 10" in out
+
+    # a record lost beyond recovery: nothing critical in what is left, but the verdict is not HEALTHY either
+    lines = clean.split(b"\n")
+    lines[8] = lines[8][:40] + b"\xff\xfe" + lines[8][60:]  # the collapsed epoch's record, its middle garbled
+    (run / "metrics.jsonl").write_bytes(b"\n".join(lines))
+    assert diagnose_script.main([str(run)]) == 1
+    out = capsys.readouterr().out
+    assert "verdict: INCOMPLETE" in out and "HEALTHY" not in out and "an epoch record (epoch 2)" in out
+
+
 # ----------------------------------------------------------------------------------------------------------
 # excluded samples (failed rewards): statistics ignore them, the count is reported, nothing false alarms
 

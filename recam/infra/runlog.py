@@ -248,8 +248,8 @@ def write_reports(run_dir: Path) -> dict:
     # The verifier exits 0 on PASS and on WARN alike: the word in its headline is what the summary must repeat.
     status = re.search(r": (PASS|WARN|FAIL) \(", headline)
     status = status.group(1) if status else ("FAIL" if v.returncode else "unknown")
-    return {"verification": f"{verification} ({status})",
-            "diagnosis": f"{diagnosis} ({'healthy' if d.returncode == 0 else 'NOT healthy'})"}
+    word = {0: "healthy", 1: "incomplete: lines it could not read", 2: "NOT healthy"}.get(d.returncode, "failed")
+    return {"verification": f"{verification} ({status})", "diagnosis": f"{diagnosis} ({word})"}
 
 
 def read_records(path: Path, unreadable: list[bytes] | None = None) -> list[dict]:
