@@ -370,10 +370,46 @@ def balanced():
 
 VARIANT_PRESETS = (ema, gradient_adaptive, amic, ptrw, temporal_decay, asymmetric, conservative, aggressive,
                    balanced)
+def tiny_gpu():
+    """tiny_cpu at the batch size one GPU affords: 2,048 samples per update (32 batches of 64 = 512 conditions x
+    k 4, one optimizer step per epoch), because a camera update at the base measured about 6% signal at 128
+    samples and needs on the order of 2,000 for a cosine of 1/2 between updates (docs/results.md). Learning rate
+    and epochs are tiny_cpu's until a GPU run measures better ones; scripts/device_check.py runs it under a time
+    cap (max_train_seconds)."""
+    c = tiny_cpu()
+    c.run_name = "tiny_gpu"
+    c.run_dir = "runs/tiny_gpu"
+    c.data.num_train_conditions = 1024
+    c.sample.batch_size = 64
+    c.sample.num_batches_per_epoch = 32
+    c.train.batch_size = 64
+    c.train.gradient_accumulation_steps = 32  # the epoch's 32 micro-batches in one optimizer step
+    c.eval.batch_size = 32
+    return c
+
+
+def motion_tiny_gpu():
+    """motion_tiny_cpu at the batch size one GPU affords: 2,048 samples per update (16 batches of 128 = 512
+    captions x k 4, one optimizer step per epoch), because a motion update at the base measured about 2% signal
+    at 1,024 samples (docs/results.md). Learning rate and epochs are motion_tiny_cpu's until a GPU run measures
+    better ones; scripts/device_check.py runs it under a time cap (max_train_seconds)."""
+    c = motion_tiny_cpu()
+    c.run_name = "motion_tiny_gpu"
+    c.run_dir = "runs/motion_tiny_gpu"
+    c.num_threads = 0  # the device's own
+    c.sample.batch_size = 128
+    c.sample.num_batches_per_epoch = 16
+    c.train.batch_size = 128
+    c.train.gradient_accumulation_steps = 16
+    c.eval.batch_size = 128
+    return c
+
+
 REAL_SCALE_PRESETS = (recam_wan_1_3b_8npu, recam_wan_14b_multinode)
 MOTION_PRESETS = (motion_tiny_cpu, motion_smoke, mdm_humanml3d_8npu)
+GPU_PRESETS = (tiny_gpu, motion_tiny_gpu)
 PRESETS = {f.__name__: f for f in (tiny_cpu, smoke, recam_8npu, toy, *VARIANT_PRESETS, *REAL_SCALE_PRESETS,
-                                     *MOTION_PRESETS)}
+                                     *MOTION_PRESETS, *GPU_PRESETS)}
 
 
 def get_config(name: str = "tiny_cpu"):

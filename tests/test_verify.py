@@ -993,6 +993,7 @@ def test_summarise_eval_leaves_missing_values_out_and_summary_prints_na(tmp_path
     out = runlog.summarise_eval(rows, "eval")
     assert out["eval/num_conditions"] == 3
     assert out["eval/cam_score"] == pytest.approx(0.6) and out["eval/unifiedscore"] == pytest.approx(0.25)
+    assert out["rows/eval/cam_score"] == [0.5, 0.7, None] and out["rows/eval/unifiedscore"] == [None, 0.25, None]
     none = runlog.summarise_eval([{"index": 0, "reward_unifiedscore": float("nan")}], "val")
     assert none["val/unifiedscore"] != none["val/unifiedscore"]  # NaN: no value at all
     log = runlog.RunLog(tmp_path, get_config(), enabled=False)

@@ -168,6 +168,21 @@ def save_adapter(model: nn.Module, directory: str | Path, adapter_name: str = "d
     return directory
 
 
+def load_adapter_weights(model: nn.Module, directory: str | Path, adapter_name: str = "default") -> None:
+    """Read the weights :func:`save_adapter` wrote into the adapter `model` already has (same rank and targets).
+
+    Raises:
+        ValueError: the saved weights do not fill the adapter exactly (missing or unexpected keys).
+    """
+    directory = Path(directory)
+    state = load_file(str(directory / ADAPTER_WEIGHTS_NAME))
+    result = set_peft_model_state_dict(_unwrap(model), state, adapter_name=adapter_name)
+    missing = [k for k in result.missing_keys if ".lora_A." in k or ".lora_B." in k]
+    if missing or result.unexpected_keys:
+        raise ValueError(f"adapter in {directory} does not fit the model: missing {missing}, "
+                         f"unexpected {list(result.unexpected_keys)}")
+
+
 def load_adapter(model: nn.Module, directory: str | Path, adapter_name: str = "default",
                  trainable: bool = True) -> LoraConfig:
     """Inject the adapter saved by :func:`save_adapter` into a base model and load its weights.
@@ -185,12 +200,7 @@ def load_adapter(model: nn.Module, directory: str | Path, adapter_name: str = "d
         raise ValueError(f"{config_file} is not a LoRA adapter config")
     add_lora(base, rank=config.r, alpha=config.lora_alpha, target_modules=sorted(config.target_modules),
              dropout=config.lora_dropout, adapter_name=adapter_name)
-    state = load_file(str(directory / ADAPTER_WEIGHTS_NAME))
-    result = set_peft_model_state_dict(base, state, adapter_name=adapter_name)
-    missing = [k for k in result.missing_keys if ".lora_A." in k or ".lora_B." in k]
-    if missing or result.unexpected_keys:
-        raise ValueError(f"adapter in {directory} does not fit the model: missing {missing}, "
-                         f"unexpected {list(result.unexpected_keys)}")
+    load_adapter_weights(base, directory, adapter_name)
     if not trainable:
         for layer in lora_layers(base):
             for param in layer.parameters():

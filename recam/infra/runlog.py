@@ -342,7 +342,8 @@ def mean_over_processes(metrics: dict, accelerator) -> dict:
 
 
 def summarise_eval(rows: list[dict], prefix: str = "eval") -> dict:
-    """Mean metrics (<prefix>/<name>, eval/ for held-out, val/ for validation) from per-condition rows.
+    """Mean metrics (<prefix>/<name>, eval/ for held-out, val/ for validation) from per-condition rows, and each
+    metric's per-condition values as rows/<prefix>/<name> (paired intervals between two evaluations).
 
     A missing value (None or NaN: a reward that failed on that condition) is left out of its mean, never averaged
     as a number; a metric with no value at all is NaN."""
@@ -356,6 +357,8 @@ def summarise_eval(rows: list[dict], prefix: str = "eval") -> dict:
         name = f"{prefix}/{short.split('/')[-1]}"
         finite = vals[np.isfinite(vals)]
         out[name] = float(finite.mean()) if finite.size else float("nan")
+        # per condition, in index order (None: no value), so that two evaluations compare condition by condition
+        out[f"rows/{name}"] = [float(v) if math.isfinite(v) else None for v in vals]
     return out
 
 

@@ -1,0 +1,548 @@
+"""One prepared check of recam on one accelerator: real-size timings, memory and MFU, and learning at GPU batch sizes.
+
+    python scripts/device_check.py --out runs/device_check              # one NVIDIA GPU, about 8 minutes
+    python scripts/device_check.py --out /tmp/device_check --tiny       # every stage at tiny sizes on the CPU
+
+Stages run in order, each under its own time cap, and DIR/device_check.json is rewritten after each one, so a
+stage that fails or runs out of time keeps what the earlier ones measured (its entry then says why).
+DIR/device_check.md summarises the same numbers.
+
+  peak      a measured matmul (bf16 on an accelerator, fp32 on the CPU): `peak_tflops`, what MFU is read against.
+  recam     the ReCam transformer at Wan2.1-T2V-1.3B size (published config, random init), frozen bf16 base, LoRA
+            and gradient checkpointing as preset recam_wan_1_3b_8npu sets them, text embeddings of umT5's shape,
+            source and target latents of an 81 x 480 x 832 clip (16 x 21 x 60 x 104), k copies of one condition,
+            through the engine's own rollout and GRPO objective (the calls the trainer makes): seconds per
+            sampling step and per trained step (policy forward + backward, reference forward, log-probs, KL),
+            peak memory, MFU, the first trained step's |ratio - 1| under bf16 and fp16 autocast, adapter save and
+            load, and the epoch time the preset's step counts imply.
+  vae       the Wan VAE from its config (random init) encoding and decoding one 81 x 480 x 832 clip.
+  motion    MDM's size (8 layers, 512 wide) on a batch of 64 x 196 frames, 50 DDIM steps with guidance.
+  learning  presets tiny_gpu and motion_tiny_gpu (2,048 samples per update) run by scripts/train_recam.py within
+            a time cap each: held-out base and final scores and the gain with its 95% interval over conditions.
+  overhead  per stage, the share of its wall time spent outside the model's forward / backward passes (the
+            passes timed alone at the same shapes).
+
+Random weights time exactly like trained ones; they only make the learning stage's scores meaningless, which is
+why that stage uses the committed embedded bases instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import math
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
+from recam.infra.stats import mean_interval  # noqa: E402
+
+# Sizes per mode. "full": the real workload; "tiny": the same code paths at sizes a 2-core CPU runs in seconds.
+SIZES = {
+    "full": {
+        "peak": {"n": 8192, "iters": 20},
+        "recam": {"model": "wan21_1_3b", "latent": (16, 21, 60, 104), "text": (512, 4096), "sample_steps": 3,
+                  "trained_steps": 2, "ratio_samples": 2, "repeats": 1},
+        "vae": {"config": {}, "clip": (3, 81, 480, 832)},
+        "motion": {"model": "mdm", "batch": 64, "frames": 196, "sample_steps": 5, "trained_steps": 2, "repeats": 3},
+        "learning": {"presets": ("tiny_gpu", "motion_tiny_gpu"), "seconds": 75, "overrides": ()},
+        "caps": {"peak": 30, "recam": 240, "vae": 60, "motion": 45, "learning": 200},
+    },
+    "tiny": {
+        "peak": {"n": 256, "iters": 5},
+        "recam": {"model": "tiny", "latent": (16, 3, 8, 8), "text": (8, 32), "sample_steps": 3, "trained_steps": 2,
+                  "ratio_samples": 2, "repeats": 5},
+        "vae": {"config": {"base_dim": 8}, "clip": (3, 5, 32, 32)},
+        "motion": {"model": "tiny", "batch": 4, "frames": 196, "sample_steps": 3, "trained_steps": 2, "repeats": 5},
+        # the GPU presets' code path at smoke size: two epochs of 8 samples, a few held-out conditions
+        "learning": {"presets": ("tiny_gpu", "motion_tiny_gpu"), "seconds": 0, "overrides": {
+            "tiny_gpu": ("--config.sample.num_batches_per_epoch=1", "--config.sample.batch_size=8",
+                         "--config.train.batch_size=8", "--config.train.gradient_accumulation_steps=1",
+                         "--config.num_epochs=2", "--config.data.num_heldout_conditions=4",
+                         "--config.data.num_val_conditions=4", "--config.eval.num_videos=0",
+                         "--config.sample.num_steps=3", "--config.sample.eval_num_steps=3"),
+            "motion_tiny_gpu": ("--config.sample.num_batches_per_epoch=1", "--config.sample.batch_size=8",
+                                "--config.train.batch_size=8", "--config.train.gradient_accumulation_steps=1",
+                                "--config.num_epochs=2", "--config.sample.num_steps=4",
+                                "--config.sample.eval_num_steps=4", "--config.data.num_heldout_conditions=32",
+                                "--config.data.num_val_conditions=0", "--config.eval.select_by=",
+                                "--config.eval.select_guard=", "--config.eval.num_videos=0",
+                                "--config.motion.eval_repetitions=1", "--config.health.action=warn")}},
+        "caps": {"peak": 10, "recam": 40, "vae": 20, "motion": 20, "learning": 100},
+    },
+}
+
+
+STAGES = ("peak", "recam", "vae", "motion", "learning")
+
+# ------------------------------------------------------------------------------------------------------------------
+# measuring
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], object], device: torch.device) -> float:
+    """Wall seconds of one call, the device's queue drained before and after."""
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def median_time(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    return statistics.median(timed(fn, device) for _ in range(repeats))
+
+
+def reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_gib(device: torch.device) -> float | None:
+    """Peak allocated accelerator memory since reset_peak, GiB (None on the CPU, where torch keeps no such count)."""
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+
+
+def forward_flops(fn: Callable[[], object]) -> int:
+    """FLOPs of the matmuls and attention one call runs, counted by torch's FlopCounterMode."""
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        fn()
+    return int(counter.get_total_flops())
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None):
+    return (torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext())
+
+
+def stage_peak(device: torch.device, n: int, iters: int) -> dict:
+    """TFLOP/s of an n x n matmul: bf16 on an accelerator (what the models run in), fp32 on the CPU."""
+    dtype = torch.bfloat16 if device.type != "cpu" else torch.float32
+    g = torch.Generator(device="cpu").manual_seed(0)
+    a, b = (torch.randn(n, n, generator=g).to(device, dtype) for _ in range(2))
+    a @ b  # warm-up (kernel selection)
+    seconds = statistics.median(timed(lambda: a @ b, device) for _ in range(iters))
+    return {"peak_tflops": 2 * n**3 / seconds / 1e12, "dtype": str(dtype).removeprefix("torch."), "n": n,
+            "median_s": seconds}
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# the ReCam transformer through the engine's rollout and GRPO objective
+
+
+def recam_model_config(name: str) -> dict:
+    from recam.domains.camera.model import wan21_1_3b_config
+
+    if name == "wan21_1_3b":
+        return wan21_1_3b_config()
+    return {**wan21_1_3b_config(), "num_attention_heads": 2, "attention_head_dim": 16, "text_dim": 32,
+            "freq_dim": 32, "ffn_dim": 64, "num_layers": 2, "rope_max_seq_len": 64}
+
+
+def stage_recam(device: torch.device, size: dict, peak_tflops: float | None, work: Path) -> dict:
+    from config import grpo
+    from recam.domains.camera.model import ReCamTransformer3DModel
+    from recam.engine.objective import GRPOObjective, MicroBatch
+    from recam.engine.rollout import rescore, rollout
+    from recam.engine.scheduler import FlowMatchScheduler
+    from recam.infra.lora import adapter_disabled, add_lora, load_adapter_weights, save_adapter
+
+    preset = grpo.get_config("recam_wan_1_3b_8npu")
+    s, t, m = preset.sample, preset.train, preset.model
+    k, b = s.k, t.batch_size  # k copies of one condition are sampled together; b of them per trained micro-batch
+    torch.manual_seed(0)
+    model = ReCamTransformer3DModel(**recam_model_config(size["model"])).to(getattr(torch, m.dtype))
+    add_lora(model, m.lora_rank, m.lora_alpha, [x.strip() for x in m.lora_targets.split(",") if x.strip()] or None)
+    model.enable_gradient_checkpointing()
+    model.to(device)
+    c, f, h, w = size["latent"]
+    g = torch.Generator(device="cpu").manual_seed(1)
+    source = torch.randn(k, c, f, h, w, generator=g).to(device)
+    cams = torch.randn(k, f, 3, 4, generator=g).to(device)
+    text = torch.randn(k, *size["text"], generator=g).to(device)
+    mixed = {"bf16": torch.bfloat16, "fp16": torch.float16, "no": None}[preset.mixed_precision]
+
+    def denoiser(dtype, adapter_off=False, net=None):
+        net = model if net is None else net
+
+        def velocity(x, sigma):
+            with autocast(device, dtype), (adapter_disabled(net) if adapter_off else contextlib.nullcontext()):
+                return net(x, sigma, source[: len(x)], cams[: len(x)], cams[: len(x)], text[: len(x)]).float()
+        return velocity
+
+    steps, T = size["sample_steps"], size["trained_steps"]
+    sched = FlowMatchScheduler(steps, s.shift, s.noise_level, s.sde_type, T, device)
+    noise = torch.randn(k, steps + 1, c, f, h, w, generator=g).to(device)
+    out: dict = {"k": k, "train_batch": b, "latent_shape": [c, f, h, w], "text_shape": list(size["text"]),
+                 "dtype": m.dtype, "mixed_precision": preset.mixed_precision, "lora_rank": m.lora_rank,
+                 "gradient_checkpointing": True, "guidance_passes": 1,
+                 "parameters": sum(p.numel() for p in model.parameters()),
+                 "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad)}
+
+    # sampling: the engine's rollout, no gradients, eval mode (as the trainer samples)
+    model.eval()
+    with torch.no_grad():
+        rollout(denoiser(mixed), noise[:, :2], sched.with_steps(1).with_train_steps(1))  # warm-up
+    reset_peak(device)
+    with torch.no_grad():
+        seconds = timed(lambda: out.setdefault("_r", rollout(denoiser(mixed), noise, sched)), device)
+    r = out.pop("_r")
+    out["sampling_step_s"] = seconds / steps
+    out["sampling_peak_memory_gib"] = peak_gib(device)
+    sigma = sched.model_time(0, k)
+    forward = forward_flops(lambda: denoiser(mixed)(noise[:, 0], sigma))
+    out["forward_tflop"] = forward / 1e12
+
+    # one micro-batch of b stored samples through GRPO's objective: per trained step a policy forward and
+    # backward, a reference forward (the adapter switched off), log-probs and the KL
+    model.train()
+    objective = GRPOObjective(t, sched)
+    mb = MicroBatch(states=r.states[:b], old_log_probs=r.log_probs[:b], advantages=torch.randn(b, T, generator=g),
+                    sample_weight=torch.ones(b), traj_ids=torch.zeros(b, 2, dtype=torch.long),
+                    policy=denoiser(mixed), reference=denoiser(mixed, adapter_off=True) if t.beta > 0 else None,
+                    inner_epoch=0, module=model)
+    reset_peak(device)
+    seconds = timed(lambda: objective.accumulate(mb, lambda loss, last: loss.backward()), device)
+    out["trained_step_s"] = seconds / T
+    out["peak_memory_gib"] = peak_gib(device)
+    model.zero_grad(set_to_none=True)
+    passes = 4 if t.beta > 0 else 3  # forward + backward (2x) of the policy, and the reference's forward
+    if peak_tflops:
+        out["mfu_sampling"] = forward / out["sampling_step_s"] / (peak_tflops * 1e12)
+        out["mfu"] = passes * forward * b / k / out["trained_step_s"] / (peak_tflops * 1e12)
+    # the passes alone, at the same shapes: what the engine adds around them is the overhead
+    x0 = noise[:b, 0]
+    sig_b = sched.model_time(0, b)
+
+    def bare_train_step():
+        denoiser(mixed)(x0, sig_b).square().mean().backward()
+        if t.beta > 0:
+            with torch.no_grad():
+                denoiser(mixed, adapter_off=True)(x0, sig_b)
+
+    model.eval()
+    with torch.no_grad():
+        out["forward_alone_s"] = median_time(lambda: denoiser(mixed)(noise[:, 0], sigma), device, size["repeats"])
+    model.train()
+    out["train_passes_alone_s"] = median_time(bare_train_step, device, size["repeats"])
+    model.zero_grad(set_to_none=True)
+
+    # the first trained step's ratio: sampled in eval mode without gradients, rescored in train mode with them
+    # (log-prob math in fp32 either way), under bf16 autocast over the bf16 base (the preset) and fp16 autocast
+    # over an fp16 copy (autocast to fp16 over bf16 weights is not a combination torch runs)
+    n = size["ratio_samples"]
+    one = sched.with_steps(2).with_train_steps(1)
+    for name, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        try:
+            net = model if dtype == getattr(torch, m.dtype) else copy.deepcopy(model).to(dtype)
+            net.eval()
+            with torch.no_grad():
+                ro = rollout(denoiser(dtype, net=net), noise[:n, :3], one)
+            net.train()
+            cur = rescore(denoiser(dtype, net=net), ro.states, one, 0)
+            out[f"first_step_ratio_dev_{name}"] = float((cur.log_prob.detach() - ro.log_probs[:, 0]).exp()
+                                                        .sub(1).abs().max())
+            del net
+        except Exception as e:  # noqa: BLE001 - a dtype the device cannot run is a finding, not a crash
+            out[f"first_step_ratio_dev_{name}"] = None
+            out[f"first_step_ratio_dev_{name}_error"] = f"{type(e).__name__}: {e}"
+    out["first_step_ratio_dev"] = out["first_step_ratio_dev_bf16"]
+    out["clip_range"] = t.clip_range
+
+    adapter = work / "adapter"
+    out["adapter_save_s"] = timed(lambda: save_adapter(model, adapter), device)
+    out["adapter_load_s"] = timed(lambda: load_adapter_weights(model, adapter), device)
+    out["adapter_mib"] = sum(p.stat().st_size for p in adapter.iterdir()) / 2**20
+
+    # one epoch of the preset on one device: its samples through S sampling steps (measured k at a time) and its
+    # trained steps (measured b at a time), inner epochs included; rewards and evaluation not counted
+    from config.validate import trained_steps
+
+    per_device = s.batch_size * s.num_batches_per_epoch
+    T_preset = trained_steps(preset)
+    out["epoch_s_implied"] = (per_device / k * s.num_steps * out["sampling_step_s"]
+                              + per_device / b * T_preset * t.num_inner_epochs * out["trained_step_s"])
+    out["epoch_implied_from"] = (f"{per_device} samples per device, {s.num_steps} sampling steps, {T_preset} trained "
+                                 f"steps, {t.num_inner_epochs} inner epoch(s)")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# the Wan VAE
+
+
+def stage_vae(device: torch.device, size: dict) -> dict:
+    from diffusers import AutoencoderKLWan
+
+    from recam.domains.camera.codec import WanVAECodec
+
+    torch.manual_seed(0)
+    codec = WanVAECodec(AutoencoderKLWan(**size["config"]).to(device))  # fp32, as the camera domain loads it
+    clip = torch.rand(1, *size["clip"], generator=torch.Generator().manual_seed(0)).mul(2).sub(1).to(device)
+    reset_peak(device)
+    out = {"clip": list(size["clip"])}
+    latents = []
+    out["encode_s"] = timed(lambda: latents.append(codec.encode(clip)), device)
+    out["latent_shape"] = list(latents[0].shape[1:])
+    out["decode_s"] = timed(lambda: codec.decode(latents[0]), device)
+    out["peak_memory_gib"] = peak_gib(device)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# MDM
+
+
+def stage_motion(device: torch.device, size: dict) -> dict:
+    from config import grpo
+    from recam.domains.motion.domain import cosine_alphas_cumprod, guided_x0, one_attention_path
+    from recam.domains.motion.model import MotionDiffusionModel, mdm_config, tiny_config
+    from recam.engine.objective import GRPOObjective, MicroBatch
+    from recam.engine.rollout import rollout
+    from recam.engine.scheduler import DDIMScheduler
+
+    preset = grpo.get_config("mdm_humanml3d_8npu")
+    s, t, mo = preset.sample, preset.train, preset.motion
+    torch.manual_seed(0)
+    config = {**(mdm_config() if size["model"] == "mdm" else tiny_config()), "dropout": 0.0}
+    policy = MotionDiffusionModel(**config).to(device)
+    reference = MotionDiffusionModel(**config).to(device).requires_grad_(False)  # the frozen base (no LoRA here)
+    reference.load_state_dict(policy.state_dict())
+    B, frames, steps, T = size["batch"], size["frames"], size["sample_steps"], size["trained_steps"]
+    g = torch.Generator().manual_seed(1)
+    text = torch.randn(B, config["text_dim"], generator=g).to(device)
+
+    def denoiser(model):
+        def predict(x, t_):
+            with one_attention_path(model):
+                return guided_x0(model, x, t_, text[: len(x)], mo.guidance_scale, None).float()
+        return predict
+
+    sched = DDIMScheduler(cosine_alphas_cumprod(mo.diffusion_steps), steps, mo.eta, "sample", T, device,
+                          reduction=mo.log_prob_reduction)
+    noise = torch.randn(B, steps + 1, config["njoints"], 1, frames, generator=g).to(device)
+    out = {"batch": B, "frames": frames, "preset_steps": s.num_steps, "guidance_scale": mo.guidance_scale,
+           "guidance_passes": 1 if mo.guidance_scale == 1.0 else 2,
+           "parameters": sum(p.numel() for p in policy.parameters())}
+    with torch.no_grad():
+        rollout(denoiser(policy), noise[:, :2], sched.with_steps(1).with_train_steps(1))  # warm-up
+    reset_peak(device)
+    with torch.no_grad():
+        seconds = timed(lambda: out.setdefault("_r", rollout(denoiser(policy), noise, sched)), device)
+    r = out.pop("_r")
+    out["sampling_step_s"] = seconds / steps
+    b = B  # the whole batch as one trained micro-batch
+    mb = MicroBatch(states=r.states[:b], old_log_probs=r.log_probs[:b], advantages=torch.randn(b, T, generator=g),
+                    sample_weight=torch.ones(b), traj_ids=torch.zeros(b, 2, dtype=torch.long),
+                    policy=denoiser(policy), reference=denoiser(reference) if t.beta > 0 else None, inner_epoch=0,
+                    module=policy)
+    objective = GRPOObjective(t, sched)
+    reset_peak(device)
+    out["trained_step_s"] = timed(lambda: objective.accumulate(mb, lambda loss, last: loss.backward()), device) / T
+    out["train_batch"] = b
+    out["peak_memory_gib"] = peak_gib(device)
+    policy.zero_grad(set_to_none=True)
+    x0, t0 = noise[:B, 0], sched.model_time(0, B)
+    with torch.no_grad():
+        out["forward_alone_s"] = median_time(lambda: denoiser(policy)(x0, t0), device, size["repeats"])
+
+    def bare_train_step():
+        denoiser(policy)(x0, t0).square().mean().backward()
+        if t.beta > 0:
+            with torch.no_grad():
+                denoiser(reference)(x0, t0)
+
+    out["train_passes_alone_s"] = median_time(bare_train_step, device, size["repeats"])
+    policy.zero_grad(set_to_none=True)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# learning at GPU batch sizes, through scripts/train_recam.py
+
+
+# per preset: the score reported (mean over held-out conditions), and the per-condition score whose paired
+# difference gives the gain's interval. R-precision is a property of pools of 32 captions, not of one condition,
+# so the motion gain's interval is taken on motion_alignment, which is per condition.
+SCORES = {"tiny_gpu": ("eval/cam_score", "eval/cam_score"),
+          "motion_tiny_gpu": ("eval/r_precision_top3", "eval/motion_alignment")}
+
+
+def paired_gain(before: list, after: list) -> tuple[float, float, int]:
+    """Mean of after - before over the conditions both scored, its 95% t half-width, and how many conditions."""
+    diffs = [a - b for b, a in zip(before, after, strict=True)
+             if b is not None and a is not None and math.isfinite(b) and math.isfinite(a)]
+    mean, half = mean_interval(diffs)
+    return mean, half, len(diffs)
+
+
+def run_preset(preset: str, seconds: float, overrides: tuple[str, ...], run_dir: Path, cap: float) -> dict:
+    from recam.infra.runlog import read_records
+
+    cmd = [sys.executable, str(ROOT / "scripts" / "train_recam.py"), f"--config={ROOT / 'config' / 'grpo.py'}:{preset}",
+           f"--config.run_dir={run_dir}", "--config.logging.wandb_mode=disabled", *overrides]
+    if seconds:
+        cmd.append(f"--config.max_train_seconds={seconds}")
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=cap)
+    out = {"seconds": time.perf_counter() - t0, "exit": p.returncode, "command": " ".join(cmd[1:])}
+    if p.returncode not in (0, 3):
+        out["error"] = (p.stderr or p.stdout)[-1500:]
+        return out
+    records = read_records(run_dir / "metrics.jsonl")
+    epochs = [r for r in records if r.get("type") == "epoch"]
+    evals = [r for r in records if r.get("type") == "eval"]
+    score, paired = SCORES[preset]
+    start, final = evals[0], next(r for r in reversed(evals) if r["tag"] == "final")
+    mean, half, n = paired_gain(start.get(f"rows/{paired}", []), final.get(f"rows/{paired}", []))
+    per_update = epochs[0]["samples_per_epoch"] / max(1, len(epochs[0]["optimizer_steps"])) if epochs else None
+    out.update({"score": score, "samples_per_update": per_update, "epochs": len(epochs),
+                "train_seconds": final.get("train_seconds"), "base": start.get(score), "final": final.get(score),
+                "gain_score": paired, "gain": mean, "ci95": half, "conditions": n})
+    if preset == "motion_tiny_gpu":
+        out["grader"] = final.get("eval/grader", "the reward's evaluator")
+    return out
+
+
+def stage_learning(size: dict, cap: float, work: Path) -> dict:
+    out = {}
+    per = cap / len(size["presets"])
+    for preset in size["presets"]:
+        overrides = size["overrides"].get(preset, ()) if isinstance(size["overrides"], dict) else ()
+        name = "camera" if preset == "tiny_gpu" else "motion"
+        try:
+            out[name] = run_preset(preset, size["seconds"], overrides, work / preset, per)
+        except subprocess.TimeoutExpired:
+            out[name] = {"error": f"did not finish within its cap of {per:.0f} s"}
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# the run
+
+
+def overhead(results: dict) -> dict:
+    """Per stage: the share of a step's wall time outside the model passes timed alone at the same shapes."""
+    out = {}
+    for stage in ("recam", "motion"):
+        r = results.get(stage, {})
+        if "sampling_step_s" in r and "forward_alone_s" in r:
+            out[f"{stage}_sampling"] = 1 - r["forward_alone_s"] / r["sampling_step_s"]
+        if "trained_step_s" in r and "train_passes_alone_s" in r:
+            out[f"{stage}_training"] = 1 - r["train_passes_alone_s"] / r["trained_step_s"]
+    return out
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "n/a" if v is None else str(v)
+
+
+def write(out_dir: Path, results: dict) -> None:
+    (out_dir / "device_check.json").write_text(json.dumps(results, indent=1, default=str))
+    lines = [f"# Device check: {results['device']}", "",
+             f"torch {results['torch']}, mode {results['mode']}, {results.get('wall_s', 0):.0f} s in all", ""]
+    for stage in ("peak", "recam", "vae", "motion", "learning", "overhead"):
+        r = results.get(stage)
+        if r is None:
+            continue
+        lines += [f"## {stage}", ""]
+        flat = {f"{k}.{kk}": vv for k, v in r.items() if isinstance(v, dict) for kk, vv in v.items()}
+        flat.update({k: v for k, v in r.items() if not isinstance(v, dict)})
+        lines += [f"- {k}: {fmt(v)}" for k, v in flat.items() if k != "traceback"] + [""]
+    (out_dir / "device_check.md").write_text("\n".join(lines))
+
+
+def run_stage(name: str, mode: str, work: Path, out_dir: Path, peak_tflops: float | None) -> dict:
+    """One stage in this process (the child side of `main`)."""
+    size = SIZES[mode]
+    device = torch.device("cuda" if torch.cuda.is_available() and mode == "full" else "cpu")
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    stages = {
+        "peak": lambda: stage_peak(device, **size["peak"]),
+        "recam": lambda: stage_recam(device, size["recam"], peak_tflops, work),
+        "vae": lambda: stage_vae(device, size["vae"]),
+        "motion": lambda: stage_motion(device, size["motion"]),
+        "learning": lambda: stage_learning(size["learning"], size["caps"]["learning"] - 10, out_dir / "runs"),
+    }
+    return stages[name]()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="folder for device_check.json and device_check.md")
+    ap.add_argument("--tiny", action="store_true", help="every stage at tiny sizes, on the CPU")
+    ap.add_argument("--stages", default=",".join(STAGES), help="comma-separated subset of " + ", ".join(STAGES))
+    ap.add_argument("--stage", help=argparse.SUPPRESS)  # internal: run one stage in this process
+    ap.add_argument("--peak-tflops", type=float, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    mode = "tiny" if args.tiny else "full"
+    if args.stage:  # child: one stage, its result as JSON in a file the parent reads
+        with tempfile.TemporaryDirectory() as tmp:
+            result = run_stage(args.stage, mode, Path(tmp), out_dir, args.peak_tflops)
+        (out_dir / f".stage_{args.stage}.json").write_text(json.dumps(result, default=str))
+        return 0
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
+    results = {"device": device_name(device), "torch": torch.__version__, "mode": mode, "stages": {}}
+    t_start = time.perf_counter()
+    for name in [x.strip() for x in args.stages.split(",") if x.strip()]:
+        if name not in STAGES:
+            ap.error(f"unknown stage {name!r}; stages: {', '.join(STAGES)}")
+        cap = SIZES[mode]["caps"][name]
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--out", str(out_dir), "--stage", name,
+               *(["--tiny"] if args.tiny else []),
+               *(["--peak-tflops", str(results["peak_tflops"])] if results.get("peak_tflops") else [])]
+        t0 = time.perf_counter()
+        staged = out_dir / f".stage_{name}.json"
+        staged.unlink(missing_ok=True)
+        try:
+            # each stage in its own process: its cap is enforced, its peak memory is its own, and an
+            # out-of-memory or a crash there leaves the other stages' numbers standing
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=cap)
+            if p.returncode == 0 and staged.exists():
+                results[name], status = json.loads(staged.read_text()), "ok"
+            else:
+                results[name], status = {"error": (p.stderr or p.stdout)[-3000:] or f"exit {p.returncode}"}, "error"
+        except subprocess.TimeoutExpired:
+            results[name], status = {"error": f"did not finish within its cap of {cap} s"}, "timeout"
+        staged.unlink(missing_ok=True)
+        seconds = time.perf_counter() - t0
+        results["stages"][name] = {"status": status, "seconds": seconds, "cap_s": cap}
+        if name == "peak" and status == "ok":
+            results["peak_tflops"] = results["peak"]["peak_tflops"]
+        results["overhead"] = overhead(results)
+        results["wall_s"] = time.perf_counter() - t_start
+        write(out_dir, results)
+        print(f"[device_check] {name}: {status} in {seconds:.1f} s", flush=True)
+    return 0 if all(s["status"] == "ok" for s in results["stages"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
