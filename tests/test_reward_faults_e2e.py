@@ -169,8 +169,8 @@ def test_a_judge_that_dies_mid_run_stops_cleanly_with_the_last_checkpoint_intact
     assert "the final evaluation skips unifiedscore" in p.stdout
     final = [r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())
              if r["type"] == "eval" and r["tag"] == "final"]
-    assert len(final) == 1 and math.isnan(final[0]["eval/reward_unifiedscore"])
-    assert math.isnan(final[0]["eval/reward_avg"]) and math.isfinite(final[0]["eval/reward_cam_score"])
+    assert len(final) == 1 and math.isnan(final[0]["eval/unifiedscore"])
+    assert math.isnan(final[0]["eval/reward_avg"]) and math.isfinite(final[0]["eval/cam_score"])
 
     # the last good checkpoint is the one `latest` names, whole and loadable
     ckpt_root = tmp_path / "checkpoints"

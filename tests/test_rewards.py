@@ -166,7 +166,7 @@ def test_camera_domain_shares_one_critic_between_training_evaluation_and_its_hoo
     c = grpo.get_config("tiny_cpu")
     c.reward.weights.discriminator = 0.5
     messages = []
-    log = type("Log", (), {"info": lambda self, m: messages.append(m)})()
+    log = type("Log", (), {"info": lambda self, m: messages.append(m), "detail": lambda self, m: messages.append(m)})()
     domain = CameraDomain(c, "cpu", log)
     weights = dict(c.reward.weights)
     evaluation = domain.reward_fn(weights, report=("cam_score", "fidelity"))

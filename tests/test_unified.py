@@ -435,7 +435,7 @@ def test_camera_domain_builds_one_judge_for_training_evaluation_and_hooks(judge_
     c = grpo.get_config("tiny_cpu")
     c.reward.weights.unifiedscore = 1.0
     c.reward.unified.update(dict(base_url=judge.url, model=MODEL, frame_size=32))
-    log = type("Log", (), {"info": lambda self, m: None})()
+    log = type("Log", (), {"info": lambda self, m: None, "detail": lambda self, m: None})()
     domain = CameraDomain(c, "cpu", log)
     assert judge.health_checks == 0  # building the domain contacts no judge
     weights = dict(c.reward.weights)
