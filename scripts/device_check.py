@@ -70,16 +70,16 @@ SIZES = {
                   "ratio_samples": 2, "repeats": 5},
         "vae": {"config": {"base_dim": 8}, "clip": (3, 5, 32, 32)},
         "motion": {"model": "tiny", "batch": 4, "frames": 196, "sample_steps": 3, "trained_steps": 2, "repeats": 5},
-        # the GPU presets' code path at smoke size: two epochs of 8 samples, a few held-out conditions
+        # the GPU presets' code path at smoke size: one epoch of 8 samples, a few held-out conditions
         "learning": {"presets": ("tiny_gpu", "motion_tiny_gpu"), "seconds": 0, "overrides": {
             "tiny_gpu": ("--config.sample.num_batches_per_epoch=1", "--config.sample.batch_size=8",
                          "--config.train.batch_size=8", "--config.train.gradient_accumulation_steps=1",
-                         "--config.num_epochs=2", "--config.data.num_heldout_conditions=4",
+                         "--config.num_epochs=1", "--config.data.num_heldout_conditions=4",
                          "--config.data.num_val_conditions=4", "--config.eval.num_videos=0",
                          "--config.sample.num_steps=3", "--config.sample.eval_num_steps=3"),
             "motion_tiny_gpu": ("--config.sample.num_batches_per_epoch=1", "--config.sample.batch_size=8",
                                 "--config.train.batch_size=8", "--config.train.gradient_accumulation_steps=1",
-                                "--config.num_epochs=2", "--config.sample.num_steps=4",
+                                "--config.num_epochs=1", "--config.sample.num_steps=4",
                                 "--config.sample.eval_num_steps=4", "--config.data.num_heldout_conditions=32",
                                 "--config.data.num_val_conditions=0", "--config.eval.select_by=",
                                 "--config.eval.select_guard=", "--config.eval.num_videos=0",
@@ -479,6 +479,15 @@ def overhead(results: dict) -> dict:
     return out
 
 
+def attention_backends(device: torch.device) -> dict:
+    """Which scaled-dot-product attention kernels torch may pick here (diffusers' Wan attention calls SDPA)."""
+    if device.type != "cuda":
+        return {"sdpa": "math / CPU kernels"}
+    b = torch.backends.cuda
+    return {"flash": b.flash_sdp_enabled(), "mem_efficient": b.mem_efficient_sdp_enabled(),
+            "cudnn": b.cudnn_sdp_enabled(), "math": b.math_sdp_enabled()}
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -540,7 +549,8 @@ def main(argv: list[str] | None = None) -> int:
         (out_dir / f".stage_{args.stage}.json").write_text(json.dumps(result, default=str))
         return 0
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
-    results = {"device": device_name(device), "torch": torch.__version__, "mode": mode, "stages": {}}
+    results = {"device": device_name(device), "torch": torch.__version__, "mode": mode, "stages": {},
+               "attention": attention_backends(device), "torch_compile": "off (recam never compiles)"}
     t_start = time.perf_counter()
     for name in [x.strip() for x in args.stages.split(",") if x.strip()]:
         if name not in STAGES:

@@ -91,41 +91,33 @@ def test_step_weights_make_every_process_take_the_same_steps_with_equal_weight_p
     assert all(step_sample_weights(keep, torch.tensor([0, 1]), r) is None for r in range(P))
 
 
-def test_engine_imports_no_domain_and_no_reward():
-    code = ("import sys, recam.engine.trainer, recam.engine.objective, recam.engine.hooks, recam.engine.domain; "
-            "print(sorted(m for m in sys.modules if m.startswith(('rewards', 'recam.domains'))))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
-
-
-def _loaded(*modules: str) -> list[str]:
-    """Modules of recam.domains, rewards and the domains' heavy dependencies loaded by importing `modules`, in a
+def _loaded(*statements: str) -> tuple[list[str], list[str]]:
+    """(the lines `statements` printed, the modules of recam.domains, rewards and pycolmap loaded by then), run in a
     fresh interpreter."""
-    code = (f"import sys, {', '.join(modules)}; print(' '.join(sorted(m for m in sys.modules if m.startswith("
-            "('recam.domains.', 'rewards', 'pycolmap')))))")
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                          check=True).stdout.split()
+    code = "; ".join(["import sys", *statements, "print(' '.join(sorted(m for m in sys.modules if m.startswith("
+                      "('recam.domains.', 'rewards', 'pycolmap')))))"])
+    lines = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    return lines[:-1], lines[-1].split()
+
+
+def test_the_engine_and_the_reward_registry_load_no_domain_and_no_reward():
+    assert _loaded("import recam.engine.trainer, recam.engine.objective, recam.engine.hooks, recam.engine.domain",
+                   "import rewards") == ([], ["rewards"])
 
 
 def test_one_domain_never_loads_another():
-    camera = _loaded("recam.domains.camera", "config.validate")
+    _, camera = _loaded("import recam.domains.camera, config.validate")
     assert "recam.domains.camera.domain" in camera and "rewards.cam_score" in camera
     assert not [m for m in camera if m.startswith(("recam.domains.motion", "recam.domains.toy", "rewards.motion"))]
-    motion = _loaded("recam.domains.motion.domain")
+    # choosing a domain by name loads it and registers its rewards, and nothing of the others
+    printed, motion = _loaded("from recam.engine.domain import domain_class, known_domains",
+                              "from rewards import known_rewards", "before = (known_domains(), known_rewards())",
+                              "domain_class('motion')", "print(before, known_rewards())")
+    assert printed == ["(['camera', 'motion', 'toy'], []) ['motion_alignment', 'motion_physics', 'motion_retrieval']"]
     assert "rewards.motion" in motion
     assert not [m for m in motion if m.startswith(("recam.domains.camera", "recam.domains.toy", "rewards.pose",
                                                    "rewards.cam_score", "pycolmap"))]
-    assert _loaded("rewards") == ["rewards"]  # the registry alone registers nothing
-
-
-def test_a_chosen_domain_is_loaded_with_its_rewards():
-    code = ("import sys; from recam.engine.domain import domain_class, known_domains; from rewards import "
-            "known_rewards; print(known_domains(), known_rewards()); domain_class('motion'); "
-            "print(known_rewards(), any(m.startswith('recam.domains.camera') for m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    before, after = out.stdout.strip().splitlines()
-    assert before == "['camera', 'motion', 'toy'] []"
-    assert after == "['motion_alignment', 'motion_physics', 'motion_retrieval'] False"
 
 
 def test_first_conditions_is_the_splits_head_and_reads_through():

@@ -212,6 +212,20 @@ def test_binary_noise_in_the_log_never_hides_what_its_records_show(tmp_path, cap
     assert "verdict: INCOMPLETE" in out and "HEALTHY" not in out and "an epoch record (epoch 2)" in out
 
 
+def test_the_run_s_reports_are_written_in_process_and_say_what_the_tools_said(tmp_path):
+    from recam.infra import runlog
+
+    code, out = runlog.run_script("diagnose", [str(tmp_path / "missing")])
+    assert code == 1 and "cannot read" in out
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_bytes(_collapsing_run(run))
+    paths = runlog.write_reports(run)
+    assert paths["diagnosis"] == f"{run / 'diagnosis.md'} (NOT healthy)"
+    assert "reward_collapse" in (run / "diagnosis.md").read_text()
+    assert (run / "grpo_verification.md").exists() and paths["verification"].startswith(str(run))
+
+
 # ----------------------------------------------------------------------------------------------------------
 # excluded samples (failed rewards): statistics ignore them, the count is reported, nothing false alarms
 

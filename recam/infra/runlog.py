@@ -231,24 +231,42 @@ class RunLog:
             self._file_handler = None
 
 
+def run_script(name: str, argv: list[str]) -> tuple[int, str]:
+    """scripts/<name>.py's main(argv) in this process, with what it prints captured: the run's interpreter already
+    holds what the tools import, so no second one starts. A tool that crashes gives exit 1 and its traceback."""
+    import contextlib
+    import importlib.util
+    import io
+    import traceback
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"recam_tool_{name}", path)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+        try:
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            code = module.main(argv)
+        except SystemExit as e:  # argparse and friends
+            code = e.code if isinstance(e.code, int) else 1
+        except Exception:  # noqa: BLE001 - the report says the tool failed; the run's results stand
+            code = 1
+            printed.write(traceback.format_exc())
+    return int(code or 0), printed.getvalue()
+
+
 def write_reports(run_dir: Path) -> dict:
     """Run the project's GRPO verification and diagnosis tools on this run; returns their report paths."""
-    import subprocess
-    import sys
-
-    root = Path(__file__).resolve().parents[2]
     verification, diagnosis = run_dir / "grpo_verification.md", run_dir / "diagnosis.md"
-    v = subprocess.run([sys.executable, str(root / "scripts" / "verify_grpo_log.py"), str(run_dir), "--out",
-                        str(verification)], capture_output=True, text=True)
-    d = subprocess.run([sys.executable, str(root / "scripts" / "diagnose.py"), str(run_dir)], capture_output=True,
-                       text=True)
-    diagnosis.write_text(d.stdout + d.stderr)
-    headline = v.stdout.strip().splitlines()[0] if v.stdout.strip() else ""
-    print(headline or v.stderr[-2000:], flush=True)
+    v_code, v_out = run_script("verify_grpo_log", [str(run_dir), "--out", str(verification)])
+    d_code, d_out = run_script("diagnose", [str(run_dir)])
+    diagnosis.write_text(d_out)
+    headline = v_out.strip().splitlines()[0] if v_out.strip() else ""
+    print(headline or v_out[-2000:], flush=True)
     # The verifier exits 0 on PASS and on WARN alike: the word in its headline is what the summary must repeat.
     status = re.search(r": (PASS|WARN|FAIL) \(", headline)
-    status = status.group(1) if status else ("FAIL" if v.returncode else "unknown")
-    word = {0: "healthy", 1: "incomplete: lines it could not read", 2: "NOT healthy"}.get(d.returncode, "failed")
+    status = status.group(1) if status else ("FAIL" if v_code else "unknown")
+    word = {0: "healthy", 1: "not diagnosed in full: unreadable lines", 2: "NOT healthy"}.get(d_code, "failed")
     return {"verification": f"{verification} ({status})", "diagnosis": f"{diagnosis} ({word})"}
 
 
