@@ -91,6 +91,13 @@ def test_step_weights_make_every_process_take_the_same_steps_with_equal_weight_p
     assert all(step_sample_weights(keep, torch.tensor([0, 1]), r) is None for r in range(P))
 
 
+def test_noise_is_drawn_on_the_cpu_whatever_the_default_device():
+    expected = per_sample_noise([(0, 3), (0, 4)], 2, (3, 5))
+    with torch.device("meta"):  # stands in for set_default_device("cuda"): a CPU generator must still be used
+        got = per_sample_noise([(0, 3), (0, 4)], 2, (3, 5))
+    assert got.device.type == "cpu" and torch.equal(got, expected)
+
+
 def _loaded(*statements: str) -> tuple[list[str], list[str]]:
     """(the lines `statements` printed, the modules of recam.domains, rewards and pycolmap loaded by then), run in a
     fresh interpreter."""

@@ -47,12 +47,14 @@ def per_sample_noise(keys: list[tuple[int, ...]], num_draws: int, shape: tuple[i
     """Standard normal noise (N, num_draws, *shape), sample i drawn from its own stream seeded by keys[i].
 
     Keying noise by a sample's global position (not by process) makes a run's samples independent of how
-    many processes share the batch: 1 process x 8 samples and 2 x 4 draw identical noise.
+    many processes share the batch: 1 process x 8 samples and 2 x 4 draw identical noise. Drawn on the CPU
+    whatever the default device, so every accelerator (and the CPU) sees the same numbers.
     """
-    out = torch.empty(len(keys), num_draws, *shape)
+    out = torch.empty(len(keys), num_draws, *shape, device="cpu")
     for i, key in enumerate(keys):
         seed = int(np.random.SeedSequence([int(k) for k in key]).generate_state(1, dtype=np.uint64)[0])
-        out[i] = torch.randn(num_draws, *shape, generator=torch.Generator().manual_seed(seed % (2**63)))
+        generator = torch.Generator(device="cpu").manual_seed(seed % (2**63))
+        out[i] = torch.randn(num_draws, *shape, generator=generator, device="cpu")
     return out
 
 
