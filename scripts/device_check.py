@@ -72,12 +72,14 @@ SIZES = {
         "motion": {"model": "tiny", "batch": 4, "frames": 196, "sample_steps": 3, "trained_steps": 2, "repeats": 5},
         # the GPU presets' code path at smoke size: one epoch of 8 samples, a few held-out conditions
         "learning": {"presets": ("tiny_gpu", "motion_tiny_gpu"), "seconds": 0, "overrides": {
-            "tiny_gpu": ("--config.sample.num_batches_per_epoch=1", "--config.sample.batch_size=8",
+            "tiny_gpu": ("--config.data.num_train_conditions=16", "--config.sample.num_batches_per_epoch=1",
+                         "--config.sample.batch_size=8",
                          "--config.train.batch_size=8", "--config.train.gradient_accumulation_steps=1",
                          "--config.num_epochs=1", "--config.data.num_heldout_conditions=4",
                          "--config.data.num_val_conditions=4", "--config.eval.num_videos=0",
                          "--config.sample.num_steps=3", "--config.sample.eval_num_steps=3"),
-            "motion_tiny_gpu": ("--config.sample.num_batches_per_epoch=1", "--config.sample.batch_size=8",
+            "motion_tiny_gpu": ("--config.data.num_train_conditions=16", "--config.sample.num_batches_per_epoch=1",
+                                "--config.sample.batch_size=8",
                                 "--config.train.batch_size=8", "--config.train.gradient_accumulation_steps=1",
                                 "--config.num_epochs=1", "--config.sample.num_steps=4",
                                 "--config.sample.eval_num_steps=4", "--config.data.num_heldout_conditions=32",
