@@ -49,13 +49,14 @@ def find_source(path: Path) -> tuple[Path, Path | None]:
     return log, config if config.exists() else None
 
 
-def build_report(path: Path, tol: float) -> tuple[verify.Report, list[dict]]:
-    """The report and, for metrics.jsonl, its records (for the plots)."""
+def build_report(path: Path, tol: float, eps: float = 1e-4) -> tuple[verify.Report, list[dict]]:
+    """The report and, for metrics.jsonl, its records (for the plots). eps: the advantage eps of a text log's run
+    (a run directory's config.json says its own)."""
     log, config_path = find_source(path)
     text = log.read_bytes().decode("utf-8", errors="replace")  # no newline translation: a \r is not a line end
     if not verify.looks_like_jsonl(text) and (log.suffix != ".jsonl" or verify.has_debug_tag(text)):
         # anything that is not JSON lines is read as a text log: with no [GRPO Debug] epoch in it, it fails
-        return verify.verify_debug_log(verify.parse_debug_log(text), tol, source=str(log)), []
+        return verify.verify_debug_log(verify.parse_debug_log(text), tol, source=str(log), eps=eps), []
     config, config_check = None, None
     if config_path is not None:
         try:
@@ -94,13 +95,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="Markdown report (default: next to the log); plots go beside it")
     parser.add_argument("--tol", type=float, default=1e-3, help="tolerance of mean 0 / std 1 / equalities")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument("--eps", type=float, default=1e-4,
+                        help="a text log's advantage eps (r - mean) / (std + eps): what an advantage std below 1 "
+                             "is read against (metrics.jsonl runs take theirs from config.json)")
     args = parser.parse_args(argv)
     path = Path(args.path)
     out = Path(args.out) if args.out else default_out(path)
     records: list[dict] = []
     code = None
     try:
-        report, records = build_report(path, args.tol)
+        report, records = build_report(path, args.tol, args.eps)
     except Exception as e:
         if isinstance(e, FileNotFoundError):
             code = 2

@@ -400,28 +400,53 @@ def test_debug_log_with_three_copy_condition_fails(tmp_path):
 
 
 def test_debug_log_bad_advantage_std_and_shape_fail():
-    text = debug_log(epochs=1).replace("std: 1.0000", "std: 0.5000", 1).replace("torch.Size([16, 9])",
+    text = debug_log(epochs=1).replace("std: 1.0000", "std: 1.5000", 1).replace("torch.Size([16, 9])",
                                                                                  "torch.Size([15, 9])")
     report = verify.verify_debug_log(verify.parse_debug_log(text))
     assert status(report, "advantage_per_condition", 0).status == verify.FAIL
     assert status(report, "advantage_shape", 0).status == verify.FAIL
 
 
-def test_debug_advantage_std_just_below_one_warns_as_eps_never_passes(tmp_path):
-    """std 0.9988 is what eps 1e-4 gives a group whose reward std is 0.08: the log cannot tell, so WARN (exit 0),
-    naming the condition; 1.2 is no eps effect and fails."""
+def test_debug_advantage_std_below_one_passes_when_its_implied_reward_std_is_not_a_few_eps(tmp_path):
+    """std_A = s / (s + eps) for every group: 0.9988 means a reward std s = 1e-4 x 0.9988 / 0.0012 = 0.083, far
+    above 10 eps, so it passes and the implied s is printed; 0.85 means s = 5.7e-4 = 5.7 eps, where eps and not the
+    rewards sets the advantages: a warning; 1.2 is no eps effect and fails."""
     text = debug_log(epochs=1).replace("std: 1.0000", "std: 0.9988", 1)
     report = verify.verify_debug_log(verify.parse_debug_log(text))
     c = status(report, "advantage_per_condition", 0)
-    assert c.status == verify.WARN and "eps" in c.detail
-    assert [r["condition"] for r in c.table if r["status"] == verify.WARN] == \
-        [r["condition"] for r in c.table if r["std"] == 0.9988]
+    [row] = [r for r in c.table if r["std"] == 0.9988]
+    assert c.status == verify.PASS and row["status"] == verify.PASS
+    assert row["reward_std"] == pytest.approx(1e-4 * 0.9988 / 0.0012) and "s = 0.0832" in row["note"]
+    assert c.numbers["min_implied_reward_std"] == pytest.approx(0.0832, abs=1e-4)
     log = tmp_path / "train.log"
     log.write_text(text)
     assert verify_script.main([str(log), "--out", str(tmp_path / "r.md")]) == 0
+    text = debug_log(epochs=1).replace("std: 1.0000", "std: 0.8500", 1)
+    c = status(verify.verify_debug_log(verify.parse_debug_log(text)), "advantage_per_condition", 0)
+    assert c.status == verify.WARN and "below 10 eps" in c.detail
+    # s / eps = std / (1 - std) whatever eps is: another eps moves the implied s, not the verdict
+    c = status(verify.verify_debug_log(verify.parse_debug_log(text), eps=1e-5), "advantage_per_condition", 0)
+    assert c.status == verify.WARN and "s = 5.67e-05" in c.detail
     text = debug_log(epochs=1).replace("std: 1.0000", "std: 1.2000", 1)
     assert status(verify.verify_debug_log(verify.parse_debug_log(text)), "advantage_per_condition", 0).status == \
         verify.FAIL
+
+
+def test_a_clean_seed_form_log_with_eps_stds_passes(tmp_path):
+    """Issue 31: advantage stds of 0.9985-0.9998 with eps 1e-4 are reward stds of 0.07-0.5 (every group here):
+    PASS, exit 0, not a warning per condition."""
+    stds = [0.9985, 0.9990, 0.9992, 0.9995, 0.9998, 0.9987, 0.9989, 0.9996]
+    lines = ["[GRPO Debug] Gathered dataset_indices: [" + ", ".join(str(c) for c in range(8) for _ in range(4)) + "]",
+             "[GRPO Debug] Unique conditions: 8",
+             "[GRPO Debug] Count per condition: {" + ", ".join(f"'{c}': 4" for c in range(8)) + "}",
+             "[GRPO Debug] Advantages shape: (32, 5)"]
+    lines += [f"[GRPO Debug] Condition {c}: samples=4, advantage mean=0.0000, std={std}" for c, std in enumerate(stds)]
+    code, report = run_cli(tmp_path, "\n".join(lines) + "\n")
+    c = status(report, "advantage_per_condition", 0)
+    assert code == 0 and report.status == verify.PASS and c.status == verify.PASS, c.detail
+    implied = sorted(r["reward_std"] for r in c.table if r["reward_std"] is not None)  # std 1 within tol: none
+    expected = sorted(1e-4 * x / (1 - x) for x in stds if abs(x - 1) > 1e-3)  # std 1 within tol: none implied
+    assert implied == pytest.approx(expected, rel=1e-9) and min(implied) > 10 * 1e-4
 
 
 def test_truncated_debug_log_reports_what_it_could_not_read():

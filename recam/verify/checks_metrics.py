@@ -12,7 +12,7 @@ import numpy as np
 
 from recam.infra.schema import REWARD_BOOKKEEPING
 from recam.verify.advantages import recompute_advantages
-from recam.verify.checks_shared import _guard, check_missing_epochs, check_unreadable
+from recam.verify.checks_shared import EPS_DOMINATES, _guard, check_missing_epochs, check_unreadable
 from recam.verify.core import FAIL, PASS, WARN, Check, Report, _array, _close, _float, _get, _int, _short, worst
 from recam.verify.parse_metrics import ParsedLog
 
@@ -366,12 +366,12 @@ def check_advantage_per_condition(v: EpochView, s: Settings) -> Check:
         elif abs(std - 1.0) <= s.tol:
             row["status"], row["note"] = PASS, ""
         elif reward and abs(std - (expected := reward.std / (reward.std + s.eps))) <= s.tol:
-            # std_r / (std_r + eps) is what the formula gives; below 1 by more than 1% the eps visibly
-            # shrinks this group's advantages, which is worth a look but is not a bug.
-            shrunk = 1.0 - expected > 0.01
-            row["status"] = WARN if shrunk else PASS
+            # std_r / (std_r + eps) is what the formula gives every group; only a reward std of a few eps makes
+            # eps, not the rewards, set the advantages, which is worth a look but is not a bug.
+            dominated = reward.std < EPS_DOMINATES * s.eps
+            row["status"] = WARN if dominated else PASS
             row["note"] = (f"std = std_r/(std_r+eps) = {expected:.4f} (reward std {reward.std:.2g}, eps {s.eps:g})"
-                           + ("; eps shrinks this group's advantages" if shrunk else ""))
+                           + (f"; below {EPS_DOMINATES:g} eps, eps sets these advantages" if dominated else ""))
         else:
             row["status"], row["note"] = FAIL, f"std {std:.4f} is not 1"
         rows.append(row)

@@ -52,3 +52,13 @@ def _guard(name: str, fn, *args) -> list[Check]:
     except Exception as e:
         return [Check(name, FAIL, {}, f"could not evaluate: {type(e).__name__}: {e}")]
     return out if isinstance(out, list) else [out]
+
+
+# Below this many eps of reward std, eps rather than the rewards sets a group's advantages: worth a warning.
+EPS_DOMINATES = 10.0
+
+
+def implied_reward_std(advantage_std: float, eps: float) -> float:
+    """The group reward std s that (r - mean) / (s + eps) turns into this advantage std: std_A = s / (s + eps),
+    so s = eps std_A / (1 - std_A)."""
+    return eps * advantage_std / (1.0 - advantage_std)

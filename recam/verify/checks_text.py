@@ -8,7 +8,7 @@ import math
 from collections import Counter
 from typing import Any
 
-from recam.verify.checks_shared import _guard, check_missing_epochs, check_unreadable
+from recam.verify.checks_shared import EPS_DOMINATES, _guard, check_missing_epochs, check_unreadable, implied_reward_std
 from recam.verify.core import FAIL, PASS, WARN, Check, Report, _short
 from recam.verify.parse_text import SAMPLING_FIELDS, TAG, DebugEpoch, DebugLog, _count_diff
 
@@ -137,11 +137,7 @@ def check_debug_condition_samples(ep: DebugEpoch, k: int | None) -> Check:
     return Check(name, PASS, nums, f"{len(printed)} per-condition samples= equal {ref}")
 
 
-# From here to 1 an advantage std is put down to eps (a group reward std of at least 9 eps); below, it fails.
-EPS_EXPLAINED_STD = 0.9
-
-
-def check_debug_advantages(ep: DebugEpoch, tol: float) -> Check:
+def check_debug_advantages(ep: DebugEpoch, tol: float, eps: float = 1e-4) -> Check:
     name = "advantage_per_condition"
     stats = {c: s for c, s in ep.cond_stats.items() if "mean" in s or "std" in s}
     if not stats:
@@ -166,11 +162,15 @@ def check_debug_advantages(ep: DebugEpoch, tol: float) -> Check:
         elif bessel and (abs(std - bessel) <= tol or abs(std - 1 / bessel) <= tol):
             # normalised with one std convention (population / unbiased) and printed with the other
             row["status"], row["note"] = PASS, f"std {std:.4g} = 1 up to the n/(n-1) factor for n={n}"
-        elif EPS_EXPLAINED_STD <= std < 1:
-            # (r - mean) / (sigma + eps) has std sigma / (sigma + eps) < 1: a group whose reward std sigma is near
-            # eps lands here by design. The log has no rewards, so this is neither a pass nor a failure.
-            row["status"], row["note"] = WARN, (f"std {std:.4g} < 1: what eps gives a group whose reward std is "
-                                                f"{std / (1 - std):.3g} x eps; the log has no rewards to tell")
+        elif 0 < std < 1:
+            # (r - mean) / (s + eps) has std s / (s + eps) < 1 for every group: the std tells the reward std s it
+            # came from. Only a group whose s is a few eps has advantages that eps rather than the rewards sets.
+            implied = implied_reward_std(std, eps)
+            row["reward_std"] = implied
+            row["status"] = WARN if implied < EPS_DOMINATES * eps else PASS
+            row["note"] = (f"std {std:.4g} = s/(s+eps) for a reward std s = {implied:.3g} (eps {eps:g})"
+                           + (f": below {EPS_DOMINATES:g} eps, eps sets these advantages" if row["status"] == WARN
+                              else ""))
         else:
             row["status"], row["note"] = FAIL, f"std {std:.4g} is neither 1 nor exactly 0"
         if counts is not None and g not in counts:
@@ -187,6 +187,12 @@ def check_debug_advantages(ep: DebugEpoch, tol: float) -> Check:
         parts = [f"no advantage line for conditions {_short(missing)}"] if missing else []
         parts += [f"{r['condition']}: {r['note']}" for r in rows if r["status"] == WARN][:6]
         return Check(name, WARN, nums, "; ".join(parts), table=rows)
+    implied = [r["reward_std"] for r in rows if r["reward_std"] is not None]
+    if implied:
+        nums["min_implied_reward_std"] = min(implied)
+        return Check(name, PASS, nums, f"{len(rows)} conditions with mean 0 and std 1 (or exactly 0), or std "
+                                       f"s/(s+eps) for a reward std s of at least {EPS_DOMINATES:g} eps (smallest "
+                                       f"implied s {min(implied):.3g}, eps {eps:g})", table=rows)
     return Check(name, PASS, nums, f"{len(rows)} conditions with mean 0 and std 1 (or exactly 0)", table=rows)
 
 
@@ -199,7 +205,7 @@ def check_debug_ranks(ep: DebugEpoch) -> Check:
     return Check(name, PASS, nums, f"{repeats} repeated statements (other ranks) agree")
 
 
-def verify_debug_log(log: DebugLog, tol: float = 1e-3, source: str = "train.log") -> Report:
+def verify_debug_log(log: DebugLog, tol: float = 1e-3, source: str = "train.log", eps: float = 1e-4) -> Report:
     """Checks over the [GRPO Debug] lines of a text log.
 
     Every epoch must have its sampled conditions (gathered indices or counts per condition) read, or it fails
@@ -235,7 +241,7 @@ def verify_debug_log(log: DebugLog, tol: float = 1e-3, source: str = "train.log"
         if printed["samples"]:
             epoch_checks += _guard("condition_samples", check_debug_condition_samples, ep, ep.k)
         if printed["stats"]:
-            epoch_checks += _guard("advantage_per_condition", check_debug_advantages, ep, tol)
+            epoch_checks += _guard("advantage_per_condition", check_debug_advantages, ep, tol, eps)
         if ep.conflicts or any(len(v) > 1 for v in ep.sources.values()):
             epoch_checks += _guard("ranks_agree", check_debug_ranks, ep)
         for c in epoch_checks:
