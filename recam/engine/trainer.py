@@ -121,7 +121,7 @@ class GRPOTrainer:
         splits = domain.datasets()
         self.train_set, self.heldout, self.val_set = splits.train, splits.heldout, splits.val
         log.detail(f"data ({config.domain} domain): {len(self.train_set)} training / {len(self.heldout)} held-out"
-                 + (f" / {len(self.val_set)} validation conditions" if self.val_set is not None else " conditions"))
+                   + (f" / {len(self.val_set)} validation conditions" if self.val_set is not None else " conditions"))
         # the first N training conditions, evaluated like the held-out ones: whether the policy improves on the
         # conditions it trains on at all, which tells an optimisation problem from a generalisation one
         n_probe = min(config.eval.num_train_conditions, len(self.train_set))
@@ -599,8 +599,7 @@ class GRPOTrainer:
         returns "stop" or "continue". A checkpoint that fails its checks is skipped for the intact one below it."""
         cfg, acc = self.config, self.accelerator
         self.log.info("health guard: " + "; ".join(f"{f.rule} ({f.severity})" for f in critical))
-        # load() skips it for the one below if it is damaged
-        healthy = pointed_checkpoint(self.ckpt_root, self.log.info)
+        healthy = pointed_checkpoint(self.ckpt_root, self.log.info)  # load() skips it for the one below if damaged
         if any(f.rule in SAMPLE_RULES for f in critical):
             # the collapsed samples were drawn by the weights in `latest`: restore the checkpoint before them
             older = checkpoint_before(self.ckpt_root, self.epoch)
