@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -24,9 +23,9 @@ from recam import verify  # noqa: E402
 from recam.engine import health  # noqa: E402
 
 
-def load_records(path: Path) -> tuple[list[dict], list[verify.Unreadable], list[verify.Unreadable], Path]:
-    """Metric records of a run dir / JSONL / JSON file, the lines that could not be read, the lines whose record
-    was recovered from after noise, the file read."""
+def load_records(path: Path) -> tuple[verify.ParsedLog, Path]:
+    """Metric records of a run dir / JSONL / JSON file (with the lines that could not be read, what they still show
+    of themselves, and the lines whose record was recovered from after noise), and the file read."""
     if path.is_dir():
         path = path / "metrics.jsonl"
     text = path.read_bytes().decode("utf-8", errors="replace")  # no newline translation: a \r is not a line end
@@ -40,9 +39,8 @@ def load_records(path: Path) -> tuple[list[dict], list[verify.Unreadable], list[
             records = [r for r in data if isinstance(r, dict)]
             bad = [verify.Unreadable(0, f"list item {i} is not a metrics dict", str(r)[:80])
                    for i, r in enumerate(data) if not isinstance(r, dict)]
-            return records, bad, [], path
-    parsed = verify.parse_jsonl(text)
-    return parsed.records, parsed.unreadable, parsed.recovered, path
+            return verify.ParsedLog(records, [], bad), path
+    return verify.parse_jsonl(text), path
 
 
 def _run_dir(path: Path) -> str:
@@ -65,14 +63,11 @@ def _exclusions(records: list[dict]) -> tuple[int, int, int]:
     return sum(e for e, _ in counts), sum(n for _, n in counts), sum(1 for e, _ in counts if e)
 
 
-def _lost(u: verify.Unreadable) -> str:
-    """What an unreadable line still shows it was, e.g. "an epoch record (epoch 2)"."""
-    kind = re.search(r'"type"\s*:\s*"(\w+)"', u.text)
-    epoch = re.search(r'"epoch"\s*:\s*(-?\d+)', u.text)
+def _lost(kind: str | None, epoch: int | None) -> str:
+    """What an unreadable line still shows it was (parse_jsonl's `lost`), e.g. "an epoch record (epoch 2)"."""
     if kind is None:
         return "unknown content"
-    return f"a{'n' if kind.group(1)[0] in 'aeiou' else ''} {kind.group(1)} record" + (
-        f" (epoch {epoch.group(1)})" if epoch else "")
+    return f"a{'n' if kind[0] in 'aeiou' else ''} {kind} record" + (f" (epoch {epoch})" if epoch is not None else "")
 
 
 def verdict(findings: list, unreadable: list) -> tuple[str, int]:
@@ -91,10 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the findings as JSON instead of Markdown")
     args = parser.parse_args(argv)
     try:
-        records, unreadable, recovered, source = load_records(Path(args.path))
+        parsed, source = load_records(Path(args.path))
     except OSError as e:
         print(f"cannot read {args.path}: {e}")
         return 1
+    records, unreadable, recovered = parsed.records, parsed.unreadable, parsed.recovered
+    lost = {line: (kind, epoch) for line, kind, epoch in parsed.lost}
     try:
         findings = health.diagnose_run(records, run_dir=_run_dir(source))
     except Exception as e:
@@ -121,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         for u in recovered:
             print(f"line {u.line}: {u.reason}")
         for u in unreadable:
-            print(f"could not read line {u.line}: {u.reason}; it held {_lost(u)}")
+            print(f"could not read line {u.line}: {u.reason}; it held {_lost(*lost.get(u.line, (None, None)))}")
         why = (f"nothing critical in the readable records, but {len(unreadable)} line(s) could not be read and were "
                "not diagnosed" if word == "INCOMPLETE" else f"worst: {health.worst_severity(findings) or 'none'}")
         print(f"\nverdict: {word} ({why})\n")
