@@ -226,6 +226,29 @@ def test_the_run_s_reports_are_written_in_process_and_say_what_the_tools_said(tm
     assert (run / "grpo_verification.md").exists() and paths["verification"].startswith(str(run))
 
 
+def test_capture_logs_sends_info_to_run_log_and_close_gives_the_console_back(tmp_path):
+    import logging
+
+    from config import grpo
+    from recam.infra.runlog import RunLog
+
+    console = logging.StreamHandler()
+    logging.getLogger().addHandler(console)
+    try:
+        config = grpo.get_config("smoke")
+        config.logging.wandb_mode = "disabled"
+        log = RunLog(tmp_path, config)
+        assert log.capture_logs() == tmp_path / "run.log" and console.level == logging.WARNING
+        logging.getLogger("recam.test").info("a per-batch detail")
+        log.detail("a setup line")
+        log.close()
+        assert console.level == logging.NOTSET
+        text = (tmp_path / "run.log").read_text()
+        assert "recam.test: a per-batch detail" in text and "recam.run: a setup line" in text
+    finally:
+        logging.getLogger().removeHandler(console)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # excluded samples (failed rewards): statistics ignore them, the count is reported, nothing false alarms
 

@@ -68,6 +68,7 @@ class RunLog:
         path = self.run_dir / (LOG_FILE if rank == 0 else f"run.rank{rank}.log")
         path.parent.mkdir(parents=True, exist_ok=True)
         root = logging.getLogger()
+        self._console_levels = [(handler, handler.level) for handler in root.handlers]
         for handler in root.handlers:
             handler.setLevel(max(handler.level, logging.WARNING))
         self._file_handler = logging.FileHandler(path, encoding="utf-8")
@@ -229,6 +230,8 @@ class RunLog:
             logging.getLogger().removeHandler(self._file_handler)
             self._file_handler.close()
             self._file_handler = None
+            for handler, level in self._console_levels:  # the console as it was before capture_logs
+                handler.setLevel(level)
 
 
 def run_script(name: str, argv: list[str]) -> tuple[int, str]:
