@@ -81,7 +81,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.sample.window_size = 0
     # where the window starts each epoch (one start per epoch, shared by every sample): "fixed" (window_start),
     # "random" (uniform in [0, window_max_start], drawn from (seed, epoch)), "progressive" (window_start + one step
-    # every window_shift_every epochs, up to window_max_start)
+    # every window_shift_every epochs, back to window_start after window_max_start, as MixGRPO's --roll_back)
     c.sample.window_mode = "fixed"
     c.sample.window_start = 0  # the fixed start, or where a progressive window starts
     # the latest start ("random", "progressive"); start + window_size <= num_steps - 1; -1 = the latest that fits
@@ -90,6 +90,10 @@ def get_config() -> ml_collections.ConfigDict:
     # deterministic steps of a rollout: "euler" (the scheduler's ODE / DDIM eta 0 step) | "dpm2" (DPM-Solver++(2M)
     # on the x0 prediction, MixGRPO-Flash; flow-matching domains only; first order after the window and at the start)
     c.sample.ode_solver = "euler"
+    c.sample.ode_solver_scope = "all"  # "all" deterministic steps | "after_window" (Euler before it: MixGRPO-Flash)
+    # < 1: the steps after the window run on the rest of the grid compressed to this fraction of its points (uniform
+    # in unshifted time; MixGRPO-Flash's dpm_post_compress_ratio, 0.4): fewer evaluations where nothing is trained
+    c.sample.post_window_compress = 1.0
     # the k copies of a condition start from one initial noise (drawn per condition and epoch), so that their
     # rewards differ only by the noise of the steps that are trained: a reward difference that the initial noise
     # made would enter the advantage while no trained step is responsible for it (DanceGRPO's shared noise)
@@ -267,7 +271,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.motion.guidance_scale = 2.5  # classifier-free guidance on x0 (MDM: 2.5); 1 = the conditional pass alone
     c.motion.log_prob_reduction = "mean"  # log-probs over the real frames: "mean" | "sum" (to reproduce summing runs)
     c.motion.evaluator = "checkpoints/motion_evaluator"  # motion_alignment's evaluator (train_motion_evaluator.py)
-    c.motion.metric_evaluator = ""  # evaluator of R-precision, MM-Dist, FID, Diversity; "" = motion.evaluator
+    # The grader of R-precision, MM-Dist, FID and Diversity: a network trained apart from motion.evaluator (another
+    # architecture, seed and data draw), so a policy cannot raise its grade by fitting its reward's network; the
+    # reward's network is reported beside it (eval/reward_net/...). "" = motion.evaluator, labelled as the reward's.
+    c.motion.metric_evaluator = "checkpoints/motion_grader"
     # motion_retrieval: temperature of the own caption's retrieval probability, and how many training captions
     # (evenly strided over the training split) form its fixed pool of negatives
     c.motion.retrieval_temperature = 0.1

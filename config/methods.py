@@ -39,17 +39,19 @@ def flow_grpo_balanced(c: ml_collections.ConfigDict) -> None:
 
 
 def flow_grpo_fast(c: ml_collections.ConfigDict) -> None:
-    """Flow-GRPO-Fast: an ODE trajectory with a window of 2 stochastic, trained steps, placed at a random start in
-    the noisier half each epoch."""
+    """Flow-GRPO-Fast: an ODE trajectory with a window of 2 stochastic, trained steps, placed at a random start
+    each epoch so that the whole window lies in the noisier half: start <= num_steps // 2 - 2 (the reference draws
+    randint(0, num_steps // 2 - window))."""
     c.train.objective = "grpo"
     c.sample.window_size = 2
     c.sample.window_mode, c.sample.window_start = "random", 0
-    c.sample.window_max_start = max(0, c.sample.num_steps // 2 - 1)
+    c.sample.window_max_start = max(0, c.sample.num_steps // 2 - c.sample.window_size)
 
 
 def mixgrpo(c: ml_collections.ConfigDict) -> None:
-    """MixGRPO: a window of up to 4 stochastic steps sliding one step later every 2 epochs (progressive), ODE
-    elsewhere."""
+    """MixGRPO: a window of up to 4 stochastic steps sliding one step later every 2 epochs and back to the start
+    after the last (progressive with roll-back, the public scripts' prog_overlap_step 1), ODE elsewhere. The
+    scripts shift every 25 (Flash: 20) iterations of a run of hundreds; 2 epochs is that pace for runs of tens."""
     c.train.objective = "grpo"
     w = min(4, c.sample.num_steps - 1)
     c.sample.window_size = w
@@ -59,10 +61,12 @@ def mixgrpo(c: ml_collections.ConfigDict) -> None:
 
 
 def mixgrpo_flash(c: ml_collections.ConfigDict) -> None:
-    """MixGRPO-Flash: MixGRPO with DPM-Solver++(2M) for the deterministic steps (flow domains; elsewhere MixGRPO)."""
+    """MixGRPO-Flash: MixGRPO with DPM-Solver++(2M) after the window only, on the rest of the grid compressed to
+    0.4 of its points (the public script's dpm_apply_strategy "post", dpm_post_compress_ratio 0.4); Euler before
+    the window. Flow domains; elsewhere MixGRPO."""
     mixgrpo(c)
     if _flow(c):
-        c.sample.ode_solver = "dpm2"
+        c.sample.ode_solver, c.sample.ode_solver_scope, c.sample.post_window_compress = "dpm2", "after_window", 0.4
 
 
 def grpo_guard(c: ml_collections.ConfigDict) -> None:

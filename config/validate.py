@@ -252,11 +252,13 @@ def check_window_and_objective(config: ml_collections.ConfigDict) -> None:
     """The stochastic window, the deterministic solver, and the objectives' own fields (ranges are in the tables
     above)."""
     from recam.engine.objective import objective_needs
-    from recam.engine.rollout import ODE_SOLVERS, WINDOW_MODES
+    from recam.engine.rollout import ODE_SOLVERS, SOLVER_SCOPES, WINDOW_MODES
 
     s, t = config.sample, config.train
     check_choice(config, "sample.window_mode", WINDOW_MODES)
     check_choice(config, "sample.ode_solver", ODE_SOLVERS)
+    check_choice(config, "sample.ode_solver_scope", SOLVER_SCOPES)
+    check_number(config, "sample.post_window_compress", 0, 1, low_open=True)
     check_choice(config, "train.fp_timestep_sampling", FP_TIMESTEP_SAMPLING)
     _require(t.fp_min_noise < t.fp_max_noise,
              f"train.fp_min_noise={t.fp_min_noise} must be below train.fp_max_noise={t.fp_max_noise}")
@@ -264,6 +266,11 @@ def check_window_and_objective(config: ml_collections.ConfigDict) -> None:
     _require(s.ode_solver != "dpm2" or flow is not False,
              f"sample.ode_solver='dpm2' is a flow-matching solver; domain {config.domain!r} samples with DDIM: use "
              "'euler' (its deterministic DDIM step)")
+    _require(s.post_window_compress == 1.0 or (flow is not False and objective_needs(t.objective, "needs_log_probs")
+                                               and s.window_size > 0),
+             f"sample.post_window_compress={s.post_window_compress} compresses the flow-matching grid after a "
+             "stochastic window: it needs a flow domain, an objective with log-probs and sample.window_size > 0, or "
+             "set it to 1")
     _require(t.objective not in FLOW_ONLY_OBJECTIVES or flow is not False,
              f"train.objective={t.objective!r} needs a flow-matching scheduler; domain {config.domain!r} samples "
              "with DDIM")
@@ -276,6 +283,13 @@ def check_window_and_objective(config: ml_collections.ConfigDict) -> None:
     _require(s.noise_frequencies == 0 or not t.use_gradient_adaptive_weighting,
              f"sample.noise_frequencies={s.noise_frequencies} gives a log-prob over cosine components, and "
              "train.use_gradient_adaptive_weighting's gradient norms assume noise in every element: switch one off")
+    # a sampled KL estimate is log p - log p_ref at the stored draw, written for noise in every element; a draw
+    # confined to a subspace tells nothing about the means' gap outside it (measured k3 0.0074 against the
+    # closed form's 0.045), while the closed form keeps the whole mean near the reference's
+    _require(s.noise_frequencies == 0 or t.beta == 0 or t.kl_type == "gaussian_mean",
+             f"train.kl_type={t.kl_type!r} estimates the KL from a draw with noise in every element, and "
+             f"sample.noise_frequencies={s.noise_frequencies} draws it in a subspace: use "
+             "train.kl_type='gaussian_mean'")
     if s.window_size == 0:
         return
     # the last step is never trained (num_train_timesteps): its transition to clean data is too peaked

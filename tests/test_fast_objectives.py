@@ -159,10 +159,11 @@ def test_ratio_norm_is_the_raw_log_ratio_minus_its_bias_times_std():
         w = torch.ones(b, *SHAPE) if m is None else m
         lp = (Normal(mu, std).log_prob(x) * w).sum((1, 2)) / w.sum((1, 2))
         lp_old = (Normal(mu_old, std).log_prob(x) * w).sum((1, 2)) / w.sum((1, 2))
-        norm, bias = ratio_norm_log_ratio(lp, lp_old, mu, mu_old, std, m)
+        bias = FlowMatchScheduler(4, 1.0, 0.7).transition_kl(mu_old, mu, std, m)
         d = mu_old - mu
         expected_bias = ((d**2) * w).sum((1, 2)) / w.sum((1, 2)) / (2 * std.reshape(b) ** 2)
         torch.testing.assert_close(bias, expected_bias)
+        norm = ratio_norm_log_ratio(lp, lp_old, bias, std, mu)
         # raw log-ratio + bias = -mean(eps d) / s, so the normalised one is mean(eps (mu - mu_old))
         torch.testing.assert_close((lp - lp_old + bias) * std.reshape(b), norm)
         torch.testing.assert_close(norm, ((eps * (mu - mu_old)) * w).sum((1, 2)) / w.sum((1, 2)), atol=1e-5, rtol=1e-4)
@@ -172,13 +173,46 @@ def test_ratio_norm_hand_computed():
     # mu_old = 0, mu = [0.1, -0.2], s = 0.5, eps = [1, -1] -> x = [0.5, -0.5]
     # per-element log-ratios: -((0.4)^2 - 0.25) / 0.5 = 0.18 and -((-0.3)^2 - 0.25) / 0.5 = 0.32 -> mean 0.25
     # bias = mean(0.01, 0.04) / (2 * 0.25) = 0.05; normalised = (0.25 + 0.05) * 0.5 = 0.15 = mean(1 * 0.1, -1 * -0.2)
-    norm, bias = ratio_norm_log_ratio(torch.tensor([0.25]), torch.tensor([0.0]), torch.tensor([[0.1, -0.2]]),
-                                      torch.zeros(1, 2), torch.tensor([[0.5]]))
+    bias = FlowMatchScheduler(4, 1.0, 0.7).transition_kl(torch.zeros(1, 2), torch.tensor([[0.1, -0.2]]),
+                                                        torch.tensor([[0.5]]))
     torch.testing.assert_close(bias, torch.tensor([0.05]))
+    norm = ratio_norm_log_ratio(torch.tensor([0.25]), torch.tensor([0.0]), bias, torch.tensor([[0.5]]),
+                                torch.zeros(1, 2))
     torch.testing.assert_close(norm, torch.tensor([0.15]))
     with pytest.raises(ValueError, match="one std per sample"):
-        ratio_norm_log_ratio(torch.zeros(1), torch.zeros(1), torch.zeros(1, 2), torch.zeros(1, 2),
-                             torch.tensor([[0.5, 0.4]]))
+        ratio_norm_log_ratio(torch.zeros(1), torch.zeros(1), torch.zeros(1), torch.tensor([[0.5, 0.4]]),
+                             torch.zeros(1, 2))
+
+
+def test_ratio_norm_with_subspace_noise_centres_the_log_ratio():
+    """Noise in 3 cosine components of 8 frames: the log-probs average over those coordinates, so the bias must be
+    the KL there. Independent computation: the normalised log-ratio equals mean over coordinates of
+    z_old * B^T (mu_theta - mu_old), with z_old the draw's standard normal coordinates, and its mean over many
+    draws is ~0 (the bias averaged over every element left it at about -0.04 on the motion job)."""
+    from recam.engine.noise_subspace import SubspaceNoise, cosine_basis
+
+    frames, m, n = 8, 3, 4000
+    sched = SubspaceNoise(FlowMatchScheduler(4, 1.0, 0.7), m)
+    g = torch.Generator().manual_seed(3)
+    mu_old = torch.randn(1, 2, frames, generator=g).expand(n, 2, frames)
+    mu = mu_old + 0.4 * torch.randn(1, 2, frames, generator=g).expand(n, 2, frames)
+    std = torch.full((n, 1, 1), 0.3)
+    basis = cosine_basis(torch.full((n,), frames), frames, m)  # (n, m, F)
+    z_old = torch.randn(n, 2, m, generator=g)
+    x = mu_old + std * torch.einsum("ncm,nmf->ncf", z_old, basis)
+
+    def log_prob(mean):
+        z = torch.einsum("ncf,nmf->ncm", x - mean, basis) / 0.3
+        return Normal(0.0, 1.0).log_prob(z).mean((1, 2)) - torch.log(torch.tensor(0.3))
+
+    bias = sched.transition_kl(mu_old, mu, std)
+    norm = ratio_norm_log_ratio(log_prob(mu), log_prob(mu_old), bias, std, mu)
+    proj = torch.einsum("ncf,nmf->ncm", mu - mu_old, basis)
+    torch.testing.assert_close(norm, (z_old * proj).mean((1, 2)), atol=1e-5, rtol=1e-4)
+    assert abs(float(norm.mean())) < 4 * float(norm.std()) / n**0.5
+    everywhere = FlowMatchScheduler(4, 1.0, 0.7).transition_kl(mu_old, mu, std)
+    # the element-mean bias leaves it off centre by far more than its sampling error
+    assert abs(float(ratio_norm_log_ratio(log_prob(mu), log_prob(mu_old), everywhere, std, mu).mean())) > 0.01
 
 
 def test_guard_step_weights_are_inverse_dt_with_mean_one():

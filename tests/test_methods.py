@@ -6,13 +6,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from config.grpo import get_config  # noqa: E402
-from config.methods import METHODS  # noqa: E402
+from config.methods import METHODS, apply_method  # noqa: E402
 from config.validate import latest_window_start, validate  # noqa: E402
+from recam.engine.rollout import rollout  # noqa: E402
 from scripts.bench_time_to_reward import (  # noqa: E402
     first_reach,
     mean_interval,
@@ -53,12 +55,50 @@ def test_baseline_trains_every_step_but_the_last_and_fast_windows_are_short():
     assert c.train.step_weighting == "uniform"
     fast = get_config("tiny_cpu+flow_grpo_fast")
     assert fast.sample.window_size == 2 and fast.sample.window_mode == "random"
+    # the reference draws randint(0, num_steps // 2 - window): the whole window in the noisier half
+    for steps in (6, 10, 16):
+        c = get_config("tiny_cpu")
+        c.sample.num_steps = steps
+        apply_method(c, "flow_grpo_fast")
+        assert c.sample.window_max_start == steps // 2 - 2
+        assert c.sample.window_max_start + c.sample.window_size <= steps // 2
     mix = get_config("tiny_cpu+mixgrpo")
     assert mix.sample.window_max_start == -1  # the latest start that fits, read when the run starts
     assert latest_window_start(mix.sample) + mix.sample.window_size == mix.sample.num_steps - 1 == 9
     mix.sample.num_steps = 20  # a preset or command line changing the steps afterwards: the window still slides
     assert latest_window_start(mix.sample) == 15  # to the end
     validate(mix, 1)
+
+
+def test_mixgrpo_flash_spends_under_0_8_of_mixgrpo_s_sampling_evaluations_per_epoch():
+    """Counted over the window starts of a run's epochs, with the rollout the trainer calls."""
+    from recam.engine.rollout import window_start
+    from recam.engine.scheduler import FlowMatchScheduler
+
+    per_epoch = {}
+    for name in ("mixgrpo", "mixgrpo_flash"):
+        c = get_config(f"tiny_cpu+{name}")
+        validate(c, 1)
+        s = c.sample
+        sched = FlowMatchScheduler(s.num_steps, s.shift, s.noise_level, s.sde_type, s.window_size)
+        counts = []
+        calls = []
+        for epoch in range(c.num_epochs):
+            calls.clear()
+            start = window_start(s.window_mode, epoch, c.seed, s.window_start, latest_window_start(s),
+                                 s.window_shift_every)
+            rollout(lambda x, t, calls=calls: calls.append(1) or torch.zeros_like(x),
+                    torch.zeros(1, s.num_steps + 1, 2), sched, start=start, ode_solver=s.ode_solver,
+                    solver_scope=s.ode_solver_scope, post_window_compress=s.post_window_compress)
+            counts.append(len(calls))
+        per_epoch[name] = counts
+    assert all(n == 10 for n in per_epoch["mixgrpo"])
+    ratios = [f / m for f, m in zip(per_epoch["mixgrpo_flash"], per_epoch["mixgrpo"], strict=True)]
+    assert sum(ratios) / len(ratios) < 0.8 and max(ratios) <= 1.0, per_epoch
+    flash = get_config("tiny_cpu+mixgrpo_flash")
+    assert (flash.sample.ode_solver_scope, flash.sample.post_window_compress) == ("after_window", 0.4)
+    motion = get_config("motion_tiny_cpu+mixgrpo_flash")  # DDIM: MixGRPO as it is
+    assert (motion.sample.ode_solver, motion.sample.post_window_compress) == ("euler", 1.0)
 
 
 def test_motion_preset_takes_the_ddim_methods_and_refuses_the_flow_only_one():

@@ -134,6 +134,40 @@ def test_validation_names_the_field_for_objectives_and_variants_it_does_not_fit(
     c.sample.noise_frequencies = -1
     with pytest.raises(ValueError, match="sample.noise_frequencies"):
         validate(c, 1)
+    for kl_type in ("k1", "k2", "k3"):  # sampled KL estimates assume noise in every element
+        c = grpo.get_config("toy")
+        c.sample.noise_frequencies, c.train.kl_type, c.train.beta = 1, kl_type, 0.01
+        with pytest.raises(ValueError, match=f"train.kl_type='{kl_type}' .*use train.kl_type='gaussian_mean'"):
+            validate(c, 1)
+        c.train.beta = 0.0
+        validate(c, 1)
+
+
+def test_transition_kl_is_the_kl_of_the_subspace_gaussians():
+    """Against torch.distributions on the coordinates z = B^T x / std (P^T too), with a frame mask, for both
+    reductions; the gap outside the subspace adds nothing."""
+    from torch.distributions import Normal, kl_divergence
+
+    g = torch.Generator().manual_seed(5)
+    channels = torch.linalg.qr(torch.randn(4, 2, generator=g))[0]
+    a, b = torch.randn(3, 4, 1, 9, generator=g), torch.randn(3, 4, 1, 9, generator=g)
+    std = torch.tensor([0.2, 0.5, 1.0]).reshape(3, 1, 1, 1)
+    mask = torch.ones(3, 1, 1, 9, dtype=torch.bool)
+    mask[1, ..., 6:] = False
+    lengths = torch.tensor([9, 6, 9])
+    basis = cosine_basis(lengths, 9, 3)
+    for reduction in ("mean", "sum"):
+        inner = _scheduler()
+        inner.reduction = reduction
+        sched = SubspaceNoise(inner, 3, channels)
+        za = torch.einsum("ncf,nmf,cp->npm", a.reshape(3, 4, 9), basis, channels) / std.reshape(3, 1, 1)
+        zb = torch.einsum("ncf,nmf,cp->npm", b.reshape(3, 4, 9), basis, channels) / std.reshape(3, 1, 1)
+        kl = kl_divergence(Normal(za, 1.0), Normal(zb, 1.0))
+        expected = kl.mean((1, 2)) if reduction == "mean" else kl.sum((1, 2))
+        torch.testing.assert_close(sched.transition_kl(a, b, std, mask), expected, atol=1e-5, rtol=1e-5)
+    outside = a + (torch.arange(9) >= 6).float() * 5.0  # sample 1's padding frames only
+    sched = SubspaceNoise(_scheduler(), 3, channels)
+    torch.testing.assert_close(sched.transition_kl(outside, b, std, mask)[1], sched.transition_kl(a, b, std, mask)[1])
 
 
 def test_a_toy_run_trains_with_one_component(tmp_path):

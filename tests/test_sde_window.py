@@ -138,9 +138,16 @@ def test_a_window_that_does_not_fit_is_refused():
 
 def test_window_start_modes():
     assert [window_start("fixed", e, 0, 2, 5, 1) for e in range(4)] == [2, 2, 2, 2]
-    # progressive: one step later every 3 epochs from 1, capped at 4
+    # progressive: one step later every 3 epochs from 1 to 4, then back to 1 (MixGRPO's roll_back)
     assert [window_start("progressive", e, 0, 1, 4, 3) for e in range(14)] == \
-        [1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4, 4, 4]
+        [1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4, 1, 1]
+    # the reference's loop (MixGRPO grpo_states.py): advance by 1 each group of iterations; past the last, back
+    cur, expected = 0, []
+    for e in range(40):
+        expected.append(cur)
+        if (e + 1) % 2 == 0:
+            cur = cur + 1 if cur + 1 <= 5 else 0
+    assert [window_start("progressive", e, 0, 0, 5, 2) for e in range(40)] == expected
     # random: a function of (seed, epoch) alone, within [0, max_start], and it moves
     draws = [window_start("random", e, 7, 0, 5, 1) for e in range(200)]
     assert draws == [window_start("random", e, 7, 3, 5, 9) for e in range(200)]
@@ -219,6 +226,49 @@ def test_dpm2_restarts_at_first_order_after_the_window():
     assert torch.equal(out.final, x)
     with pytest.raises(ValueError, match="flow"):
         rollout(denoise, noise, _ddim(2), ode_solver="dpm2")
+
+
+def test_compressed_grid_is_mixgrpo_flash_s_post_grid_written_out():
+    """sampling_utils.py of MixGRPO: num_post_steps = int(max((len(sigmas) - 1 - last_window_index) * ratio, 1))
+    points from the unshifted time after the window to 0, time-shifted; the grid before them kept."""
+    shift, S, ratio = 3.0, 25, 0.4
+    scheduler = FlowMatchScheduler(S, shift, 0.7)
+    for window_end in (4, 10, 20):
+        last_window_index = window_end - 1
+        points = int(max((S + 1 - 1 - last_window_index) * ratio, 1))
+        t = np.linspace(1.0 - window_end / S, 0.0, max(points, 2))
+        post = shift * t / (1 + (shift - 1) * t)
+        got = scheduler.compressed_after(window_end, ratio)
+        assert got.num_steps == window_end + max(points, 2) - 1
+        torch.testing.assert_close(got.sigmas[:window_end], scheduler.sigmas[:window_end])
+        np.testing.assert_allclose(got.sigmas[window_end:].numpy(), post, rtol=1e-6, atol=1e-7)
+        assert float(got.sigmas[window_end]) == float(scheduler.sigmas[window_end])  # continuous at the seam
+    assert scheduler.compressed_after(4, 0.4).num_steps == 4 + 8 - 1  # 8 points after a window ending at 4
+    with pytest.raises(ValueError, match="ratio"):
+        scheduler.compressed_after(4, 0.0)
+
+
+def test_post_window_compress_samples_fewer_steps_and_stays_exact_on_a_linear_flow():
+    """Steps after the window run 2M on the compressed grid, Euler before it; on a flow whose velocity is exact
+    for a single data point (v = noise - x0 along the straight path) any grid lands on x0."""
+    scheduler = _flow(2)
+    calls = []
+    x0 = torch.tensor([1.0, -2.0, 0.5, 0.25])
+
+    def straight(x, t):  # x = (1 - t) x0 + t z  =>  z = (x - (1 - t) x0) / t, v = z - x0
+        calls.append(float(t[0]))
+        tt = t.float()[:, None]
+        return (x - (1 - tt) * x0) / tt - x0
+    noise = _noise()
+    plain = rollout(straight, noise, scheduler, start=1)
+    n_plain, calls[:] = len(calls), []
+    out = rollout(straight, noise, scheduler, start=1, ode_solver="dpm2", solver_scope="after_window",
+                  post_window_compress=0.4)
+    assert n_plain == 8 and len(calls) == 1 + 2 + 1  # Euler, the window, then int(6 * 0.4) = 2 points: one step
+    torch.testing.assert_close(out.final, x0.expand(5, 4), atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.log_probs, plain.log_probs)  # the window itself is unchanged
+    with pytest.raises(ValueError, match="solver_scope"):
+        rollout(straight, noise, scheduler, start=1, solver_scope="before")
 
 
 def test_first_order_dpm2_is_the_euler_step():

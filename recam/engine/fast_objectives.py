@@ -58,35 +58,35 @@ _FORWARD_NOISE_SALT = 0x4E4654
 # ---------------------------------------------------------------- GRPO-Guard
 
 
-def _per_sample_std(std: float | Tensor, mean: Tensor) -> Tensor:
+def _per_sample_std(std: float | Tensor, like: Tensor) -> Tensor:
     """A transition std as (b,) float32: RatioNorm rescales a whole sample's log-ratio, so it needs one std per
-    sample (a scalar or a (b, 1, ..., 1) column, as every recam step returns)."""
-    s = checked_std(std, mean)
-    column = (mean.shape[0],) + (1,) * (mean.dim() - 1)
+    sample (a scalar or a (b, 1, ..., 1) column, as every recam step returns); like: any (b, ...) tensor."""
+    s = checked_std(std, like)
+    column = (like.shape[0],) + (1,) * (like.dim() - 1)
     try:
         s = torch.broadcast_to(s, column)
     except RuntimeError as err:
         raise ValueError(f"RatioNorm needs one std per sample, got std of shape {tuple(s.shape)}") from err
-    return s.reshape(mean.shape[0])
+    return s.reshape(like.shape[0])
 
 
-def ratio_norm_log_ratio(log_prob: Tensor, old_log_prob: Tensor, mean: Tensor, old_mean: Tensor,
-                         std: float | Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """GRPO-Guard's RatioNorm: (normalised log-ratio (b,), bias (b,)).
+def ratio_norm_log_ratio(log_prob: Tensor, old_log_prob: Tensor, bias: Tensor, std: float | Tensor,
+                         mean: Tensor) -> Tensor:
+    """GRPO-Guard's RatioNorm: the normalised log-ratio (b,) = (log_prob - old_log_prob + bias) * s.
 
-    For a Gaussian step x' = mu_old + s eps scored under mu_theta, the per-element log-ratio is
-    -eps d / s - d^2 / (2 s^2) with d = mu_old - mu_theta: its mean is negative, so ratios sit below 1 and the
-    upper clip rarely binds. RatioNorm adds the bias b = mean_e(d^2) / (2 s^2) back and multiplies by s:
-        normalised = (log_prob - old_log_prob + b) * s  =  mean_e(eps (mu_theta - mu_old)).
-    log_prob / old_log_prob are recam's per-element MEANS (recam.engine.sde), and b is an element mean too, as in
-    the paper's code (Flow-GRPO's log-probs are element means); s is the transition std (sigma_t sqrt(|dt|)).
-    The bias carries the gradient (it is part of the ratio, not a constant). The gradient, mean_e(eps grad mu_theta),
-    has lost the raw log-ratio's 1 / s: on-policy it is s times GRPO's, and it still scales with the step's
-    d mu / d output, proportional to |dt| on the flow SDE, which guard_step_weights undoes.
+    For a Gaussian step x' = mu_old + s eps scored under mu_theta, the log-ratio in each of the log-prob's
+    coordinates is -eps d / s - d^2 / (2 s^2) with d = mu_old - mu_theta: its mean is negative, so ratios sit below
+    1 and the upper clip rarely binds. RatioNorm adds the bias back, b = KL(p_old || p_theta) in the SAME
+    coordinates and reduction as the log-probs (the scheduler's transition_kl: every element, or a noise
+    subspace's coordinates, where a bias averaged over every element would not cancel), and multiplies by s:
+        normalised = mean_coordinates(eps (mu_theta - mu_old)).
+    The paper's code takes the element mean, as Flow-GRPO's log-probs are element means. The bias carries the
+    gradient (it is part of the ratio, not a constant). The gradient, mean(eps grad mu_theta), has lost the raw
+    log-ratio's 1 / s: on-policy it is s times GRPO's, and it still scales with the step's d mu / d output,
+    proportional to |dt| on the flow SDE, which guard_step_weights undoes. mean: any (b, ...) tensor of the step,
+    for the shape of std's column.
     """
-    s = _per_sample_std(std, mean)
-    bias = reduce_elements((mean.float() - old_mean.float()) ** 2, mask) / (2.0 * s**2)
-    return (log_prob - old_log_prob + bias) * s, bias
+    return (log_prob - old_log_prob + bias) * _per_sample_std(std, mean)
 
 
 def guard_step_weights(dts: Tensor) -> Tensor:
@@ -107,8 +107,8 @@ class GRPOGuardObjective:
     """GRPO-Guard (arXiv 2510.22319): GRPO with RatioNorm and 1/dt step reweighting; flow SDE steps only.
 
     Per trained step j: the registered policy loss (train.policy_loss, default "grpo_clip") gets
-    log_prob = old_log_prob + (log_prob - old_log_prob + |mu_theta - mu_old|^2 / (2 s^2)) * s (ratio_norm_log_ratio;
-    mu_old from mb.old_means), so its ratio averages 1 and clipping is symmetric again; with
+    log_prob = old_log_prob + (log_prob - old_log_prob + KL(p_old || p_theta)) * s (ratio_norm_log_ratio, the KL in
+    the log-probs' coordinates; mu_old from mb.old_means), so its ratio averages 1 and clipping is symmetric again; with
     train.guard_dt_weighting (default True) the policy term is multiplied by guard_step_weights (1 / |dt_j|,
     mean 1 over the trained steps); the KL to the reference (train.kl_type, train.beta) is added unweighted as in
     the paper's code. Step loss = mean over trained steps; clip_range etc. as "grpo", but the normalised log-ratio
@@ -148,8 +148,8 @@ class GRPOGuardObjective:
         for j in range(T):
             cur = rescore(mb.policy, mb.states, sched, j, mb.element_mask, mb.step_offset)
             old = mb.old_log_probs[:, j].contiguous().to(device)
-            norm, bias = ratio_norm_log_ratio(cur.log_prob, old, cur.mean, mb.old_means[:, j].to(device), cur.std,
-                                              mb.element_mask)
+            bias = sched.transition_kl(mb.old_means[:, j].to(device), cur.mean, cur.std, mb.element_mask)
+            norm = ratio_norm_log_ratio(cur.log_prob, old, bias, cur.std, cur.mean)
             inputs = StepLossInputs(old + norm, old, mb.advantages[:, j].to(device), weight, None, j, T)
             policy, metrics = self.policy_loss(inputs, self.settings)
             loss, logged = step_w[j] * policy, step_w[j] * metrics["policy_loss"]

@@ -146,6 +146,18 @@ class SubspaceNoise:
         log_prob = subspace_log_prob(next_state, probe.mean, probe.std, basis, channels, self.reduction)
         return StepOutput(prev_sample=next_state, log_prob=log_prob, mean=probe.mean, std=probe.std)
 
+    def transition_kl(self, mean_a: Tensor, mean_b: Tensor, std, mask: Tensor | None = None) -> Tensor:
+        """(N,) KL between this step's subspace Gaussians centred on mean_a and on mean_b: half the squared mean gap
+        over std^2 in the subspace's coordinates, reduced as the log-probs are. The gap outside the subspace is no
+        part of it: no draw can tell the two apart there."""
+        basis = cosine_basis(frame_lengths(mask, mean_a), mean_a.shape[-1], self.num_components).to(mean_a.device)
+        channels = None if self.channels is None else self.channels.to(mean_a.device)
+        std = std.reshape(-1, 1, 1) if torch.is_tensor(std) and std.dim() else std
+        gap = to_components(mean_a.float() - mean_b.float(), basis, channels) / std
+        half_sq = 0.5 * gap**2
+        dims = tuple(range(1, half_sq.dim()))
+        return half_sq.mean(dim=dims) if self.reduction == "mean" else half_sq.sum(dim=dims)
+
     def with_steps(self, num_steps: int) -> SubspaceNoise:
         return SubspaceNoise(self.inner.with_steps(num_steps), self.num_components, self.channels)
 

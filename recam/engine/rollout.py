@@ -19,6 +19,9 @@ from recam.engine.sde import StepOutput
 
 WINDOW_MODES = ("fixed", "random", "progressive")
 ODE_SOLVERS = ("euler", "dpm2")
+# where sample.ode_solver runs: on every deterministic step, or only after the window (MixGRPO-Flash's "post":
+# Euler before it)
+SOLVER_SCOPES = ("all", "after_window")
 _WINDOW_STREAM = 0x57494E  # keeps the window's draws apart from the noise streams keyed by (seed, ...)
 
 
@@ -26,8 +29,9 @@ def window_start(mode: str, epoch: int, seed: int, start: int, max_start: int, s
     """The scheduler step where epoch `epoch`'s stochastic window starts.
 
     fixed: `start`; random: uniform in [0, max_start] from a generator seeded by (seed, epoch) alone, so every
-    process, and a run resumed at this epoch, draws the same start; progressive: start + epoch // shift_every,
-    capped at max_start (MixGRPO's sliding window). One start per epoch, shared by every sample: the k copies of
+    process, and a run resumed at this epoch, draws the same start; progressive: one step later every shift_every
+    epochs from `start`, back to `start` after max_start (MixGRPO's sliding window with its --roll_back, which the
+    public MixGRPO scripts set). One start per epoch, shared by every sample: the k copies of
     a condition must be drawn with the same window for their rewards to be a fair group comparison, and an
     epoch's stored steps then share one scheduler offset.
     """
@@ -39,7 +43,9 @@ def window_start(mode: str, epoch: int, seed: int, start: int, max_start: int, s
     if mode == "progressive":
         if shift_every < 1:
             raise ValueError(f"shift_every must be >= 1, got {shift_every!r}")
-        return min(int(start) + int(epoch) // int(shift_every), int(max_start))
+        if max_start < start:
+            raise ValueError(f"a progressive window needs start <= max_start, got {start!r} > {max_start!r}")
+        return int(start) + (int(epoch) // int(shift_every)) % (int(max_start) - int(start) + 1)
     raise ValueError(f"window mode must be one of {WINDOW_MODES}, got {mode!r}")
 
 
@@ -60,7 +66,8 @@ def per_sample_noise(keys: list[tuple[int, ...]], num_draws: int, shape: tuple[i
 
 @torch.no_grad()
 def rollout(denoise, noise: torch.Tensor, scheduler, mask: torch.Tensor | None = None, start: int = 0,
-            store_means: bool = False, ode_solver: str = "euler") -> Rollout:
+            store_means: bool = False, ode_solver: str = "euler", solver_scope: str = "all",
+            post_window_compress: float = 1.0) -> Rollout:
     """Sample N outputs: steps start .. start + T - 1 stochastic with log-probs, every other step deterministic.
 
     Steps after the window stay deterministic because noise there would stay visible in the output while no
@@ -73,16 +80,23 @@ def rollout(denoise, noise: torch.Tensor, scheduler, mask: torch.Tensor | None =
     store_means: keep each stored transition's mean (objectives that compare with the sampling policy's means).
     ode_solver: "euler" (the scheduler's deterministic step) or "dpm2" (DPM-Solver++(2M), flow schedulers only;
         first order on the first deterministic step and on the first one after the window).
+    solver_scope: "all" (ode_solver on every deterministic step) or "after_window" (Euler before the window).
+    post_window_compress: below 1, the steps after the window run on the scheduler's grid from the window's end
+        compressed to this fraction of its points (scheduler.compressed_after, MixGRPO-Flash): fewer evaluations
+        where nothing is trained.
     """
     T, S = scheduler.num_train_steps, scheduler.num_steps
     if not 0 <= start <= S - T:
         raise ValueError(f"a window of {T} steps starting at {start} does not fit in {S} steps")
     _check_solver(ode_solver, scheduler)
+    if solver_scope not in SOLVER_SCOPES:
+        raise ValueError(f"solver_scope must be one of {SOLVER_SCOPES}, got {solver_scope!r}")
     x = noise[:, 0]
     states, log_probs, means = [], [], []
     previous = None  # the 2M solver's last x0 prediction; None restarts it at first order
-    for j in range(S):
-        out = denoise(x, scheduler.model_time(j, x.shape[0]))
+    grid, j = scheduler, 0  # the grid becomes the compressed one after the window
+    while j < grid.num_steps:
+        out = denoise(x, grid.model_time(j, x.shape[0]))
         if start <= j < start + T:
             states.append(x)
             step = scheduler.transition(j, out, x, noise=noise[:, j + 1], mask=mask)
@@ -91,12 +105,15 @@ def rollout(denoise, noise: torch.Tensor, scheduler, mask: torch.Tensor | None =
             if store_means:
                 means.append(step.mean)
             previous = None
-        elif ode_solver == "dpm2":
-            x, previous = scheduler.deterministic_2m(j, out, x, previous)
+        elif ode_solver == "dpm2" and (solver_scope == "all" or j >= start + T):
+            x, previous = grid.deterministic_2m(j, out, x, previous)
         else:
-            x = scheduler.deterministic(j, out, x)
+            x = grid.deterministic(j, out, x)
         if T and j == start + T - 1:
             states.append(x)
+            if post_window_compress < 1.0:
+                grid = scheduler.compressed_after(start + T, post_window_compress)
+        j += 1
     n, shape = x.shape[0], tuple(x.shape[1:])
     return Rollout(final=x,
                    states=torch.stack(states, 1) if states else x.new_empty((n, 0, *shape)),

@@ -35,6 +35,7 @@ from recam.engine.sde import (
     flow_sde_step,
     flow_sigmas,
     flow_x0_from_velocity,
+    gaussian_kl_between_means,
     ode_step,
 )
 
@@ -62,6 +63,11 @@ class Scheduler(Protocol):
 
     def output_coefficient(self, j: int) -> float:
         """|d mean / d output| of step j's transition (every step is affine in the model output)."""
+
+    def transition_kl(self, mean_a: Tensor, mean_b: Tensor, std, mask: Tensor | None = None) -> Tensor:
+        """(N,) KL between step distributions centred on mean_a and mean_b with this step's std, over the coordinates
+        the log-probs reduce over (every element, or a noise subspace's coordinates) and with their reduction: the
+        mean of log p_b - log p_a of a draw from p_a is minus this, whatever the coordinates."""
 
     def step_std(self, j: int) -> float:
         """The standard deviation of step j's transition."""
@@ -137,6 +143,29 @@ class FlowMatchScheduler:
         x_next, x0 = flow_dpm2_step(output, s, s_next, x, previous)
         return x_next, (x0, s)
 
+    def transition_kl(self, mean_a: Tensor, mean_b: Tensor, std, mask: Tensor | None = None) -> Tensor:
+        """(N,) KL between this step's Gaussians centred on mean_a and on mean_b, in the coordinates and with the
+        reduction its log-probs use (here every element)."""
+        return gaussian_kl_between_means(mean_a, mean_b, std, mask, self.reduction)
+
+    def compressed_after(self, step: int, ratio: float) -> FlowMatchScheduler:
+        """This grid up to `step`, then the rest on max(int(points x ratio), 2) points from sigmas[step] to 0, where
+        points = num_steps - step + 1 (MixGRPO-Flash's dpm_post_compress_ratio; its sampling_utils.py counts the
+        points the same way): uniform in the unshifted time, then time-shifted like the whole grid. The reference
+        allows a single point, which would end sampling above sigma 0; two points always reach it. Deterministic
+        steps only: nothing is trained on the new grid."""
+        if not 0 < ratio <= 1:
+            raise ValueError(f"ratio must be in (0, 1], got {ratio!r}")
+        if not 0 < step < self.num_steps:
+            raise ValueError(f"step must be in (0, {self.num_steps}), got {step!r}")
+        points = max(int((self.num_steps - step + 1) * ratio), 2)
+        unshifted = torch.linspace(1.0 - step / self.num_steps, 0.0, points, dtype=torch.float64)
+        tail = (self.shift * unshifted / (1.0 + (self.shift - 1.0) * unshifted)).to(torch.float32)
+        out = copy.copy(self)
+        out.sigmas = torch.cat([self.sigmas[:step], tail.to(self.sigmas.device)])
+        out.num_steps = step + points - 1
+        return out
+
     def step_dt(self, j: int) -> float:
         """|dt| of step j: sigmas[j] - sigmas[j + 1] > 0."""
         return float(self.sigmas[j] - self.sigmas[j + 1])
@@ -209,6 +238,10 @@ class DDIMScheduler:
 
     def deterministic(self, j, output, x) -> Tensor:
         return self._step(j, output, x, 0.0, None).prev_sample
+
+    def transition_kl(self, mean_a: Tensor, mean_b: Tensor, std, mask: Tensor | None = None) -> Tensor:
+        """(N,) KL between this step's Gaussians centred on mean_a and on mean_b (every element, its reduction)."""
+        return gaussian_kl_between_means(mean_a, mean_b, std, mask, self.reduction)
 
     def output_coefficient(self, j: int) -> float:
         one, zero = torch.ones(1, 1), torch.zeros(1, 1)

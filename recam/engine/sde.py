@@ -457,7 +457,7 @@ def checked_std(std: float | Tensor, like: Tensor) -> Tensor:
 
 
 def gaussian_kl_between_means(mean_a: Tensor, mean_b: Tensor, std: float | Tensor,
-                              mask: Tensor | None = None) -> Tensor:
+                              mask: Tensor | None = None, reduction: str = "mean") -> Tensor:
     """KL(N(mean_a, std^2 I) || N(mean_b, std^2 I)) per element, averaged over non-batch dims.
 
     Per element the KL of two equal-variance Gaussians is (mean_a - mean_b)^2 / (2 std^2). `std` here is
@@ -466,7 +466,8 @@ def gaussian_kl_between_means(mean_a: Tensor, mean_b: Tensor, std: float | Tenso
     this value multiplied by |dt| (the mean gap itself scales with dt, so theirs is O(dt^2), this O(|dt|)).
 
     mean_a, mean_b: (B, ...). std: a positive float, or a tensor broadcastable to (B, ...), e.g. the
-    (B, 1, ..., 1) std of a StepOutput. mask: the elements averaged over (reduce_elements). Returns (B,) float32.
+    (B, 1, ..., 1) std of a StepOutput. mask: the elements averaged over (reduce_elements); reduction "sum" sums
+    them instead, as a scheduler with that reduction sums its log-probs. Returns (B,) float32.
     """
     if mean_a.shape != mean_b.shape:
         raise ValueError(f"mean_a shape {tuple(mean_a.shape)} != mean_b shape {tuple(mean_b.shape)}")
@@ -474,4 +475,4 @@ def gaussian_kl_between_means(mean_a: Tensor, mean_b: Tensor, std: float | Tenso
         raise ValueError(f"means need a batch axis and at least one more, got shape {tuple(mean_a.shape)}")
     std_t = checked_std(std, mean_a)
     kl = (mean_a.float() - mean_b.float()) ** 2 / (2.0 * std_t**2)
-    return reduce_elements(kl, mask)
+    return reduce_elements(kl, mask, reduction)

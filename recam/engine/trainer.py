@@ -377,7 +377,8 @@ class GRPOTrainer:
                 noise[:, 0] = per_sample_noise(starts, 1, self.sample_shape)[:, 0]
             denoise = self.counted(self.domain.denoiser(model, batch, self.autocast), "sampling")
             out = rollout(denoise, noise.to(self.accelerator.device), self.scheduler, self.element_mask(batch),
-                          start=start, store_means=self.needs_old_means, ode_solver=s.ode_solver)
+                          start=start, store_means=self.needs_old_means, ode_solver=s.ode_solver,
+                          solver_scope=s.ode_solver_scope, post_window_compress=s.post_window_compress)
             samples = self.decode(out.final, batch)  # rewards see what the domain decodes (pixels, motions)
             self.runner.submit(position, samples, batch.conditions)  # scored while the next batch samples
             index.append(torch.tensor(indices))
