@@ -149,9 +149,12 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.ema_decay = 0.95  # EMA decay per optimizer step
 
     # ---- forward-process and guarded objectives (recam/engine/fast_objectives.py) ----
-    # the old policy ("nft", "awm"): old = decay x old + (1 - decay) x policy after each epoch's update, in
-    # [0, 1); 0 = the policy as it was when the epoch sampled
+    # the old policy ("nft" samples with it, "awm" keeps it as a KL anchor): after each epoch's update
+    # old = d x old + (1 - d) x policy, d = min(old_policy_decay_ramp x optimizer steps so far, old_policy_decay), as
+    # DiffusionNFT's and AWM's scripts ramp it (0.001 per step; caps 0.5 and 0.3): early on, old = policy.
+    # old_policy_decay in [0, 1); ramp 0 = d is old_policy_decay from the first epoch
     c.train.old_policy_decay = 0.5
+    c.train.old_policy_decay_ramp = 0.001
     c.train.fp_num_timesteps = 2  # re-noised timesteps per final sample per optimizer pass
     c.train.fp_timestep_sampling = "stratified"  # noise levels: "stratified" (one per equal bin) | "uniform"
     c.train.fp_min_noise = 0.05  # lowest noise level u in (0, 1) a final sample is re-noised to

@@ -78,17 +78,20 @@ def grpo_guard(c: ml_collections.ConfigDict) -> None:
 
 
 def nft(c: ml_collections.ConfigDict) -> None:
-    """DiffusionNFT: deterministic sampling (DPM-Solver++(2M) on flow domains), training on re-noised final
-    samples with implicit positive / negative policies; the old policy an EMA of the policy."""
+    """DiffusionNFT: deterministic sampling by the old policy (DPM-Solver++(2M) on flow domains), training on
+    re-noised final samples with implicit positive / negative policies; the old policy an average of the policy
+    whose weight ramps by 0.001 per optimizer step up to 0.5 (the public script's decay_type 1)."""
     c.train.objective = "nft"
     if _flow(c):
         c.sample.ode_solver = "dpm2"
 
 
 def awm(c: ml_collections.ConfigDict) -> None:
-    """Advantage weighted matching: the clipped ratio of re-noised flow-matching losses, KL to the reference and
-    to the old (EMA) policy as output MSE."""
+    """Advantage weighted matching: the clipped ratio of re-noised flow-matching losses against the weights that
+    sampled, KL to the reference and to the old policy (an average ramping by 0.001 per step up to 0.3, the public
+    script's kl_ema_decay) as output MSE."""
     c.train.objective = "awm"
+    c.train.old_policy_decay = 0.3
 
 
 METHODS: dict[str, Callable[[ml_collections.ConfigDict], None]] = {

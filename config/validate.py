@@ -142,6 +142,7 @@ NUMBER_FIELDS = (
     ("eval.select_max_drop", 0, None, False, False, False),
     ("health.rollback_lr_factor", 0, 1, True, False, False),
     ("train.old_policy_decay", 0, 1, False, True, False),
+    ("train.old_policy_decay_ramp", 0, None, False, False, False),
     ("train.fp_min_noise", 0, 1, True, True, False),
     ("train.fp_max_noise", 0, 1, True, True, False),
     ("train.nft_beta", 0, None, True, False, False),

@@ -98,14 +98,16 @@ def perturbed(model, scale, seed):
     return out
 
 
-def forward_mb(b=4, seed=0, policy=None, old=None, reference=None, advantages=None, weight=None, mask=None):
+def forward_mb(b=4, seed=0, policy=None, old=None, reference=None, advantages=None, weight=None, mask=None,
+               sampler=None):
     g = torch.Generator().manual_seed(seed)
     final = torch.randn(b, *SHAPE, generator=g)
     adv = torch.randn(b, generator=g) * 2 if advantages is None else advantages
     weight = torch.full((b,), 1.0 / b) if weight is None else weight
     traj = torch.stack([torch.arange(b) + 10 * seed, torch.arange(b) % 2], 1)
     return SimpleNamespace(epoch=0, final=final, advantages=adv[:, None], sample_weight=weight, traj_ids=traj,
-                           policy=policy, old_policy=old, reference=reference, inner_epoch=0, element_mask=mask)
+                           policy=policy, old_policy=old, reference=reference, inner_epoch=0, element_mask=mask,
+                           sampling_policy=copy.deepcopy(policy) if sampler is None else sampler)
 
 
 def run(objective, mb, params=(), per_piece=None):
@@ -466,6 +468,28 @@ def test_awm_on_policy_ratio_is_one_and_gradient_is_advantage_weighted_matching(
     expected = torch.autograd.grad(hand, params)
     for a, b in zip(grads, expected, strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_awm_ratio_is_against_the_sampler_not_the_old_policy():
+    """The old policy (an average of earlier policies) differs from the weights that sampled: the ratio is still
+    exactly 1 before any update, and the average only enters as the velocity pull (measured before the fix:
+    |ratio - 1| 2e-3 from the second epoch of smoke+awm, positive-advantage samples clipping first)."""
+    sched = FlowForward()
+    policy = Model(0)
+    old = perturbed(policy, 0.2, 4)
+    mb = forward_mb(policy=policy, old=old, advantages=torch.tensor([3.0, -2.0, 1.0, -1.0]))
+    t = train_config(beta=0.0, awm_old_kl_weight=0.1)
+    metrics, _, _ = run(AWMObjective(t, sched), mb, list(policy.parameters()))
+    for m in metrics:
+        assert m["mean_ratio"].item() == 1.0 and m["clipfrac"].item() == 0.0
+        assert m["old_kl_penalty"].item() > 1e-4
+    # the sampler is what the ratio divides by: a sampler two updates behind gives ratios away from 1
+    mb.sampling_policy = old
+    metrics, _, _ = run(AWMObjective(t, sched), mb, list(policy.parameters()))
+    assert any(abs(m["mean_ratio"].item() - 1.0) > 1e-3 for m in metrics)
+    mb.sampling_policy = None
+    with pytest.raises(ValueError, match="sampling_policy"):
+        AWMObjective(t, sched).accumulate(mb, lambda loss, last: None)
 
 
 def test_awm_clipping_matches_a_loop():

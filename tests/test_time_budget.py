@@ -161,6 +161,7 @@ def _train_in_process(run_dir: Path, epochs: int):
     c = grpo.get_config("toy")
     c.run_dir, c.num_epochs, c.train.objective = str(run_dir), epochs, "test_matching"
     c.train.old_policy_decay, c.logging.wandb_mode, c.eval.freq = 0.5, "disabled", 100
+    c.train.old_policy_decay_ramp = 0.0  # half way per epoch from the first
     derived = validate(c, 1)
     torch.manual_seed(c.seed)
     log = runlog.RunLog(run_dir, c)

@@ -231,6 +231,8 @@ class _ForwardProcess:
     def check(self, mb: MicroBatch) -> None:
         if mb.old_policy is None:
             raise ValueError(f"{type(self).__name__} needs the old policy (mb.old_policy)")
+        if getattr(self, "needs_sampling_policy", False) and mb.sampling_policy is None:
+            raise ValueError(f"{type(self).__name__} needs the weights that sampled (mb.sampling_policy)")
         if self.t.beta > 0 and mb.reference is None:
             raise ValueError("train.beta > 0 needs a reference policy")
 
@@ -289,10 +291,12 @@ def nft_loss(x0_pos: Tensor, x0_neg: Tensor, x0: Tensor, optimality: Tensor, bet
 class NFTObjective(_ForwardProcess):
     """DiffusionNFT (arXiv 2509.16117): forward-process fine-tuning toward the positive implicit policy.
 
-    Each final sample x0 is re-noised at train.fp_num_timesteps levels u (train.fp_timestep_sampling
-    "stratified" over [fp_min_noise, fp_max_noise]); with o = policy(x_t), o_old = old_policy(x_t) (the EMA old
-    policy, no gradient), o+- = nft_implicit_outputs(o, o_old, train.nft_beta) (default 1.0) mapped to clean
-    samples by the scheduler's x0_from_output, the per-sample loss is
+    The rollouts are drawn by the old policy (the public script switches to the "old" adapter to sample), an average
+    of the policy whose weight ramps from 0 (train.old_policy_decay_ramp, up to train.old_policy_decay), so early on
+    it is the policy itself. Each final sample x0 is re-noised at train.fp_num_timesteps levels u
+    (train.fp_timestep_sampling "stratified" over [fp_min_noise, fp_max_noise]); with o = policy(x_t),
+    o_old = old_policy(x_t) (no gradient), o+- = nft_implicit_outputs(o, o_old, train.nft_beta) (default 1.0)
+    mapped to clean samples by the scheduler's x0_from_output, the per-sample loss is
     (r L+ + (1 - r) L-) / nft_beta + train.beta * mean_e (o - o_ref)^2 with r = nft_optimality(A, adv_clip_max).
     Weighted by sample_weight, averaged over the noise levels. The paper's code also multiplies the policy term
     by adv_clip_max (5); that is a constant step-size factor left out here, so train.beta is its kl_beta / 5.
@@ -301,6 +305,7 @@ class NFTObjective(_ForwardProcess):
     needs_log_probs = False
     needs_old_means = False
     needs_old_policy = True
+    samples_with_old_policy = True
 
     def __init__(self, train_config, scheduler):
         super().__init__(train_config, scheduler)
@@ -359,10 +364,13 @@ class AWMObjective(_ForwardProcess):
     """Advantage Weighted Matching (arXiv 2509.25050): a PPO ratio of flow-matching losses on re-noised samples.
 
     Each final sample x0 is re-noised at train.fp_num_timesteps levels u (as "nft"); with
-    l = mean_e (o(x_t) - output_target(x0, eps, u))^2 for the policy and the EMA old policy (no gradient), the loss
-    is awm_matching_loss (ratio exp(-(l_theta - l_old)), log-ratio clamped to +-log_ratio_clamp, advantage
+    l = mean_e (o(x_t) - output_target(x0, eps, u))^2 for the policy and, without gradient, for the weights that
+    sampled the epoch (mb.sampling_policy: the public script's old losses come from the sampling adapter, so the
+    first step's ratio is exactly 1), the loss is awm_matching_loss (ratio exp(-(l_theta - l_sampler)), log-ratio
+    clamped to +-log_ratio_clamp, advantage
     clip(A, +-adv_clip_max) / train.awm_adv_scale (5), clip range train.awm_clip_range (0.2)) plus
-    train.beta * mean_e (o - o_ref)^2 + train.awm_old_kl_weight (0.1) * mean_e (o - o_old)^2. Uniform weight over
+    train.beta * mean_e (o - o_ref)^2 + train.awm_old_kl_weight (0.1) * mean_e (o - o_old)^2, o_old from the old
+    policy, an average of the policy that is only this KL anchor (the script's EMA adapter). Uniform weight over
     noise levels; the paper's presets instead weight l by u in a generalised Huber (ghuber, power 0.25) and clip
     at 1.
     """
@@ -370,7 +378,7 @@ class AWMObjective(_ForwardProcess):
     needs_log_probs = False
     needs_old_means = False
     needs_old_policy = True
-    first_step_ratio_is_one = False  # the ratio is against the EMA old policy, not the one that sampled
+    needs_sampling_policy = True
 
     def __init__(self, train_config, scheduler):
         super().__init__(train_config, scheduler)
@@ -393,16 +401,17 @@ class AWMObjective(_ForwardProcess):
             target = sched.output_target(x0, eps, u)
             o = mb.policy(x_t, time)
             with torch.no_grad():
-                o_old = mb.old_policy(x_t, time)
-                l_old = output_mse(o_old, target, mask)
+                l_old = output_mse(mb.sampling_policy(x_t, time), target, mask)
             l_cur = output_mse(o, target, mask)
             loss, metrics = awm_matching_loss(-l_cur, -l_old, adv, t.awm_adv_scale, t.adv_clip_max, t.awm_clip_range,
                                               t.log_ratio_clamp, weight)
             logged = metrics["policy_loss"]
-            old_term, old_metric = weighted_terms(output_mse(o, o_old, mask), weight)
             if t.awm_old_kl_weight > 0:
+                with torch.no_grad():
+                    o_old = mb.old_policy(x_t, time)
+                old_term, old_metric = weighted_terms(output_mse(o, o_old, mask), weight)
                 loss, logged = loss + t.awm_old_kl_weight * old_term, logged + t.awm_old_kl_weight * old_metric
-            metrics["old_kl_penalty"] = old_metric
+                metrics["old_kl_penalty"] = old_metric
             loss, logged = self.add_reference_kl(mb, o, x_t, time, mask, weight, loss, logged, metrics)
             metrics.update(loss=logged, fm_loss=weighted_terms(l_cur, weight)[1],
                            fm_loss_old=weighted_terms(l_old, weight)[1], mean_noise_level=u.mean())

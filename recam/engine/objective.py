@@ -10,7 +10,10 @@ Class attributes tell the trainer what to collect (absent means False unless sai
   needs_log_probs (default True): sample with a stochastic window and store its states and log-probs; False: the
       whole trajectory is deterministic (T = 0), the micro-batch carries the final samples and (b, 1) advantages;
   needs_old_means: keep the sampling transitions' means (MicroBatch.old_means);
-  needs_old_policy: keep a frozen, slowly averaged copy of the policy (MicroBatch.old_policy, train.old_policy_decay).
+  needs_old_policy: keep a frozen, slowly averaged copy of the policy (MicroBatch.old_policy, train.old_policy_decay);
+  samples_with_old_policy: rollouts are drawn by that old policy, not the policy (DiffusionNFT);
+  needs_sampling_policy: the weights that drew the epoch's samples stay available, frozen, while the update moves the
+      policy (MicroBatch.sampling_policy; the old policy itself when it samples).
 Objectives outside this module (recam/engine/fast_objectives.py) register when `known_objectives()` is called.
 """
 
@@ -96,6 +99,8 @@ class MicroBatch:
     final: torch.Tensor | None = None
     old_policy: Callable | None = None
     old_means: torch.Tensor | None = None
+    sampling_policy: Callable | None = None  # denoise(x, t) over the weights that drew these samples
+
     step_offset: int = 0
     epoch: int = 0  # the training epoch (keys per-epoch randomness such as forward-process re-noising)
 

@@ -180,6 +180,12 @@ class GRPOTrainer:
         self.old_policy = None
         if objective_needs(t.objective, "needs_old_policy"):
             self.old_policy = copy.deepcopy(self.model).requires_grad_(False).eval()
+        # DiffusionNFT samples with its old policy; everything else with the policy
+        self.samples_with_old_policy = objective_needs(t.objective, "samples_with_old_policy")
+        # the weights that drew this epoch's samples, frozen while the update moves the policy (AWM's old losses)
+        self.sampling_snapshot = None
+        if objective_needs(t.objective, "needs_sampling_policy") and not self.samples_with_old_policy:
+            self.sampling_snapshot = copy.deepcopy(self.model).requires_grad_(False).eval()
         # denoiser evaluations (rows) of this epoch on this process, and the run's budget so far (all processes)
         self.nfe = {"sampling": 0, "training": 0}
         self.train_seconds, self.nfe_sampling_total, self.nfe_training_total = 0.0, 0, 0
@@ -232,13 +238,11 @@ class GRPOTrainer:
                       **reward_terms(record, include_avg=True)}
             t_update = time.time()
             result = self.update(rollouts, groups, signal)          # 4. clipped-ratio policy updates with KL
-            self.update_old_policy()
+            record["old_policy_decay"] = self.update_old_policy()
             t_updated = time.time()
             record["optimizer_steps"] = [st.metrics for st in result.steps]
-            # an objective whose ratio is taken against another policy than the sampling one (AWM's old policy is
-            # an average of earlier ones) has no first step at ratio 1 to check
-            on_policy = getattr(self.objective, "first_step_ratio_is_one", True)
-            record["first_step_ratio_deviation"] = result.first_step_ratio_deviation if on_policy else None
+            # every objective's ratio is against the weights that sampled: its first step's ratio is 1
+            record["first_step_ratio_deviation"] = result.first_step_ratio_deviation
             record.update(self.budget_record(rollouts, t_sampled - epoch_t0, t_scored - t_sampled,
                                              t_updated - t_update))
             # the slowest process's time, so that every process agrees on the budget and the time grid
@@ -357,9 +361,19 @@ class GRPOTrainer:
         return window_start(s.window_mode, epoch, self.config.seed, s.window_start, latest_window_start(s),
                             s.window_shift_every)
 
+    def sampling_model(self) -> torch.nn.Module:
+        """The weights this epoch samples with: the old policy for objectives that sample with it (DiffusionNFT),
+        else the policy, whose weights are copied into the sampling snapshot when an objective needs them later."""
+        if self.samples_with_old_policy:
+            return self.old_policy
+        if self.sampling_snapshot is not None:
+            blend_into(list(self.trainable(self.sampling_snapshot).values()),
+                       list(self.trainable(self.model).values()), 0.0)
+        return self.model
+
     def sample(self, epoch: int) -> Rollouts:
         """k copies of each condition of this process's batches; rewards are submitted as each batch finishes."""
-        s, model = self.config.sample, self.model
+        s, model = self.config.sample, self.sampling_model()
         model.eval()
         self.epoch_cache = {}  # this epoch's shared work (e.g. encoded source videos), for sampling and training
         index, states, log_probs, decoded, finals, means = [], [], [], [], [], []
@@ -525,9 +539,14 @@ class GRPOTrainer:
             reference = self.domain.denoiser(self.model, batch, self.autocast, adapter_off=True)
         elif self.reference is not None:
             reference = self.domain.denoiser(self.reference, batch, self.autocast)
-        old_policy = None
+        old_policy = sampling_policy = None
         if self.old_policy is not None:
             old_policy = self.counted(self.domain.denoiser(self.old_policy, batch, self.autocast), "training")
+        if self.samples_with_old_policy:
+            sampling_policy = old_policy
+        elif self.sampling_snapshot is not None:
+            sampling_policy = self.counted(self.domain.denoiser(self.sampling_snapshot, batch, self.autocast),
+                                           "training")
 
         def policy_rows(rows: slice):
             rows_batch = self.domain.collate(self.train_set, indices[rows], self.epoch_cache)
@@ -537,7 +556,7 @@ class GRPOTrainer:
                           None if reference is None else self.counted(reference, "training"), inner, self.model,
                           policy_rows, self.element_mask(batch),
                           final=None if rollouts.final is None else rollouts.final[sel].to(dev),
-                          old_policy=old_policy,
+                          old_policy=old_policy, sampling_policy=sampling_policy,
                           old_means=None if rollouts.means is None else rollouts.means[sel].to(dev),
                           step_offset=rollouts.start, epoch=self.epoch)
 
@@ -886,17 +905,26 @@ class GRPOTrainer:
     # ------------------------------------------------------------------------------------------------------
     # the old policy of forward-process objectives
 
-    def old_policy_tensors(self) -> dict[str, torch.Tensor]:
-        """The old policy's copies of the trainable parameters (the frozen rest equals the policy's)."""
-        params = dict(self.old_policy.named_parameters())
-        return {n: params[n] for n, p in self.model.named_parameters() if p.requires_grad}
+    def trainable(self, copy_of_policy: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """A copy's parameters at the policy's trainable names (the frozen rest equals the policy's), detached."""
+        params = dict(copy_of_policy.named_parameters())
+        return {n: params[n].detach() for n, p in self.model.named_parameters() if p.requires_grad}
 
-    def update_old_policy(self) -> None:
+    def old_policy_tensors(self) -> dict[str, torch.Tensor]:
+        """The old policy's copies of the trainable parameters."""
+        return self.trainable(self.old_policy)
+
+    def update_old_policy(self) -> float | None:
+        """old = d x old + (1 - d) x policy, d = old_policy_decay_at(optimizer steps so far); returns d (None
+        without an old policy)."""
         if self.old_policy is None:
-            return
+            return None
+        t = self.config.train
+        decay = old_policy_decay_at(self.global_step, t.old_policy_decay, t.old_policy_decay_ramp)
         old = self.old_policy_tensors()
         live = dict(self.model.named_parameters())
-        blend_into(list(old.values()), [live[n].detach() for n in old], self.config.train.old_policy_decay)
+        blend_into(list(old.values()), [live[n].detach() for n in old], decay)
+        return decay
 
     def load_old_policy(self, ckpt: Checkpoint) -> None:
         """The old policy as saved with the checkpoint (its side file is sealed in the manifest); a checkpoint
@@ -950,6 +978,13 @@ class GRPOTrainer:
 def time_eval_tag(seconds: float) -> str:
     """time_NNNNNs for a whole number of seconds, time_NNNNN.NNNs otherwise (a grid finer than a second)."""
     return f"time_{int(seconds):05d}s" if float(seconds).is_integer() else f"time_{seconds:09.3f}s"
+
+
+def old_policy_decay_at(step: int, decay: float, ramp: float) -> float:
+    """The old policy's averaging weight after `step` optimizer steps: min(ramp x step, decay), DiffusionNFT's and
+    AWM's schedule (their scripts: 0.001 per step, capped at 0.5 and 0.3), so that early on the old policy is the
+    policy and it lags more as training settles; ramp 0 holds it at `decay` from the start."""
+    return float(decay) if ramp <= 0 else min(float(ramp) * int(step), float(decay))
 
 
 def blend_into(old: list[torch.Tensor], new: list[torch.Tensor], decay: float) -> None:
