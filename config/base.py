@@ -274,7 +274,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.motion.guidance_scale = 2.5  # classifier-free guidance on x0 (MDM: 2.5); 1 = the conditional pass alone
     c.motion.log_prob_reduction = "mean"  # log-probs over the real frames: "mean" | "sum" (to reproduce summing runs)
     c.motion.evaluator = "checkpoints/motion_evaluator"  # motion_alignment's evaluator (train_motion_evaluator.py)
-    c.motion.metric_evaluator = ""  # evaluator of R-precision, MM-Dist, FID, Diversity; "" = motion.evaluator
+    # The grader of R-precision, MM-Dist, FID and Diversity: a network trained apart from motion.evaluator (another
+    # architecture, seed and data draw), so a policy cannot raise its grade by fitting its reward's network; the
+    # reward's network is reported beside it (eval/reward_net/...). "" = motion.evaluator, labelled as the reward's.
+    c.motion.metric_evaluator = "checkpoints/motion_grader"
     # motion_retrieval: temperature of the own caption's retrieval probability, and how many training captions
     # (evenly strided over the training split) form its fixed pool of negatives
     c.motion.retrieval_temperature = 0.1

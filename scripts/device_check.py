@@ -449,7 +449,11 @@ def run_preset(preset: str, seconds: float, overrides: tuple[str, ...], run_dir:
                 "train_seconds": final.get("train_seconds"), "base": start.get(score), "final": final.get(score),
                 "gain_score": paired, "gain": mean, "ci95": half, "conditions": n})
     if preset == "motion_tiny_gpu":
-        out["grader"] = final.get("eval/grader", "the reward's evaluator")
+        # the score above is the grader's; the reward's own network grades too, beside it, unless it is the grader
+        own = final.get("eval/grader_is_reward_net") != 0.0
+        out["grader"] = "the reward's own network" if own else "motion.metric_evaluator, independent of the reward"
+        out["reward_net_base"] = start.get("eval/reward_net/r_precision_top3")
+        out["reward_net_final"] = final.get("eval/reward_net/r_precision_top3")
     return out
 
 

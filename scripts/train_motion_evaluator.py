@@ -15,9 +15,16 @@ Writes <out>/evaluator.json, vocab.json, evaluator.safetensors (TextMotionEvalua
 
     python scripts/train_motion_evaluator.py --out checkpoints/motion_evaluator
     python scripts/train_motion_evaluator.py --out /tmp/ev --steps 20 --num-train-conditions 64 --num-eval-conditions 32
+    python scripts/train_motion_evaluator.py --evaluate checkpoints/motion_grader --data-seed 0
 
-A second evaluator trained with another --seed is an independent judge: point motion.metric_evaluator at it so
-that the reported R-precision, MM-Dist and FID do not share weights with the alignment reward GRPO maximises.
+The held-out grader (checkpoints/motion_grader, motion.metric_evaluator's default) is a second evaluator of
+another architecture, initialisation and draw of the training data, so that the reported R-precision, MM-Dist and
+FID share no weights with the alignment reward GRPO maximises:
+
+    python scripts/train_motion_evaluator.py --out checkpoints/motion_grader --arch transformer --seed 1 --data-seed 1
+
+--data-seed redraws the synthetic world's items (nuisances, wording) but not its splits, which are fixed by motion
+parameters (recam/domains/motion/world.py): held-out and validation motions stay out of training at any seed.
 """
 
 from __future__ import annotations
@@ -48,6 +55,15 @@ def git_commit() -> str | None:
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10,
                               check=True).stdout.strip()
     except Exception:  # not a checkout, or git missing: provenance says so
+        return None
+
+
+def git_dirty() -> bool | None:
+    """Whether the checkout differs from its commit: a commit alone then does not say what code trained the model."""
+    try:
+        return bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                                   capture_output=True, text=True, timeout=30, check=True).stdout.strip())
+    except Exception:
         return None
 
 
@@ -99,7 +115,10 @@ def retrieval(model: ev.TextMotionEvaluator, split: MotionSplit, mean, std, seed
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, required=True, help="output folder (evaluator files + provenance.json)")
+    p.add_argument("--out", type=Path, help="output folder (evaluator files + provenance.json)")
+    p.add_argument("--evaluate", type=Path, default=None,
+                   help="instead of training, measure this evaluator folder on the held-out and validation splits "
+                        "of --data-seed (shuffles from --seed), e.g. two evaluators on the same captions")
     p.add_argument("--seed", type=int, default=0, help="initialisation, batch order and dropout")
     p.add_argument("--source", choices=("synthetic", "humanml3d"), default="synthetic")
     p.add_argument("--root", type=str, default="", help="humanml3d: the HumanML3D folder")
@@ -113,12 +132,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup-steps", type=int, default=100)
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--eval-every", type=int, default=500, help="steps between held-out / validation reports")
+    p.add_argument("--arch", choices=ev.ARCHITECTURES, default="gru",
+                   help="EvaluatorConfig.architecture: gru (T2M's layout) or transformer")
     p.add_argument("--embed-dim", type=int, default=128, help="evaluator sizes (EvaluatorConfig)")
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     args = p.parse_args(argv)
     if args.source == "humanml3d" and not args.root:
         p.error("--source humanml3d needs --root")
+    if (args.out is None) == (args.evaluate is None):
+        p.error("give --out (train) or --evaluate FOLDER (measure), not both")
     for name in ("steps", "batch_size", "eval_every", "num_eval_conditions"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -131,10 +154,18 @@ def main(argv=None) -> dict:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     train, heldout, validation, mean, std = splits(args)
+    if args.evaluate is not None:
+        model = ev.load_evaluator(args.evaluate)
+        report = {"evaluator": str(args.evaluate), "architecture": model.config.architecture,
+                  "data": args.source, "data_seed": args.data_seed,
+                  "heldout": retrieval(model, heldout, mean, std, args.seed),
+                  "validation": retrieval(model, validation, mean, std, args.seed)}
+        print(json.dumps(report, indent=2))
+        return report
     captions = [train[i].caption for i in range(len(train))]
     model = ev.TextMotionEvaluator.from_captions(captions, word_dim=args.hidden, text_hidden=args.hidden,
                                                  motion_channels=args.hidden, motion_hidden=args.hidden,
-                                                 embed_dim=args.embed_dim)
+                                                 embed_dim=args.embed_dim, architecture=args.arch)
     model.set_feature_stats(np.array(mean, dtype=np.float32), np.array(std, dtype=np.float32))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
 
@@ -174,8 +205,10 @@ def main(argv=None) -> dict:
         "command": shlex.join(["python", "scripts/train_motion_evaluator.py",
                                *(sys.argv[1:] if argv is None else argv)]),
         "seed": args.seed,
+        "architecture": args.arch,
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "git_commit": git_commit(),
+        "git_dirty": git_dirty(),
         "wall_time_s": time.time() - t0,
         "num_parameters": sum(p.numel() for p in model.parameters()),
         "vocabulary_size": len(model.vocab),

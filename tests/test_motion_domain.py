@@ -48,7 +48,8 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> dict[str, Path]:
-    """An untrained tiny base (model + word-level text encoder) and a small untrained evaluator."""
+    """An untrained tiny base (model + word-level text encoder), a small untrained evaluator (the reward's network)
+    and a small untrained grader of the other architecture."""
     root = tmp_path_factory.mktemp("motion")
     captions = [MotionWorld("train", 32, 0)[i].caption for i in range(32)]
     with torch.random.fork_rng():
@@ -59,16 +60,21 @@ def folders(tmp_path_factory) -> dict[str, Path]:
                    "data": "synthetic"})
         evaluator = ev.TextMotionEvaluator.from_captions(captions, word_dim=16, text_hidden=16, motion_channels=16,
                                                          motion_hidden=16, embed_dim=16)
+        torch.manual_seed(1)
+        grader = ev.TextMotionEvaluator.from_captions(captions, word_dim=16, text_hidden=16, motion_channels=16,
+                                                      motion_hidden=16, embed_dim=16, architecture="transformer")
     mean, std = reference_mean_std()
-    evaluator.set_feature_stats(mean.copy(), std.copy())
-    evaluator.save(root / "evaluator")
-    return {"base": root / "base", "evaluator": root / "evaluator"}
+    for net, name in ((evaluator, "evaluator"), (grader, "grader")):
+        net.set_feature_stats(mean.copy(), std.copy())
+        net.save(root / name)
+    return {"base": root / "base", "evaluator": root / "evaluator", "grader": root / "grader"}
 
 
 def smoke_config(folders):
     c = grpo.get_config("motion_smoke")
     c.motion.pretrained = str(folders["base"])
     c.motion.evaluator = str(folders["evaluator"])
+    c.motion.metric_evaluator = str(folders["grader"])
     return c
 
 
@@ -232,11 +238,104 @@ def test_split_metrics_follow_the_protocol_and_are_repeatable(domain):
     items = domain.evaluation_items(reference, batch)
     metrics = domain.evaluation_metrics(items)
     assert metrics["fid"] == pytest.approx(0.0, abs=1e-6)  # the references against themselves
-    assert metrics["r_precision_pool"] == len(heldout)  # fewer than 32 conditions: one pool of all
+    assert metrics["reward_net/fid"] == pytest.approx(0.0, abs=1e-6)
+    assert len(heldout) == 32 and metrics["r_precision_pool"] == 32  # the preset evaluates one full pool
     assert 0 <= metrics["r_precision_top1"] <= metrics["r_precision_top2"] <= metrics["r_precision_top3"] <= 1
     assert metrics == domain.evaluation_metrics(items)  # fixed shuffles: two evaluations of the same weights agree
     items[0]["finite"] = False
     assert domain.evaluation_metrics(items)["nonfinite_motions"] == 1.0
+
+
+def test_grader_and_reward_network_metrics_come_from_their_own_networks(domain, folders):
+    """The protocol in the grader (eval/...) and in the reward's network (eval/reward_net/...), against each network
+    called directly on the same motions: one pool of all 32 held-out conditions (so every shuffle gives the same
+    R-precision), ranks from a distance matrix, MM-Dist the mean distance of true pairs, FID from eigenvalues."""
+    heldout = domain.datasets().heldout
+    batch = domain.collate(heldout, list(range(len(heldout))))
+    noise = torch.randn(len(heldout), *domain.sample_shape(), generator=torch.Generator().manual_seed(5))
+    decoded = domain.decode_batch(batch.inputs.features + 0.5 * noise, batch)
+    metrics = domain.evaluation_metrics(domain.evaluation_items(decoded, batch))
+    assert metrics["r_precision_pool"] == 32 and metrics["grader_is_reward_net"] == 0.0
+    reference = domain.references(batch)["target"]
+    for prefix, folder in (("", folders["grader"]), ("reward_net/", folders["evaluator"])):
+        net = ev.load_evaluator(folder)
+        with torch.no_grad():
+            text = net.encode_text(batch.inputs.captions).double()
+            motion = net.encode_motion(decoded.features, decoded.lengths).double()
+            real = net.encode_motion(reference.features, reference.lengths).double()
+        dist = torch.cdist(text, motion)
+        beaten = (dist < dist.diagonal()[:, None]).sum(1)  # motions strictly nearer than the true one
+        for k in (1, 2, 3):
+            assert metrics[f"{prefix}r_precision_top{k}"] == pytest.approx(float((beaten < k).double().mean()))
+        assert metrics[f"{prefix}mm_dist"] == pytest.approx(float(dist.diagonal().mean()), rel=1e-5)
+        a, b = real.numpy(), motion.numpy()
+        ca, cb = np.cov(a, rowvar=False), np.cov(b, rowvar=False)
+        root = np.sqrt(np.clip(np.linalg.eigvals(ca @ cb).real, 0, None)).sum()
+        want = float(((a.mean(0) - b.mean(0)) ** 2).sum() + np.trace(ca) + np.trace(cb) - 2 * root)
+        assert metrics[f"{prefix}fid"] == pytest.approx(want, rel=1e-3, abs=1e-6)
+    # the two networks disagree, so the checks above tell them apart
+    assert metrics["mm_dist"] != pytest.approx(metrics["reward_net/mm_dist"], rel=1e-3)
+    labels = dict((key, label) for label, key in domain.summary_rows)
+    assert labels["eval/r_precision_top3"] == "R-precision top-3 (grader)"
+    assert labels["eval/reward_net/r_precision_top3"] == "R-precision top-3 (reward's own network)"
+    assert labels["eval/r_precision_pool"] == "R-precision pool size"
+
+
+def test_r_precision_pools_hold_32_and_a_smaller_pool_is_named(folders):
+    rng = np.random.default_rng(0)
+
+    def items(n):
+        return [{"finite": True, **{f"{p}{k}": rng.normal(size=4).astype(np.float32)
+                                    for p in ("", "reward_net/") for k in ("text", "motion", "real")}}
+                for _ in range(n)]
+
+    d = MotionDomain(smoke_config(folders), "cpu", None)
+    for n in (32, 40, 64, 100):
+        assert d.evaluation_metrics(items(n))["r_precision_pool"] == 32, n
+    c = smoke_config(folders)
+    c.data.num_heldout_conditions = 8
+    d = MotionDomain(c, "cpu", None)
+    assert len(d.datasets().heldout) == 8
+    assert d.evaluation_metrics(items(8))["r_precision_pool"] == 8
+    labels = [label for label, _ in d.summary_rows]
+    assert "R-precision in one pool of 8, not 32, top-3 (grader)" in labels
+    assert not any(label.startswith("R-precision top") for label in labels)
+
+
+@pytest.mark.parametrize("grader", ["", "copy"])
+def test_grading_with_the_reward_network_is_labelled(folders, tmp_path, grader):
+    """motion.metric_evaluator '' (the reward's folder) or a copy of that folder: the metrics are the reward
+    network's, flagged grader_is_reward_net, reported once, and labelled so in the summary."""
+    c = smoke_config(folders)
+    if grader == "copy":
+        import shutil
+
+        c.motion.metric_evaluator = str(shutil.copytree(folders["evaluator"], tmp_path / "copy"))
+    else:
+        c.motion.metric_evaluator = ""
+    d = MotionDomain(c, "cpu", None)
+    d.policy = d.build_policy()
+    d.reward_fn({"motion_alignment": 1.0})
+    heldout = d.datasets().heldout
+    batch = d.collate(heldout, list(range(len(heldout))))
+    metrics = d.evaluation_metrics(d.evaluation_items(d.references(batch)["target"], batch))
+    assert d.metric_evaluator() is d._built_rewards["motion_alignment"].evaluator
+    assert metrics["grader_is_reward_net"] == 1.0 and not any(k.startswith("reward_net/") for k in metrics)
+    labels = dict((key, label) for label, key in d.summary_rows)
+    assert labels["eval/r_precision_top3"] == "R-precision top-3 (reward's own network, not independent)"
+
+
+def test_an_evaluator_trained_on_other_data_is_refused(folders, tmp_path):
+    import shutil
+
+    grader = shutil.copytree(folders["grader"], tmp_path / "grader")
+    (grader / "provenance.json").write_text(json.dumps({"data": "humanml3d:data/HumanML3D"}))
+    c = smoke_config(folders)
+    c.motion.metric_evaluator = str(grader)
+    with pytest.raises(ConfigError, match=r"motion\.metric_evaluator=.*trained on 'humanml3d"):
+        validate_files(c)
+    (grader / "provenance.json").write_text(json.dumps({"data": "synthetic"}))
+    validate_files(c)
 
 
 def test_humanml3d_folders_give_the_same_batches_as_the_world(folders, tmp_path):
@@ -317,7 +416,7 @@ def test_motion_presets_validate_and_check_their_files(folders, tmp_path):
 def test_motion_smoke_trains_end_to_end(folders, tmp_path):
     cmd = [sys.executable, str(ROOT / "scripts" / "train_recam.py"), "--config", "config/grpo.py:motion_smoke",
            f"--config.run_dir={tmp_path}", f"--config.motion.pretrained={folders['base']}",
-           f"--config.motion.evaluator={folders['evaluator']}"]
+           f"--config.motion.evaluator={folders['evaluator']}", f"--config.motion.metric_evaluator={folders['grader']}"]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert p.returncode == 0, f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
@@ -336,11 +435,15 @@ def test_motion_smoke_trains_end_to_end(folders, tmp_path):
         r = evals[tag]
         assert r["eval/num_conditions"] == c.data.num_heldout_conditions
         for key in ("eval/motion_alignment", "eval/motion_physics", "eval/r_precision_top3", "eval/fid",
-                    "eval/mm_dist", "eval/diversity", "eval/skating", "val/motion_alignment"):
+                    "eval/mm_dist", "eval/diversity", "eval/skating", "val/motion_alignment",
+                    "eval/reward_net/r_precision_top3", "eval/reward_net/fid"):
             assert key in r, key
+        assert r["eval/r_precision_pool"] == 32 and r["eval/grader_is_reward_net"] == 0
     reference = next(r for r in records if r["type"] == "reference")
     assert 0 <= reference["ref_target/motion_physics"] <= 1
     assert reference["ref_target/fid"] == pytest.approx(0, abs=1e-6)  # the ground truth against itself
     summary = (tmp_path / "summary.md").read_text()
-    assert "| R-precision top-3 |" in summary and "| physics |" in summary
+    assert "| R-precision top-3 (grader) |" in summary and "| physics |" in summary
+    assert "| R-precision top-3 (reward's own network) |" in summary
+    assert "| R-precision pool size | 32.0000 |" in summary
     assert list((tmp_path / "motions" / "final").glob("*.gif"))

@@ -1,12 +1,14 @@
-"""The text/motion retrieval evaluator: vocabulary, encoders (padding never read), the contrastive loss against a
-loop, persistence, a short training run that learns, the T2M protocol against independent computations, and the
-T2M checkpoint loader on a tiny checkpoint written by hand in the published key layout."""
+"""The text/motion retrieval evaluator: vocabulary, encoders of both architectures (padding never read), the
+contrastive loss against a loop, persistence (old folders load as GRUs), a short training run that learns, the
+committed grader's independence from the reward's network, the T2M protocol against independent computations, and
+the T2M checkpoint loader on a tiny checkpoint written by hand in the published key layout."""
 
 from __future__ import annotations
 
 import json
 import math
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +18,8 @@ from recam.domains.motion import evaluator as ev
 
 TINY = dict(word_dim=16, text_hidden=16, motion_channels=16, motion_hidden=16, embed_dim=16)
 CAPTIONS = ["A person walks forward.", "a person jumps up", "someone waves the left hand", "a man sits down"]
+ROOT = Path(__file__).resolve().parents[1]
+ARCHS = pytest.mark.parametrize("arch", ev.ARCHITECTURES)
 
 
 def tiny_model(seed: int = 0, **overrides) -> ev.TextMotionEvaluator:
@@ -49,20 +53,22 @@ def test_vocabulary_build_encode_and_json():
 # Encoders
 
 
-def test_embeddings_shapes_and_norms():
-    model = tiny_model()
+@ARCHS
+def test_embeddings_shapes_and_norms(arch):
+    model = tiny_model(architecture=arch)
     feats = torch.randn(3, 24, 263)
     t, m = model(CAPTIONS[:3], feats, torch.tensor([24, 13, 4]))
     assert t.shape == m.shape == (3, 16)
     torch.testing.assert_close(t.norm(dim=-1), torch.ones(3))
     torch.testing.assert_close(m.norm(dim=-1), torch.ones(3))
-    raw = tiny_model(normalize=False)
+    raw = tiny_model(normalize=False, architecture=arch)
     assert not torch.allclose(raw.encode_text(CAPTIONS[:1]).norm(), torch.tensor(1.0))
 
 
+@ARCHS
 @pytest.mark.parametrize("length", [4, 7, 13, 16])
-def test_motion_padding_is_never_read(length):
-    model = tiny_model()
+def test_motion_padding_is_never_read(length, arch):
+    model = tiny_model(architecture=arch)
     gen = torch.Generator().manual_seed(length)
     clip = torch.randn(1, length, 263, generator=gen)
     alone = model.encode_motion(clip, torch.tensor([length]))
@@ -74,14 +80,15 @@ def test_motion_padding_is_never_read(length):
         torch.testing.assert_close(got[0], alone[0], atol=1e-5, rtol=1e-5)
 
 
-def test_foot_contacts_are_not_read_and_stats_normalise():
-    model = tiny_model()
+@ARCHS
+def test_foot_contacts_are_not_read_and_stats_normalise(arch):
+    model = tiny_model(architecture=arch)
     feats = torch.randn(2, 20, 263)
     other = feats.clone()
     other[..., -4:] = torch.randn(2, 20, 4) * 10
     lengths = torch.tensor([20, 11])
     torch.testing.assert_close(model.encode_motion(feats, lengths), model.encode_motion(other, lengths))
-    keep_all = tiny_model(drop_contacts=False)
+    keep_all = tiny_model(drop_contacts=False, architecture=arch)
     assert not torch.allclose(keep_all.encode_motion(feats, lengths), keep_all.encode_motion(other, lengths))
     # Stats are applied to raw features: raw = mean + std * z encodes like z did under identity stats.
     before = model.encode_motion(feats, lengths)
@@ -92,15 +99,17 @@ def test_foot_contacts_are_not_read_and_stats_normalise():
         model.set_feature_stats(mean, -std)
 
 
-def test_text_embedding_does_not_depend_on_batch_company():
-    model = tiny_model()
+@ARCHS
+def test_text_embedding_does_not_depend_on_batch_company(arch):
+    model = tiny_model(architecture=arch)
     batch = model.encode_text(["a person walks", "someone waves the left hand slowly and then sits down"])
     alone = model.encode_text(["a person walks"])
     torch.testing.assert_close(batch[0], alone[0], atol=1e-6, rtol=1e-5)
 
 
-def test_motion_input_validation():
-    model = tiny_model()
+@ARCHS
+def test_motion_input_validation(arch):
+    model = tiny_model(architecture=arch)
     with pytest.raises(ValueError, match="shape"):
         model.encode_motion(torch.zeros(1, 10, 262), torch.tensor([10]))
     with pytest.raises(ValueError, match="lengths"):
@@ -175,8 +184,9 @@ def test_similarity_is_cosine():
 # Persistence
 
 
-def test_save_load_round_trip(tmp_path):
-    model = tiny_model()
+@ARCHS
+def test_save_load_round_trip(tmp_path, arch):
+    model = tiny_model(architecture=arch)
     model.set_feature_stats(torch.randn(263), torch.rand(263) + 0.5)
     model.save(tmp_path / "ev")
     loaded = ev.load_evaluator(tmp_path / "ev")
@@ -184,6 +194,83 @@ def test_save_load_round_trip(tmp_path):
     feats, lengths = torch.randn(2, 20, 263), torch.tensor([20, 9])
     torch.testing.assert_close(loaded.encode_motion(feats, lengths), model.encode_motion(feats, lengths))
     torch.testing.assert_close(loaded.encode_text(CAPTIONS), model.encode_text(CAPTIONS))
+
+
+def test_folders_without_an_architecture_load_as_the_gru_they_hold(tmp_path):
+    """Folders saved before EvaluatorConfig.architecture existed (checkpoints/motion_evaluator among them) hold GRU
+    weights and no architecture field."""
+    model = tiny_model()
+    folder = model.save(tmp_path / "old")
+    config = json.loads((folder / ev.CONFIG_FILE).read_text())
+    assert config["architecture"] == "gru"
+    old = {k: v for k, v in config.items() if k not in ("architecture", "layers", "heads", "patch_frames")}
+    (folder / ev.CONFIG_FILE).write_text(json.dumps(old))
+    loaded = ev.load_evaluator(folder)
+    assert loaded.config.architecture == "gru" and isinstance(loaded.motion_encoder, ev.MotionEncoder)
+    torch.testing.assert_close(loaded.encode_text(CAPTIONS), model.encode_text(CAPTIONS))
+    committed = json.loads((ROOT / "checkpoints" / "motion_evaluator" / ev.CONFIG_FILE).read_text())
+    assert "architecture" not in committed  # the case above is the reward's own network
+
+
+def test_architecture_settings_are_checked_and_name_the_field(tmp_path):
+    with pytest.raises(ValueError, match="architecture='lstm'"):
+        tiny_model(architecture="lstm")
+    with pytest.raises(ValueError, match="word_dim=16 is not divisible by heads=3"):
+        tiny_model(architecture="transformer", heads=3)
+    with pytest.raises(ValueError, match="patch_frames must be >= 1"):
+        tiny_model(architecture="transformer", patch_frames=0)
+    folder = tiny_model().save(tmp_path / "ev")
+    config = json.loads((folder / ev.CONFIG_FILE).read_text())
+    (folder / ev.CONFIG_FILE).write_text(json.dumps({**config, "architecture": "lstm"}))
+    with pytest.raises(ValueError, match=ev.CONFIG_FILE):
+        ev.load_evaluator(folder)
+
+
+def test_transformer_tower_attends_to_real_patches_and_averages_them():
+    """An independent forward pass of the transformer motion tower, written out with its own modules: frames grouped
+    into patches of patch_frames (the last padded with zeros), a sinusoidal position per patch, the encoder over the
+    real patches alone (the padding cut off, not masked), their mean, and the head."""
+    model = tiny_model(architecture="transformer", patch_frames=3)
+    tower = model.motion_encoder
+    feats = torch.randn(1, 20, 263)
+    got = model.encode_motion(feats, torch.tensor([10]))  # 10 frames: patches 0-2, 3-5, 6-8, 9 (+2 zeros)
+    x = (feats[0, :10, :259] - model.feature_mean[:259]) / model.feature_std[:259]
+    x = torch.cat([x, torch.zeros(2, 259)]).reshape(4, 3 * 259)
+    pos = torch.zeros(4, 16)
+    for t in range(4):
+        for i in range(8):
+            pos[t, 2 * i] = math.sin(t / 10000 ** (2 * i / 16))
+            pos[t, 2 * i + 1] = math.cos(t / 10000 ** (2 * i / 16))
+    h = tower.encoder(tower.frames(x)[None] + pos[None])[0]
+    want = torch.nn.functional.normalize(tower.head(h.mean(0, keepdim=True)), dim=-1)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+def test_committed_grader_shares_nothing_with_the_reward_network():
+    """motion.metric_evaluator's default (the grader of every held-out evaluation) and motion.evaluator's (the
+    alignment reward's network), loaded from the committed folders: another architecture, and no parameter tensor
+    of one equal to any of the other; trained from another seed on another draw of the world's training split."""
+    from config import grpo
+
+    for name in ("motion_tiny_cpu", "motion_smoke", "mdm_humanml3d_8npu"):
+        c = grpo.get_config(name)
+        assert c.motion.metric_evaluator and c.motion.metric_evaluator != c.motion.evaluator, name
+    c = grpo.get_config("motion_tiny_cpu")
+    reward = ev.load_evaluator(ROOT / c.motion.evaluator)
+    grader = ev.load_evaluator(ROOT / c.motion.metric_evaluator)
+    assert (reward.config.architecture, grader.config.architecture) == ("gru", "transformer")
+    grader_params = list(grader.parameters())
+    for p in reward.parameters():
+        assert not any(p.shape == q.shape and torch.equal(p, q) for q in grader_params)
+    # both read the world's features with the world's normalisation
+    torch.testing.assert_close(grader.feature_mean, reward.feature_mean)
+    provenance = [json.loads((ROOT / f / "provenance.json").read_text())
+                  for f in (c.motion.evaluator, c.motion.metric_evaluator)]
+    assert provenance[0]["seed"] != provenance[1]["seed"]
+    assert provenance[0]["args"]["data_seed"] != provenance[1]["args"]["data_seed"]
+    assert provenance[1]["architecture"] == "transformer" and provenance[1]["heldout"]["pool"] == 32
+    # another network: its embeddings of the same captions are not the reward's
+    assert not torch.allclose(grader.encode_text(CAPTIONS), reward.encode_text(CAPTIONS), atol=1e-2)
 
 
 def test_load_errors_name_the_file(tmp_path):
@@ -225,8 +312,9 @@ def toy_batch(gen: torch.Generator, n: int):
     return [CAPTIONS[c] for c in labels.tolist()], feats, lengths, labels
 
 
-def test_training_loop_learns_retrieval():
-    model = tiny_model(seed=1, dropout=0.0).train()
+@ARCHS
+def test_training_loop_learns_retrieval(arch):
+    model = tiny_model(seed=1, dropout=0.0, architecture=arch).train()
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     gen = torch.Generator().manual_seed(0)
     losses = []
@@ -567,3 +655,24 @@ def test_t2m_loader_errors(tmp_path):
     torch.save(checkpoint, path)
     with pytest.raises(ValueError, match="text_encoder"):
         ev.load_t2m_evaluator(path)
+
+
+def test_training_script_saves_the_architecture_and_evaluate_reproduces_its_numbers(tmp_path):
+    """scripts/train_motion_evaluator.py --arch transformer writes the architecture into evaluator.json and
+    provenance.json, and --evaluate on the saved folder measures the same held-out numbers (same split, same
+    shuffles) as the training run recorded."""
+    import importlib.util
+
+    path = ROOT / "scripts" / "train_motion_evaluator.py"
+    spec = importlib.util.spec_from_file_location("train_motion_evaluator", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    sizes = ["--num-eval-conditions", "32", "--seed", "3", "--data-seed", "2"]
+    provenance = script.main(["--out", str(tmp_path / "ev"), "--arch", "transformer", "--steps", "4",
+                              "--eval-every", "4", "--batch-size", "8", "--num-train-conditions", "16",
+                              "--hidden", "16", "--embed-dim", "16", *sizes])
+    assert provenance["architecture"] == "transformer" and provenance["args"]["data_seed"] == 2
+    assert json.loads((tmp_path / "ev" / ev.CONFIG_FILE).read_text())["architecture"] == "transformer"
+    again = script.main(["--evaluate", str(tmp_path / "ev"), *sizes])
+    assert again["heldout"] == pytest.approx(provenance["heldout"], rel=1e-6)
+    assert again["heldout"]["pool"] == 32

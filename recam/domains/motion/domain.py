@@ -15,7 +15,11 @@ average over the real frames only (element_mask), so a short motion's noise in p
 
 Rewards (rewards/motion.py, generator-independent): motion_alignment (a retrieval evaluator's caption/motion
 cosine) and motion_physics. Evaluation adds the field's protocol over the evaluated split (R-precision top-1/2/3 in
-pools of 32, MM-Dist, FID, Diversity, in an evaluator's embedding).
+pools of 32, MM-Dist, FID, Diversity) in the embedding of a grader, motion.metric_evaluator: a retrieval network
+trained apart from the reward's (by default another architecture, seed and draw of the training data), because a
+policy optimised against one network can raise that network's scores without becoming better; the papers that
+optimise a retrieval reward grade with a separate evaluator for this reason. The same protocol in the reward's own
+network is reported beside it as reward_net/..., labelled as the reward's.
 
 Text: the generator's own text encoder, never the evaluator's text tower (the alignment reward would then share
 weights with the policy's conditioning). For the tiny base it is a small word-level encoder (WordTextEncoder)
@@ -436,21 +440,45 @@ def check_files(config) -> None:
             require((Path(m[field]) / ev.CONFIG_FILE).is_file(),
                     f"motion.{field}={m[field]!r} holds no {ev.CONFIG_FILE} (train one with "
                     "scripts/train_motion_evaluator.py)")
+            # an evaluator reads raw features with its training data's normalisation and words: on the other
+            # source its numbers would look plausible and mean nothing
+            trained_on = _evaluator_data(Path(m[field]))
+            require(trained_on is None or trained_on.split(":")[0] == d.source,
+                    f"motion.{field}={m[field]!r} was trained on {trained_on!r} data (its provenance.json), the run "
+                    f"uses data.source={d.source!r}; train one on this data with scripts/train_motion_evaluator.py")
+
+
+def _evaluator_data(folder: Path) -> str | None:
+    """The data an evaluator folder was trained on ("synthetic" or "humanml3d:<root>"), from the provenance.json
+    scripts/train_motion_evaluator.py writes; None without one."""
+    try:
+        data = json.loads((folder / "provenance.json").read_text()).get("data")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return data if isinstance(data, str) else None
 
 
 # ------------------------------------------------------------------------------------------------------------------
 # The domain
 
 
+REWARD_NET = "reward_net/"  # prefix of the protocol metrics measured in the reward's own network
+
+
+def same_network(a: nn.Module, b: nn.Module) -> bool:
+    """Whether two evaluators compute the same function: one object, or the same configuration and equal tensors
+    (a copy of the reward's folder under another name is still the reward's network)."""
+    if a is b:
+        return True
+    if getattr(a, "config", None) != getattr(b, "config", None):
+        return False
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k].cpu(), sb[k].cpu()) for k in sa)
+
+
 @register_domain("motion")
 class MotionDomain:
     examples_dir = "motions"
-    summary_rows = (("R-precision top-1", "eval/r_precision_top1"), ("R-precision top-3", "eval/r_precision_top3"),
-                    ("alignment (evaluator cosine in [0, 1])", "eval/motion_alignment"),
-                    ("retrieval probability (pool of 32)", "eval/motion_retrieval"),
-                    ("MM-Dist", "eval/mm_dist"), ("FID (evaluator embedding)", "eval/fid"),
-                    ("diversity", "eval/diversity"), ("physics", "eval/motion_physics"),
-                    ("foot skating ratio", "eval/skating"), ("jitter (m/s^3)", "eval/jitter"))
     check_config = staticmethod(check_config)
     check_files = staticmethod(check_files)
 
@@ -460,6 +488,31 @@ class MotionDomain:
         self._text_encoder = None
         self._built_rewards: dict = {}
         self._metric_evaluator = None
+        self._reward_evaluator = None
+        self._grader_is_reward_net = False
+        self._small_pool_noted = False
+
+    @property
+    def summary_rows(self) -> tuple[tuple[str, str], ...]:
+        """The summary's rows, labelled with what measured them: which network graded (the independent grader, or
+        the reward's own network when motion.metric_evaluator names it), and a pool smaller than T2M's 32 by its
+        size, since such an R-precision cannot be compared with published ones."""
+        heldout = len(self._splits.heldout) if self._splits is not None else None
+        pool = ev.R_PRECISION_POOL if heldout is None else min(ev.R_PRECISION_POOL, heldout)
+        rp = "R-precision" if pool == ev.R_PRECISION_POOL else f"R-precision in one pool of {pool}, not 32,"
+        self.metric_evaluator()  # which network grades decides the labels
+        by = "reward's own network, not independent" if self._grader_is_reward_net else "grader"
+        own = "reward's own network"
+        return ((f"{rp} top-1 ({by})", "eval/r_precision_top1"), (f"{rp} top-3 ({by})", "eval/r_precision_top3"),
+                (f"MM-Dist ({by})", "eval/mm_dist"), (f"FID ({by})", "eval/fid"),
+                (f"diversity ({by})", "eval/diversity"), ("R-precision pool size", "eval/r_precision_pool"),
+                (f"{rp} top-1 ({own})", f"eval/{REWARD_NET}r_precision_top1"),
+                (f"{rp} top-3 ({own})", f"eval/{REWARD_NET}r_precision_top3"),
+                (f"MM-Dist ({own})", f"eval/{REWARD_NET}mm_dist"), (f"FID ({own})", f"eval/{REWARD_NET}fid"),
+                ("alignment (reward network's cosine in [0, 1])", "eval/motion_alignment"),
+                ("retrieval probability (reward network, pool of 32)", "eval/motion_retrieval"),
+                ("physics", "eval/motion_physics"), ("foot skating ratio", "eval/skating"),
+                ("jitter (m/s^3)", "eval/jitter"))
 
     def _info(self, msg: str) -> None:
         """A setup detail, for the run's log file."""
@@ -634,52 +687,95 @@ class MotionDomain:
         step = max(1, len(train) // max(1, n))
         return [train[i].caption for i in range(0, len(train), step)][:n]
 
+    def reward_evaluator(self) -> ev.TextMotionEvaluator | None:
+        """The network motion_alignment and motion_retrieval score with (motion.evaluator): the rewards' own object
+        once they are built; None when the run names none."""
+        if self._reward_evaluator is None:
+            m = self.config.motion
+            shared = self._built_rewards.get("motion_alignment") or self._built_rewards.get("motion_retrieval")
+            if shared is not None:
+                self._reward_evaluator = shared.evaluator
+            elif m.evaluator:
+                self._reward_evaluator = ev.TextMotionEvaluator.load(m.evaluator).requires_grad_(False)
+        return self._reward_evaluator
+
     def metric_evaluator(self) -> ev.TextMotionEvaluator:
-        """The evaluator the protocol metrics are measured in: motion.metric_evaluator, else the reward's."""
+        """The grader of the protocol metrics: motion.metric_evaluator, or ('') the reward's own network, which is
+        then labelled as such in the metrics (grader_is_reward_net) and the summary."""
         if self._metric_evaluator is None:
             m = self.config.motion
-            path = m.metric_evaluator or m.evaluator
-            shared = self._built_rewards.get("motion_alignment") or self._built_rewards.get("motion_retrieval")
-            if not m.metric_evaluator and shared is not None:
-                self._metric_evaluator = shared.evaluator
+            reward_net = self.reward_evaluator()
+            if m.metric_evaluator:
+                grader = ev.TextMotionEvaluator.load(m.metric_evaluator).requires_grad_(False)
             else:
-                self._metric_evaluator = ev.TextMotionEvaluator.load(path).requires_grad_(False)
-            if not m.metric_evaluator:
-                self._note("motion metrics are measured with the reward's evaluator (motion.metric_evaluator=''): "
-                           "R-precision, MM-Dist and FID then share weights with motion_alignment")
+                grader = reward_net
+            self._grader_is_reward_net = reward_net is not None and same_network(grader, reward_net)
+            if self._grader_is_reward_net:
+                grader = reward_net  # one copy of the network
+                self._note(f"motion metrics are graded by the reward's own network (motion.metric_evaluator="
+                           f"{m.metric_evaluator!r}, motion.evaluator={m.evaluator!r}): R-precision, MM-Dist and FID "
+                           "share weights with motion_alignment; the summary labels them so")
+            else:
+                self._info(f"motion metrics graded by {m.metric_evaluator} ({grader.config.architecture}); the "
+                           f"reward's network {m.evaluator or '(none)'} is reported beside it as {REWARD_NET}...")
+            self._metric_evaluator = grader
         return self._metric_evaluator
+
+    def _protocol_networks(self) -> dict[str, ev.TextMotionEvaluator]:
+        """{metric prefix: network}: the grader unprefixed, and the reward's network under REWARD_NET when it is
+        another network."""
+        nets = {"": self.metric_evaluator()}
+        reward_net = self.reward_evaluator()
+        if reward_net is not None and not self._grader_is_reward_net:
+            nets[REWARD_NET] = reward_net
+        return nets
 
     @torch.no_grad()
     def evaluation_items(self, decoded: MotionSamples, batch: Batch) -> list[dict]:
-        """Per condition: its caption's, its motion's and its reference motion's embeddings in the metric evaluator
-        (numpy float32), and whether the motion is finite."""
-        evaluator = self.metric_evaluator()
+        """Per condition: its caption's, its motion's and its reference motion's embeddings (numpy float32) in the
+        grader (text, motion, real) and in the reward's network (reward_net/text, ...), and whether the motion is
+        finite."""
         reference = self.references(batch)["target"]
         finite = finite_motions(decoded.features, decoded.lengths)
         features = torch.where(finite[:, None, None], decoded.features, torch.zeros(()))
-        text = evaluator.encode_text(batch.inputs.captions).cpu().numpy()
-        motion = evaluator.encode_motion(features, decoded.lengths).cpu().numpy()
-        real = evaluator.encode_motion(reference.features, reference.lengths).cpu().numpy()
-        return [{"text": text[i], "motion": motion[i], "real": real[i], "finite": bool(finite[i])}
-                for i in range(len(text))]
+        items = [{"finite": bool(f)} for f in finite]
+        for prefix, net in self._protocol_networks().items():
+            embeddings = {"text": net.encode_text(batch.inputs.captions),
+                          "motion": net.encode_motion(features, decoded.lengths),
+                          "real": net.encode_motion(reference.features, reference.lengths)}
+            for key, emb in embeddings.items():
+                emb = emb.cpu().numpy()
+                for i, item in enumerate(items):
+                    item[prefix + key] = emb[i]
+        return items
 
     def evaluation_metrics(self, items: list[dict]) -> dict[str, float]:
-        """The T2M protocol over the split: R-precision top-1/2/3 in pools of 32 (fewer conditions: one pool of all),
-        MM-Dist, FID against the split's reference motions, Diversity over min(300, n) pairs; means over
-        motion.eval_repetitions shuffles from eval.seed, so two evaluations of the same weights agree. Non-finite
-        motions are left out and counted."""
+        """The T2M protocol over the split, in the grader and (prefixed reward_net/) in the reward's own network:
+        R-precision top-1/2/3 in pools of 32, MM-Dist, FID against the split's reference motions, Diversity over
+        min(300, n) pairs; means over motion.eval_repetitions shuffles from eval.seed, the same shuffles, hence the
+        same pools, for both networks, so two evaluations of the same weights agree. With fewer than 32 finite
+        motions R-precision is measured in one pool of all of them, whose size r_precision_pool reports (a smaller
+        pool is an easier test, not T2M's). Non-finite motions are left out and counted."""
         kept = [it for it in items if it["finite"]]
         out = {"nonfinite_motions": float(len(items) - len(kept))}
         if len(kept) < 2:
             return out
-        text, motion, real = (np.stack([it[k] for it in kept]).astype(np.float64) for k in ("text", "motion", "real"))
         pool = min(ev.R_PRECISION_POOL, len(kept))
-        rng = np.random.default_rng(self.config.eval.seed)
-        reps = [ev.protocol_repetition(text, motion, real, rng, pool_size=pool,
-                                       diversity_pairs=min(ev.DIVERSITY_PAIRS, len(kept)))
-                for _ in range(self.config.motion.eval_repetitions)]
-        out.update({k: v[0] for k, v in ev.summarize_repetitions(reps).items()})
+        if pool < ev.R_PRECISION_POOL and not self._small_pool_noted:
+            self._small_pool_noted = True
+            self._note(f"R-precision is measured in one pool of {pool} motions, not T2M's 32 (fewer finite motions "
+                       "than 32): it is not comparable with published R-precision")
+        for prefix in [p for p in ("", REWARD_NET) if f"{p}text" in kept[0]]:
+            text, motion, real = (np.stack([it[prefix + k] for it in kept]).astype(np.float64)
+                                  for k in ("text", "motion", "real"))
+            rng = np.random.default_rng(self.config.eval.seed)
+            reps = [ev.protocol_repetition(text, motion, real, rng, pool_size=pool,
+                                           diversity_pairs=min(ev.DIVERSITY_PAIRS, len(kept)))
+                    for _ in range(self.config.motion.eval_repetitions)]
+            out.update({prefix + k: v[0] for k, v in ev.summarize_repetitions(reps).items()})
         out["r_precision_pool"] = float(pool)
+        self.metric_evaluator()  # sets whether the grader is the reward's network
+        out["grader_is_reward_net"] = float(self._grader_is_reward_net)
         return out
 
     def hooks(self) -> list:

@@ -4,10 +4,13 @@ T2M evaluator checkpoint.
 Three parts:
 
 1. `TextMotionEvaluator` plays, on our data, the role the T2M evaluator (Guo et al. 2022) and TMR play on HumanML3D:
-   a word-level text encoder (embedding + bidirectional GRU) and a motion encoder over HumanML3D features (two
-   stride-2 temporal convolutions + bidirectional GRU, foot contacts dropped as T2M does) map into one embedding
-   space, trained with a symmetric InfoNCE loss. Training is a loop over batches of (captions, features, lengths)
-   calling `contrastive_loss(model, captions, features, lengths)`. Small enough to train on CPU in minutes.
+   a word-level text encoder and a motion encoder over HumanML3D features (foot contacts dropped as T2M does) map
+   into one embedding space, trained with a symmetric InfoNCE loss. Two architectures (EvaluatorConfig.architecture):
+   "gru", T2M's layout (text: embedding + bidirectional GRU; motion: two stride-2 temporal convolutions +
+   bidirectional GRU), and "transformer" (each tower a pre-norm transformer encoder, mean-pooled over the real words
+   or frames), so that the network that grades a policy can differ in kind, not only in weights, from the one that
+   rewards it. Training is a loop over batches of (captions, features, lengths) calling
+   `contrastive_loss(model, captions, features, lengths)`. Small enough to train on CPU in minutes.
 
 2. The T2M protocol as pure functions of embeddings: R-precision over pools of 32 pairs, MM-Dist, FID, Diversity,
    repeated with mean and 95% interval. Numbers are only comparable with published ones when the embeddings come
@@ -46,6 +49,7 @@ CONFIG_FILE = "evaluator.json"
 VOCAB_FILE = "vocab.json"
 WEIGHTS_FILE = "evaluator.safetensors"
 _FORMAT = "recam.motion.evaluator/1"
+ARCHITECTURES = ("gru", "transformer")
 
 
 # ================================================================================================================
@@ -120,8 +124,9 @@ class Vocabulary:
 
 @dataclass
 class EvaluatorConfig:
-    """Sizes of TextMotionEvaluator. embed_dim 512 with text_hidden 512 and motion_hidden 1024 mirrors T2M; the
-    defaults are a CPU-sized model."""
+    """Architecture and sizes of TextMotionEvaluator. "gru": embed_dim 512 with text_hidden 512 and motion_hidden 1024
+    mirrors T2M; the defaults are a CPU-sized model. "transformer": word_dim and motion_channels are the widths of
+    the text and motion encoders, text_hidden and motion_hidden those of their heads."""
 
     vocab_size: int
     word_dim: int = 128
@@ -135,6 +140,22 @@ class EvaluatorConfig:
     temperature: float = 0.1
     max_words: int = 32
     normalize: bool = True  # L2-normalised embeddings: Euclidean distances are then monotone in cosine similarity
+    # Folders saved before this field existed hold GRU weights, so a missing field reads as "gru".
+    architecture: str = "gru"
+    layers: int = 2  # transformer: encoder layers per tower
+    heads: int = 4  # transformer: attention heads; divides word_dim and motion_channels
+    patch_frames: int = 4  # transformer: consecutive frames per motion token (one per frame costs 5x the time)
+
+    def __post_init__(self):
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"architecture={self.architecture!r} unknown; use one of {list(ARCHITECTURES)}")
+        if self.architecture == "transformer":
+            for name in ("layers", "heads", "patch_frames"):
+                if getattr(self, name) < 1:
+                    raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+            for name in ("word_dim", "motion_channels"):
+                if getattr(self, name) % self.heads:
+                    raise ValueError(f"{name}={getattr(self, name)} is not divisible by heads={self.heads}")
 
     @property
     def motion_inputs(self) -> int:
@@ -197,6 +218,83 @@ class MotionEncoder(nn.Module):
         return self.head(_last_states(self.gru, x, lengths // UNIT_LENGTH))
 
 
+def _transformer(width: int, config: EvaluatorConfig) -> nn.TransformerEncoder:
+    layer = nn.TransformerEncoderLayer(width, config.heads, dim_feedforward=2 * width, dropout=config.dropout,
+                                       activation="gelu", batch_first=True, norm_first=True)
+    # no nested tensors: eval and training then run the same masked computation
+    return nn.TransformerEncoder(layer, config.layers, norm=nn.LayerNorm(width), enable_nested_tensor=False)
+
+
+def _real(lengths: torch.Tensor, steps: int, device) -> torch.Tensor:
+    """(B, steps) bool: True at the first lengths[b] steps."""
+    return torch.arange(steps, device=device)[None, :] < lengths.to(device)[:, None]
+
+
+def _mean_over(x: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """Mean of x (B, T, C) over the steps where real (B, T) holds; where, not a product, so padding never counts."""
+    kept = torch.where(real[:, :, None], x, torch.zeros((), dtype=x.dtype, device=x.device))
+    return kept.sum(1) / real.sum(1, keepdim=True).to(x.dtype)
+
+
+def _sinusoid(steps: int, width: int, device) -> torch.Tensor:
+    """(steps, width) fixed sinusoidal positions: defined for any clip length, so a motion longer than any seen in
+    training still has positions."""
+    pos = torch.arange(steps, dtype=torch.float32, device=device)[:, None]
+    freq = torch.exp(torch.arange(0, width, 2, dtype=torch.float32, device=device) * (-math.log(10000.0) / width))
+    out = torch.zeros(steps, width, device=device)
+    out[:, 0::2] = torch.sin(pos * freq)
+    out[:, 1::2] = torch.cos(pos * freq)[:, : width // 2]
+    return out
+
+
+class TransformerTextEncoder(nn.Module):
+    """ids (B, L) -> (B, D): word embeddings plus learnt positions, a transformer encoder that attends to the real
+    words only, the mean over those words, and a head."""
+
+    def __init__(self, config: EvaluatorConfig):
+        super().__init__()
+        self.embedding = nn.Embedding(config.vocab_size, config.word_dim, padding_idx=0)
+        self.position = nn.Embedding(config.max_words, config.word_dim)
+        self.dropout = nn.Dropout(config.dropout)
+        self.encoder = _transformer(config.word_dim, config)
+        self.head = _head(config.word_dim, config.text_hidden, config.embed_dim)
+
+    def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        real = _real(lengths, ids.shape[1], ids.device)
+        x = self.embedding(ids) + self.position(torch.arange(ids.shape[1], device=ids.device))[None]
+        x = self.encoder(self.dropout(x), src_key_padding_mask=~real)
+        return self.head(_mean_over(x, real))
+
+
+class TransformerMotionEncoder(nn.Module):
+    """Features (B, T, F) -> (B, D): one token per patch_frames consecutive frames (a linear map of their features
+    plus a sinusoidal position), a transformer encoder whose attention never reaches a token without a real frame,
+    the mean over those tokens, and a head. Padding is zeroed before anything reads it, and a clip is padded to
+    whole patches with zeros, so a clip's embedding does not depend on what its padding holds or how long it is;
+    a last patch that is partly padding reads the zeros an unpadded clip would."""
+
+    def __init__(self, config: EvaluatorConfig):
+        super().__init__()
+        self.inputs, self.patch = config.motion_inputs, config.patch_frames
+        self.frames = nn.Linear(self.patch * self.inputs, config.motion_channels)
+        self.dropout = nn.Dropout(config.dropout)
+        self.encoder = _transformer(config.motion_channels, config)
+        self.head = _head(config.motion_channels, config.motion_hidden, config.embed_dim)
+
+    def forward(self, features: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        x = _zero_after(features[..., : self.inputs], lengths)
+        b, t, _ = x.shape
+        tokens = -(-t // self.patch)
+        x = F.pad(x, (0, 0, 0, tokens * self.patch - t)).reshape(b, tokens, self.patch * self.inputs)
+        real = _real(-(-lengths // self.patch), tokens, x.device)
+        x = self.frames(x) + _sinusoid(tokens, self.frames.out_features, x.device)[None]
+        x = self.encoder(self.dropout(x), src_key_padding_mask=~real)
+        return self.head(_mean_over(x, real))
+
+
+TOWERS = {"gru": (TextEncoder, MotionEncoder), "transformer": (TransformerTextEncoder, TransformerMotionEncoder)}
+
+
 def _check_motion(features: torch.Tensor, lengths, feature_dim: int) -> torch.Tensor:
     if features.ndim != 3 or features.shape[-1] != feature_dim:
         raise ValueError(f"features must have shape (B, T, {feature_dim}), got {tuple(features.shape)}")
@@ -222,8 +320,9 @@ class TextMotionEvaluator(nn.Module):
             raise ValueError(f"config.vocab_size {config.vocab_size} != vocabulary size {len(vocab)}")
         self.config = config
         self.vocab = vocab
-        self.text_encoder = TextEncoder(config)
-        self.motion_encoder = MotionEncoder(config)
+        text_tower, motion_tower = TOWERS[config.architecture]
+        self.text_encoder = text_tower(config)
+        self.motion_encoder = motion_tower(config)
         self.register_buffer("feature_mean", torch.zeros(config.feature_dim))
         self.register_buffer("feature_std", torch.ones(config.feature_dim))
 
@@ -292,7 +391,7 @@ class TextMotionEvaluator(nn.Module):
             raise ValueError(f"{folder / CONFIG_FILE}: unknown settings {unknown}")
         try:
             config = EvaluatorConfig(**{k: v for k, v in data.items() if k in known})
-        except TypeError as err:
+        except (TypeError, ValueError) as err:
             raise ValueError(f"{folder / CONFIG_FILE}: {err}") from err
         try:
             vocab = Vocabulary.from_json(_read_json(folder / VOCAB_FILE))
