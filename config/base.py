@@ -227,7 +227,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.reward.cam.max_frames = 16  # frames scored per video, evenly spaced, first and last included
     c.reward.cam.rot_scale_deg = 10.0  # per-frame score exp(-RotErr / this) * exp(-TransErr / trans_scale)
     c.reward.cam.trans_scale = 0.25  # TransErr is between centres normalised by the trajectory's largest, in [0, 2]
-    c.reward.cam.min_target_translation = 0.05  # targets moving less than this (data units) score rotation only
+    c.reward.cam.min_target_translation = 0.05  # targets moving less than this (data units) stand still: ...
+    # ... their TransErr is undefined, and the video's parallax (scene points' shift that its rotations leave
+    # unexplained, in focal lengths, about translation / scene depth) judges its translation instead, since
+    # monocular poses have no scale to hold it against. This much parallax costs a frame as much as a TransErr of
+    # trans_scale (e^-1): a camera that stayed put measures under 1e-3, a truck of 0.8 units about 0.03
+    # (docs/results.md, "A camera asked to stand still")
+    c.reward.cam.static_parallax = 0.02
     c.reward.cam.sfm = ml_collections.ConfigDict()  # estimator "sfm" (rewards/pose/sfm.py)
     c.reward.cam.sfm.workers = 2  # videos solved at once, one process each
     c.reward.cam.sfm.timeout_s = 120.0  # a video not solved by then is not judged (NaN, retried, then excluded)

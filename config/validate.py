@@ -462,6 +462,8 @@ def validate_camera(config: ml_collections.ConfigDict, conds_per_batch: int) -> 
     check_number(config, "reward.cam.rot_scale_deg", 0, None, low_open=True)
     check_number(config, "reward.cam.trans_scale", 0, None, low_open=True)
     check_number(config, "reward.cam.min_target_translation", 0, None)
+    check_number(config, "reward.cam.static_parallax", 0, None, low_open=True,
+                 why="parallax, in focal lengths, that costs a still target's frame e^-1")
     for field in ("workers", "threads_per_worker"):
         check_int(config, f"reward.cam.sfm.{field}", 1)
     check_int(config, "reward.cam.sfm.min_points3d", 0)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from rewards.cam_score import (
+    SUMMARY_KEYS,
     WORST_ROT_DEG,
     WORST_TRANS,
     CamScore,
@@ -21,6 +22,7 @@ from rewards.cam_score import (
     trajectory_errors,
 )
 from rewards.pose import NOT_SENT, PoseEstimate
+from rewards.pose.landmarks import estimate_video
 from rewards.pose.sfm import SfMEstimator, SfMSettings, combine
 
 
@@ -98,14 +100,125 @@ def test_reference_is_the_first_placed_frame():
     np.testing.assert_allclose(err["trans"][1:], 0.0, atol=1e-9)
 
 
-def test_translation_is_dropped_when_the_target_barely_moves():
+def test_a_target_that_stands_still_judges_translation_by_the_videos_parallax():
     gt = trajectory(step=(0.001, 0, 0), yaw_deg=2.0)  # a pan with a millimetre of drift
     est = trajectory(step=(0.0, 0.0, 1.0), yaw_deg=2.0)  # normalised, the drift's direction would be all error
     err = trajectory_errors(estimate(est), gt, 0.05)
-    assert err["translation"] == "dropped" and np.isnan(err["trans"]).all()
+    # CamI2V's TransErr is undefined without a direction to normalise; the poses' own translation has no scale
+    assert err["translation"] == "parallax_unknown" and np.isnan(err["trans"]).all()
+    s = CamScoreSettings(trans_scale=0.25, static_parallax=0.01)
+    cases = {"still": 0.0, "wandering": 0.01, "far": 1.0, "unmeasured": math.nan}
+    ests = []
+    for parallax in cases.values():
+        e = estimate(est)
+        e.parallax = parallax
+        ests.append(e)
+    scores, d = CamScore(s).score(ests, [gt] * len(cases))
+    # by hand: rotations right, per frame exp(-min(2, 0.25 * parallax / 0.01) / 0.25); not measured: the worst
+    expected = [1.0, math.exp(-1.0), math.exp(-WORST_TRANS / 0.25), math.exp(-WORST_TRANS / 0.25)]
+    np.testing.assert_allclose(scores.numpy(), expected, rtol=1e-5)
+    assert d["translation"] == ["parallax", "parallax", "parallax", "parallax_unknown"]
+    np.testing.assert_allclose(d["static_target_parallax"].numpy(), [0.0, 0.01, 1.0, np.nan])
+    assert torch.isnan(d["trans_err_sum"]).all() and torch.isnan(d["trans_err_placed_mean"]).all()
+    # a target that translates leaves static_target_parallax empty: its eval mean is over still targets only
+    _, moving = CamScore(s).score([estimate(trajectory())], [trajectory()])
+    assert torch.isnan(moving["static_target_parallax"]).all() and moving["translation"] == ["scored"]
+
+
+def cami2v_sums(gt_w2c: np.ndarray, est_w2c: np.ndarray) -> tuple[float, float, float]:
+    """CamI2V's RotErr (in degrees), TransErr and CamMC written out as its evaluation/glomap_evaluation.py `metric`
+    computes them, frame by frame: camera-to-world poses relative to the first (utils/common.py relative_pose
+    "left"), translations divided by their largest norm (normalize_t), errors summed over frames."""
+    def relative_c2w(w2c):
+        c2w = [np.linalg.inv(np.vstack([P, [0, 0, 0, 1]])) for P in w2c]
+        rel = [np.linalg.inv(c2w[0]) @ M for M in c2w]
+        scale = max(np.linalg.norm(M[:3, 3]) for M in rel)
+        return [np.concatenate([M[:3, :3], M[:3, 3:] / scale], 1) for M in rel]
+
+    rot = trans = cammc = 0.0
+    for g, e in zip(relative_c2w(gt_w2c), relative_c2w(est_w2c), strict=True):
+        rot += math.degrees(math.acos(max(-1.0, min(1.0, (np.trace(g[:, :3].T @ e[:, :3]) - 1) / 2))))
+        trans += float(np.linalg.norm(g[:, 3] - e[:, 3]))
+        cammc += float(np.linalg.norm((g - e).ravel()))
+    return rot, trans, cammc
+
+
+def test_cami2v_sums_by_hand():
+    # target: trucks 1, 1, 0 to the right without turning; estimate: twice as far, then 3 forward, turning 10, 0, 30
+    gt = np.stack([w2c_from(np.eye(3), np.array(c, float)) for c in ((0, 0, 0), (1, 0, 0), (2, 0, 0), (2, 0, 0))])
+    est = np.stack([w2c_from(rot_y(y), np.array(c, float))
+                    for y, c in ((0, (0, 0, 0)), (10, (2, 0, 0)), (0, (4, 0, 0)), (30, (4, 0, 3)))])
+    # normalised centres: target / 2 -> x = 0, .5, 1, 1; estimate / 5 -> (0,0,0), (.4,0,0), (.8,0,0), (.8,0,.6)
+    trans = [0.0, 0.1, 0.2, math.sqrt(0.2 ** 2 + 0.6 ** 2)]
+    frob2 = [4 * (1 - math.cos(math.radians(y))) for y in (0, 10, 0, 30)]  # ||R_y - I||_F^2 = 2 (3 - tr R_y)
+    cammc = [math.sqrt(f + t ** 2) for f, t in zip(frob2, trans, strict=True)]
+    _, d = CamScore(CamScoreSettings()).score([estimate(est)], [gt])
+    assert float(d["rot_err_sum"][0]) == pytest.approx(40.0, abs=1e-4)
+    assert float(d["trans_err_sum"][0]) == pytest.approx(sum(trans), rel=1e-6)
+    assert float(d["cammc_sum"][0]) == pytest.approx(sum(cammc), rel=1e-6)
+    assert float(d["rot_err_placed_mean"][0]) == pytest.approx(10.0, abs=1e-4)
+    assert float(d["cammc_placed_mean"][0]) == pytest.approx(sum(cammc) / 4, rel=1e-6)
+    assert float(d["placed_fraction"][0]) == 1.0
+    np.testing.assert_allclose(cami2v_sums(gt, est), (40.0, sum(trans), sum(cammc)), rtol=1e-9)
+
+
+def test_sums_match_cami2v_written_out_on_random_trajectories():
+    rng = np.random.default_rng(1)
+
+    def random_trajectory(F=6):
+        return np.stack([w2c_from(cv2.Rodrigues(rng.normal(size=3) * 0.3)[0], rng.normal(size=3)) for _ in range(F)])
+
+    pairs = [(random_trajectory(), random_trajectory()) for _ in range(5)]
+    _, d = CamScore(CamScoreSettings()).score([estimate(e) for _, e in pairs], [g for g, _ in pairs])
+    for i, (g, e) in enumerate(pairs):
+        expected = cami2v_sums(g, e)
+        got = [float(d[k][i]) for k in ("rot_err_sum", "trans_err_sum", "cammc_sum")]
+        np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+
+def test_a_checkpoint_that_breaks_the_estimator_shows_larger_sums_not_smaller_errors():
+    from recam.infra.runlog import summarise_eval
+
+    gt = trajectory(step=(1.0, 0, 0))
+    good, wrong = estimate(gt), estimate(trajectory(step=(1.0, 0, 0), yaw_deg=5.0))  # 5 deg more turn per frame
     cs = CamScore(CamScoreSettings())
-    scores, _ = cs.score([estimate(est)], [gt])
-    assert float(scores[0]) == pytest.approx(1.0, abs=1e-6)
+
+    def evaluation(second):
+        _, d = cs.score([good, second], [gt, gt])
+        rows = [{f"cam_score/{k}": float(d[k][i]) for k in SUMMARY_KEYS} for i in range(2)]
+        return summarise_eval(rows)
+
+    read_wrong, unreadable = evaluation(wrong), evaluation(PoseEstimate.failed(5, "not_registered", "sfm"))
+    # per placed frame the unreadable video drops out and its checkpoint looks better; the sums do not let it
+    assert unreadable["eval/rot_err_placed_mean"] < read_wrong["eval/rot_err_placed_mean"]
+    assert unreadable["eval/rot_err_sum"] == pytest.approx((0 + 5 * 180.0) / 2, abs=1e-3)
+    assert read_wrong["eval/rot_err_sum"] == pytest.approx((0 + (5 + 10 + 15 + 20)) / 2, abs=1e-3)
+    for key in ("rot_err_sum", "trans_err_sum", "cammc_sum"):
+        assert unreadable[f"eval/{key}"] > read_wrong[f"eval/{key}"], key
+    assert unreadable["eval/placed_fraction"] == 0.5 and read_wrong["eval/placed_fraction"] == 1.0
+
+
+def test_losing_frames_never_lowers_the_rotation_sum():
+    gt = trajectory(step=(1.0, 0, 0))
+    est = trajectory(step=(1.0, 0, 0), yaw_deg=3.0)
+    cs = CamScore(CamScoreSettings())
+    masks = [np.ones(5, bool), np.array([1, 1, 1, 1, 0], bool), np.array([1, 0, 1, 0, 1], bool),
+             np.array([0, 1, 1, 1, 1], bool)]
+    _, d = cs.score([estimate(est, ok=m) for m in masks], [gt] * len(masks))
+    sums = d["rot_err_sum"].numpy()
+    assert (sums[1:] > sums[0]).all() and (d["rot_err_placed_mean"][1:2] < d["rot_err_placed_mean"][0]).all()
+    np.testing.assert_allclose(d["placed_fraction"].numpy(), [1.0, 0.8, 0.6, 0.8])
+
+
+def test_frames_not_sent_count_in_neither_sum_nor_fraction_and_an_unjudged_video_has_no_errors():
+    gt = trajectory(yaw_deg=2.0)
+    ok = np.array([True, False, False, False, True])
+    est = estimate(gt, ok=ok, reasons=[None, NOT_SENT, "not_registered", NOT_SENT, None])
+    down = PoseEstimate.failed(5, "server_error: HTTP 503", "served", unavailable=True)
+    _, d = CamScore(CamScoreSettings()).score([est, down], [gt, gt])
+    assert float(d["placed_fraction"][0]) == pytest.approx(2 / 3)
+    assert float(d["rot_err_sum"][0]) == pytest.approx(WORST_ROT_DEG, abs=1e-3)  # one scored frame unplaced
+    assert all(math.isnan(float(d[k][1])) for k in SUMMARY_KEYS)
 
 
 # ------------------------------------------------------------------------------------------------------ scoring
@@ -118,7 +231,8 @@ def test_score_by_hand_and_the_reference_frame_is_not_counted():
     scores, d = CamScore(s).score([estimate(est)], [gt])
     expected = np.mean([math.exp(-5 * f / 10) for f in range(1, 5)])  # frames 1..4; TransErr 0 (same centres)
     assert float(scores[0]) == pytest.approx(expected, rel=1e-5)
-    assert float(d["rot_err"][0]) == pytest.approx(np.mean([0, 5, 10, 15, 20]), abs=1e-4)
+    assert float(d["rot_err_placed_mean"][0]) == pytest.approx(np.mean([0, 5, 10, 15, 20]), abs=1e-4)
+    assert float(d["rot_err_sum"][0]) == pytest.approx(0 + 5 + 10 + 15 + 20, abs=1e-4)
     assert d["rot_err_per_frame"][0][4] == pytest.approx(20.0, abs=1e-3)
 
 
@@ -139,7 +253,12 @@ def test_failing_never_beats_a_wrong_camera_and_is_counted_not_silent():
     assert float(scores[5]) == pytest.approx(math.exp(-WORST_TRANS / 0.25), rel=1e-4)
     assert d["fail_reason"] == {"not_registered": 5 + 3}
     assert d["frames_ok"].tolist() == [5, 5, 5, 0, 2, 5] and not d["failed"].any()
-    assert torch.isnan(d["rot_err"][3]) and torch.isnan(d["trans_err"][5])
+    assert torch.isnan(d["rot_err_placed_mean"][3]) and torch.isnan(d["trans_err_placed_mean"][5])
+    # the sums count what was not measured at its worst: nothing placed, three frames missing, no translation
+    np.testing.assert_allclose(d["rot_err_sum"][3:].numpy(), [5 * WORST_ROT_DEG, 3 * WORST_ROT_DEG, 0.0], atol=1e-3)
+    np.testing.assert_allclose(d["trans_err_sum"][3:].numpy(), [5 * WORST_TRANS, 3 * WORST_TRANS, 4 * WORST_TRANS],
+                               atol=1e-5)
+    np.testing.assert_allclose(d["placed_fraction"].numpy(), [1, 1, 1, 0, 0.4, 1])
 
 
 def test_an_estimator_that_did_not_answer_gives_nan_with_a_reason():
@@ -158,6 +277,50 @@ def test_frames_not_sent_are_left_out_not_failed():
     est = estimate(gt, ok=ok, reasons=[None, NOT_SENT, None, NOT_SENT, None])
     scores, d = cs.score([est], [gt])
     assert float(scores[0]) == pytest.approx(1.0, abs=1e-6) and d["fail_reason"] == {}
+
+
+def test_rotation_residual_is_translation_over_depth_for_a_rendered_point_cloud():
+    from rewards.pose.sfm_solve import parallax_of_pair, rotation_residuals
+
+    rng = np.random.default_rng(0)
+    points = np.c_[rng.uniform(-1, 1, (200, 2)), np.full(200, 4.0)]  # a wall at depth 4
+    K_ = np.array([[300.0, 0, 160], [0, 300.0, 120], [0, 0, 1]])
+
+    def project(P):
+        x = (points @ P[:, :3].T + P[:, 3]) @ K_.T
+        return x[:, :2] / x[:, 2:]
+
+    first = w2c_from(np.eye(3), np.zeros(3))
+    turned = w2c_from(rot_y(7.0), np.zeros(3))
+    slid = w2c_from(np.eye(3), np.array([0.2, 0.0, 0.0]))
+    offsets = rotation_residuals(project(first), project(turned), first[:, :3], turned[:, :3], K_)
+    np.testing.assert_allclose(offsets, 0.0, atol=1e-9)  # rotation alone explains a camera that turned
+    px, rel = parallax_of_pair(rotation_residuals(project(first), project(slid), first[:, :3], slid[:, :3], K_), K_)
+    assert px == pytest.approx(300 * 0.2 / 4.0) and rel == pytest.approx(0.2 / 4.0)  # f t / Z pixels; t / Z
+    assert parallax_of_pair(np.full((5, 2), [3.0, 4.0]), K_, floor_px=1.5)[1] == pytest.approx(3.5 / 300)
+
+
+@pytest.mark.parametrize("scene_id", [0, 1, 2])
+def test_landmark_world_a_camera_asked_to_stand_still_is_punished_for_moving(scene_id):
+    from recam.domains.camera import world
+
+    scene = world.make_scene(scene_id)
+    K_ = world.default_intrinsics(32)
+
+    def render(kinds, amounts):
+        w2c = world.c2w_to_w2c(world.trajectory_c2w(np.eye(4), kinds, amounts, scene.centre, 8))
+        video = world.render(scene, torch.from_numpy(w2c), K_, 32, 32)
+        frames = ((video.permute(1, 2, 3, 0).numpy() + 1) * 127.5 + 0.5).astype(np.uint8)
+        return w2c, estimate_video(frames, K_.double().numpy(), scene.landmarks, scene.colors)
+
+    still, still_est = render([], [])
+    pan, pan_est = render(["pan"], [math.radians(11)])
+    truck, truck_est = render(["truck"], [0.3])
+    cs = CamScore(CamScoreSettings())
+    scores, d = cs.score([still_est, pan_est, truck_est, truck_est], [still, pan, still, truck])
+    still_ok, pan_ok, truck_vs_still, truck_own = scores.tolist()
+    assert still_ok >= 0.9 and pan_ok >= 0.9, d["static_target_parallax"]  # targets that do not translate
+    assert truck_own - truck_vs_still >= 0.1 and still_ok > truck_vs_still
 
 
 def test_frame_indices_are_even_and_keep_both_ends():

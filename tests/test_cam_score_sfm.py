@@ -26,6 +26,7 @@ from recam.domains.camera.world import c2w_to_w2c, collate_conditions
 from rewards.cam_score import CamScore, CamScoreSettings
 from rewards.pose import to_uint8_frames
 from rewards.pose.sfm import SfMSettings
+from scripts.bench_cam_still import standing_still
 
 ROOT = Path(__file__).resolve().parents[1]
 TRANSLATING = ("orbit", "dolly", "truck", "zoom", "orbit+truck", "orbit+dolly")
@@ -60,7 +61,7 @@ def test_ground_truth_renders_recover_their_camera(sweep):
     reward, cases, estimates = sweep
     scores, d = reward.score(estimates, [c["gt"] for c in cases])
     translating = [i for i, c in enumerate(cases) if c["family"] in TRANSLATING]
-    rot = d["rot_err"].numpy()
+    rot = d["rot_err_placed_mean"].numpy()
     assert np.median(rot[translating]) <= 1.0, rot[translating]
     assert all(estimates[i].method == "sfm" for i in translating), [estimates[i].method for i in translating]
     assert not any(e.unavailable for e in estimates)
@@ -91,6 +92,22 @@ def test_pure_rotation_and_static_cameras_take_the_rotation_only_solve_without_o
             assert worst <= 5.0, (c["family"], c["degradation"], worst)
 
 
+def test_a_camera_asked_to_stand_still_is_punished_for_translating_and_not_for_turning(sweep):
+    """Against its own rotations with the camera held at the first frame's position, every translating render loses
+    at least 0.1 to its own trajectory (the old rule ignored translation there and scored truck 0.998 against
+    0.996); pan, tilt and static renders, whose targets do not translate either, keep 0.9."""
+    reward, cases, estimates = sweep
+    own, _ = reward.score(estimates, [c["gt"] for c in cases])
+    still, d = reward.score(estimates, [standing_still(c["gt"]) for c in cases])
+    for i, c in enumerate(cases):
+        if c["family"] in TRANSLATING:
+            assert d["translation"][i] == "parallax"
+            assert float(own[i]) - float(still[i]) >= 0.1, (c["family"], c["degradation"], float(own[i]),
+                                                             float(still[i]), estimates[i].parallax)
+        else:
+            assert float(still[i]) >= 0.9, (c["family"], c["degradation"], float(still[i]), estimates[i].parallax)
+
+
 # --------------------------------------------------------------------------------------- exported, loaded, trained
 
 
@@ -118,7 +135,7 @@ def test_loaded_scenes_carry_their_intrinsics_and_score_like_the_renders(exporte
     reward = CamScore(CamScoreSettings(estimator="sfm"))
     gt, d = reward(batch["target_video"], batch["conditions"])
     src, _ = reward(batch["source_video"], batch["conditions"])
-    assert (gt > src).all() and float(d["rot_err"].median()) < 1.0
+    assert (gt > src).all() and float(d["rot_err_placed_mean"].median()) < 1.0
 
 
 def test_real_data_preset_trains_with_sfm_cam_score_and_logs_its_details(exported, tmp_path):
@@ -150,7 +167,8 @@ def test_real_data_preset_trains_with_sfm_cam_score_and_logs_its_details(exporte
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     (ref,) = [r for r in records if r["type"] == "reference"]
     # the reward works on this data: ground truth near its ceiling, the source clip (a wrong camera) well below
-    assert ref["ref_target/cam_score"] > 0.9 and ref["ref_target/rot_err"] < 1.0
+    assert ref["ref_target/cam_score"] > 0.9 and ref["ref_target/rot_err_placed_mean"] < 1.0
+    assert ref["ref_target/placed_fraction"] >= 0.9
     assert ref["ref_source/cam_score"] < ref["ref_target/cam_score"] - 0.2
     epochs = [r for r in records if r["type"] == "epoch"]
     assert len(epochs) == 2

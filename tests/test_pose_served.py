@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from recam.infra.reward_runner import RewardServerDown
-from rewards.pose import build_estimator, known_estimators
+from rewards.pose import STILL_TOLERANCE, build_estimator, known_estimators
 from rewards.pose.served import (
     NOT_REGISTERED,
     NOT_SENT,
@@ -282,6 +282,33 @@ def test_answer_round_trips_with_null_frames_and_unsent_frames(server_factory, m
     assert c.video_reason == "no frame placed: no_features"
 
 
+def test_scene_depth_gives_a_scale_free_parallax_that_cam_score_holds_against_a_still_target(server_factory):
+    from rewards.cam_score import CamScore, CamScoreSettings
+
+    still = [np.concatenate([np.eye(3), [[0.0], [0.0], [2.0]]], 1).tolist()] * 4
+    # sideways by 0.1 per frame at a scene depth of 4: pairs 1, 2, 3 frames apart, three, two and one of them
+    truck = [np.concatenate([np.eye(3), [[-0.1 * f], [0.0], [2.0]]], 1).tolist() for f in range(4)]
+    server = server_factory(script={0: [("json", {"poses": still, "scene_depth": 4.0})],
+                                    1: [("json", {"poses": truck, "scene_depth": 4.0})],
+                                    2: [("json", {"poses": truck})]})
+    est_ = estimator(server.url)
+    try:
+        results = est_.estimate([make_video(i, 4) for i in range(3)], [K] * 3, [None] * 3)
+    finally:
+        est_.close()
+    tol = STILL_TOLERANCE  # what two frames may differ by relative to the depth without counting as a move
+    by_hand = (3 * (0.1 / 4 - tol) + 2 * (0.2 / 4 - tol) + (0.3 / 4 - tol)) / 6
+    assert results[0].parallax == 0.0 and results[1].parallax == pytest.approx(by_hand, rel=1e-12)
+    assert math.isnan(results[2].parallax) and results[1].confidence["scene_depth"] == 4.0
+    target = np.stack([np.concatenate([np.eye(3), np.zeros((3, 1))], 1)] * 4)  # a camera asked to stand still
+    own = np.array(truck)
+    scores, d = CamScore(CamScoreSettings()).score(results, [target, target, target])
+    own_score, _ = CamScore(CamScoreSettings()).score(results[1:2], [own])
+    assert float(scores[0]) >= 0.9 and float(own_score[0]) - float(scores[1]) >= 0.1
+    # no scene depth: the still target's translation is unmeasured and scores its worst value
+    assert d["translation"] == ["parallax", "parallax", "parallax_unknown"] and float(scores[2]) < float(scores[1])
+
+
 def test_jpeg_frames_and_no_key_means_no_authorization(server_factory, monkeypatch):
     monkeypatch.delenv("POSE_API_KEY", raising=False)
     server = server_factory()
@@ -446,6 +473,8 @@ def _with(index, pose):
     (("json", _with(2, np.diag([1.0, 1.0, -1.0, 0.0])[:3].tolist())), "rotation block is a reflection"),
     (("json", {"poses": GOOD, "reasons": [None]}), "'reasons' is not a list of 4"),
     (("json", {"poses": GOOD, "confidence": [0.9]}), "'confidence' is not an object"),
+    (("json", {"poses": GOOD, "scene_depth": 0.0}), "'scene_depth' is not a finite number > 0"),
+    (("json", {"poses": GOOD, "scene_depth": "4 m"}), "'scene_depth' is not a finite number > 0"),
 ])
 def test_malformed_answers_are_unavailable_and_not_retried(server_factory, action, what):
     server = server_factory(default=action)

@@ -340,7 +340,7 @@ class RewardDetails:
     """What the rewards of consecutive batches reported besides their scores, in sample order.
 
     numbers: key -> (N,) float32, from every details entry that is a (B,) float tensor in each batch (e.g.
-    "cam_score/rot_err", "cam_score/seconds_extract"); lists: key -> N per-sample values (str, lists, dicts, None),
+    "cam_score/rot_err_sum", "cam_score/seconds_extract"); lists: key -> N per-sample values (str, lists, dicts, None),
     from every (B,) list entry (e.g. "cam_score/method", "cam_score/rot_err_per_frame"); counts: key -> summed
     counts from dict entries of str -> int (e.g. "cam_score/fail_reason" -> {"not_registered": 12})."""
 

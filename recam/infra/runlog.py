@@ -119,7 +119,8 @@ class RunLog:
             return
         self._append({"type": "reference", "step": step, **summary})
         means = " ".join(f"{k} {fmt_or_na(v, '.4f')}" for k, v in summary.items()
-                         if k.endswith(("/reward_avg", "/cam_score", "/rot_err", "/trans_err")))
+                         if k.endswith(("/reward_avg", "/cam_score", "/rot_err_sum", "/trans_err_sum",
+                                        "/placed_fraction")))
         self.detail(f"references: {means}")
 
     def read_eval(self, tag: str) -> dict | None:

@@ -16,6 +16,7 @@ estimated is NaN in `poses`, False in `ok` and has a reason in `reasons`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -45,6 +46,11 @@ class PoseEstimate:
     confidence: numbers that say how far to trust the estimate (registered frames, 3D points, reprojection
         error, disagreement between solves); logged per video.
     seconds: wall time per stage (e.g. {"extract": .., "match": .., "map": ..}); logged per video.
+    parallax: how far the video's camera translated, without a scale: the mean over pairs of placed frames of the
+        shift of scene points that the frames' rotations do not explain (the infinite homography's residual), in
+        units of the focal length, about sideways translation over scene depth. 0 for a camera that only rotated;
+        NaN when the estimator could not measure it. cam_score uses it where poses cannot help: a target that does
+        not translate, against which any translation of the video is error however its scale came out.
     """
 
     poses: np.ndarray
@@ -56,6 +62,7 @@ class PoseEstimate:
     unavailable: bool = False
     confidence: dict[str, float] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    parallax: float = math.nan
 
     @classmethod
     def failed(cls, num_frames: int, reason: str, method: str, unavailable: bool = False,
@@ -68,6 +75,26 @@ class PoseEstimate:
     @property
     def num_frames(self) -> int:
         return len(self.ok)
+
+
+# Translation between two frames, relative to the scene's depth, that is not counted as the camera having moved:
+# PnP's jitter on the synthetic world's 32 px frames, where a camera that only turned otherwise shows up to about
+# this much and a translating one 0.035 more (docs/results.md, "A camera asked to stand still").
+STILL_TOLERANCE = 0.005
+
+
+def centre_parallax(poses: np.ndarray, ok: np.ndarray, scene_depth: float, tolerance: float = STILL_TOLERANCE) -> float:
+    """PoseEstimate.parallax from poses of known scale: the mean over pairs of placed frames of the distance between
+    their camera centres over scene_depth (in the poses' units), less `tolerance`, floored at 0. Sideways, that is
+    the shift of points at that depth in units of the focal length, as SfM measures it from its matches; along the
+    view axis it is more than SfM would see. NaN with fewer than two placed frames. poses (F, 3, 4)
+    world-to-camera, ok (F,) bool."""
+    P = poses[ok]
+    if len(P) < 2:
+        return math.nan
+    centres = -np.einsum("fji,fj->fi", P[:, :, :3], P[:, :, 3])
+    i, j = np.triu_indices(len(P), 1)
+    return float(np.maximum(np.linalg.norm(centres[i] - centres[j], axis=1) / scene_depth - tolerance, 0.0).mean())
 
 
 class PoseEstimator(Protocol):

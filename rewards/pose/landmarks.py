@@ -5,21 +5,31 @@ and the camera pose is solved from the 2D-3D correspondences with OpenCV's PnP (
 refinement). The poses are in the scene's world frame, which is the first source camera's: the landmarks pin it,
 so unlike SfM this estimator sees an absolute trajectory (a mirrored move is a mirrored estimate). Real footage has
 no landmarks: every frame fails with reason "scene_has_too_few_landmarks".
+
+The estimate's `parallax` is rewards.pose.centre_parallax of the PnP poses, with the scene's depth (the median
+depth of its landmarks in the first placed frame) as the scale: the landmarks fix the poses' unit, so translation
+relative to depth is measured directly, along the view axis too, where the landmarks' image shift at 32 px is
+under a pixel.
 """
 
 from __future__ import annotations
 
+import math
 import time
 
 import cv2
 import numpy as np
 
-from rewards.pose import PoseEstimate, register_estimator
+from rewards.pose import PoseEstimate, centre_parallax, register_estimator
 
 MIN_LANDMARKS = 4
 COLOUR_RADIUS = 0.6  # RGB distance (in [0, 1] units) within which a pixel votes for a landmark colour
 MIN_MASS = 0.3  # total vote weight a landmark needs to count as found
 MAX_SPREAD_FRACTION = 0.1  # votes spread wider than this fraction of the frame are not one blob (noise, tint)
+# A blob with this share of its votes on the frame's outermost pixels is cut by the edge: its centroid sits inside
+# the frame of where the landmark projects, which PnP turned into a translation that pans and tilts do not have
+# (docs/results.md, "A camera asked to stand still").
+MAX_BORDER_SHARE = 0.02
 
 
 def find_landmarks(frame: np.ndarray, colors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -27,7 +37,8 @@ def find_landmarks(frame: np.ndarray, colors: np.ndarray) -> tuple[np.ndarray, n
 
     frame (H, W, 3) in [0, 1]; colors (L, 3). Each pixel votes for the landmark colour it is nearest to, with
     weight (1 - d / COLOUR_RADIUS)^2 for RGB distance d; a blob's votes are symmetric about its centre, so
-    the weighted centroid is an unbiased estimate of where the landmark projects.
+    the weighted centroid is an unbiased estimate of where the landmark projects, unless the frame's edge cuts the
+    blob (MAX_BORDER_SHARE): such a landmark is not found.
     Returns uv (L, 2) (u = column, v = row; NaN where not found) and found (L,) bool.
     """
     h, w, _ = frame.shape
@@ -41,7 +52,8 @@ def find_landmarks(frame: np.ndarray, colors: np.ndarray) -> tuple[np.ndarray, n
     u_c = (weight * uu[..., None]).sum((0, 1)) / safe
     v_c = (weight * vv[..., None]).sum((0, 1)) / safe
     spread = np.sqrt((weight * ((uu[..., None] - u_c) ** 2 + (vv[..., None] - v_c) ** 2)).sum((0, 1)) / safe)
-    found = (mass >= MIN_MASS) & (spread <= MAX_SPREAD_FRACTION * max(h, w))
+    border = weight[[0, -1]].sum((0, 1)) + weight[1:-1][:, [0, -1]].sum((0, 1))
+    found = (mass >= MIN_MASS) & (spread <= MAX_SPREAD_FRACTION * max(h, w)) & (border <= MAX_BORDER_SHARE * mass)
     uv = np.stack([u_c, v_c], -1)
     uv[~found] = np.nan
     return uv, found
@@ -79,11 +91,15 @@ def estimate_video(frames: np.ndarray, K: np.ndarray, landmarks: np.ndarray, col
         reasons.append(reason)
         if pose is not None:
             poses[f], ok[f] = pose, True
+    parallax = math.nan
+    if ok.any():
+        ref = poses[np.flatnonzero(ok)[0]]
+        parallax = centre_parallax(poses, ok, float(np.median((landmarks @ ref[:, :3].T + ref[:, 3])[:, 2])))
     return PoseEstimate(poses=poses, ok=ok, reasons=reasons, method="landmarks",
                         video_reason=None if ok.any() else "no_frame_estimated",
                         confidence={"landmarks_found_mean": float(np.mean(found_counts)),
-                                    "frames_ok": float(ok.sum())},
-                        seconds={"pnp": time.perf_counter() - start})
+                                    "frames_ok": float(ok.sum()), "parallax": parallax},
+                        seconds={"pnp": time.perf_counter() - start}, parallax=parallax)
 
 
 class LandmarkEstimator:

@@ -28,7 +28,9 @@ Answer, HTTP 200 (any 2xx) with a JSON object:
     {
       "poses": [ [[r00, r01, r02, t0], [r10, r11, r12, t1], [r20, r21, r22, t2]] or null, ... ],
       "reasons": [ null or "why", ... ],   # optional; why a frame has a null pose
-      "confidence": {"name": number, ...}  # optional; logged with the video
+      "confidence": {"name": number, ...}, # optional; logged with the video
+      "scene_depth": number                # optional; median depth of the scene in front of the first sent
+                                           # camera, in the poses' units (a learned estimator has a depth map)
     }
 
   - "poses" has exactly one entry per sent frame, in the order sent. Each is a 3x4 world-to-camera matrix [R|t]
@@ -40,6 +42,11 @@ Answer, HTTP 200 (any 2xx) with a JSON object:
   - R must be a rotation: max |R^T R - I| <= 1e-3 and det R > 0. Within that tolerance it is replaced by the
     nearest rotation (so small float32 round-off does not reach cam_score's angles); t is kept as sent.
   - "confidence" values that are not numbers are dropped; "frames_sent" is set by the client.
+  - "scene_depth", when present, must be a finite number > 0. It is the only scale the poses can be read against:
+    the estimate's `parallax` is rewards.pose.centre_parallax, the mean over pairs of placed frames of
+    |c_i - c_j| / scene_depth (c the camera centres) beyond rewards.pose.STILL_TOLERANCE. cam_score needs it only
+    for a target that does not translate; without it the video's translation there is unmeasured and scores its
+    worst value (cam_score's rule for every term it cannot measure), so a server should send it.
 
     GET {base_url}/health  ->  any 2xx when the estimator is ready to answer.
 
@@ -93,7 +100,7 @@ import numpy as np
 from PIL import Image
 
 from recam.infra.reward_runner import RewardServerDown
-from rewards.pose import NOT_SENT, PoseEstimate, register_estimator
+from rewards.pose import NOT_SENT, PoseEstimate, centre_parallax, register_estimator
 
 METHOD = "served"
 NOT_REGISTERED = "not_registered"
@@ -361,6 +368,9 @@ def parse_answer(resp: httpx.Response, indices: list[int], num_frames: int,
     elif not (isinstance(server_reasons, list) and len(server_reasons) == n
               and all(r is None or isinstance(r, str) for r in server_reasons)):
         raise MalformedAnswer(f"'reasons' is not a list of {n} strings or nulls")
+    scene_depth = answer.get("scene_depth")
+    if scene_depth is not None and not (_is_number(scene_depth) and math.isfinite(scene_depth) and scene_depth > 0):
+        raise MalformedAnswer(f"'scene_depth' is not a finite number > 0 (got {_short(repr(scene_depth), 40)})")
     server_confidence = answer.get("confidence")
     if server_confidence is None:
         server_confidence = {}
@@ -384,8 +394,12 @@ def parse_answer(resp: httpx.Response, indices: list[int], num_frames: int,
         # The estimator looked and placed nothing: a judged video, scored at cam_score's floor.
         common = Counter(reasons[i] for i in indices).most_common(1)[0][0]
         video_reason = f"no frame placed: {common}"
+    parallax = math.nan if scene_depth is None else centre_parallax(out, ok, float(scene_depth))
+    if scene_depth is not None:
+        confidence["scene_depth"], confidence["parallax"] = float(scene_depth), parallax
     return PoseEstimate(poses=out, ok=ok, reasons=reasons, method=METHOD, has_translation=True,
-                        video_reason=video_reason, unavailable=False, confidence=confidence, seconds=seconds)
+                        video_reason=video_reason, unavailable=False, confidence=confidence, seconds=seconds,
+                        parallax=parallax)
 
 
 # ----------------------------------------------------------------------------------------------------

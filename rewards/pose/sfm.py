@@ -11,7 +11,9 @@ Per video, in a worker process of its own:
      baseline to triangulate from, and the full solve then registers few frames or flips them;
   4. the parallax test: how far the matched keypoints of each verified pair land from where the rotation-only
      solve's infinite homography K R_j R_i^T K^-1 sends them. A camera that only rotated explains its matches to
-     within a pixel or two; any translation (relative to the scene's depth) leaves parallax;
+     within a pixel or two; any translation (relative to the scene's depth) leaves parallax. The mean over pairs
+     of each pair's median residual, in units of the focal length, is the estimate's `parallax`: what cam_score
+     holds against a target that does not translate, since SfM's translations have no scale to compare;
   5. with parallax, the full global solve (GLOMAP: rotation averaging, global positioning, bundle adjustment),
      focal length and principal point held fixed. Without parallax it is skipped: it would not be used.
 
@@ -123,7 +125,8 @@ def combine(result: dict, num_frames: int, settings: SfMSettings) -> PoseEstimat
     confidence = {"features": result["features"], "verified_pairs": float(result["pairs"]),
                   "registered_full": float(len(full)), "registered_rotation": float(len(rotation)),
                   "points3d": float(result["points3d"]), "reproj_px": result["reproj_px"],
-                  "rotation_residual_px": residual, "disagreement_deg": disagreement}
+                  "rotation_residual_px": residual, "disagreement_deg": disagreement,
+                  "parallax": result.get("parallax", math.nan)}
     seconds = dict(result["seconds"])
     full_ok = (len(full) >= need and result["points3d"] >= settings.min_points3d
                and result["reproj_px"] <= settings.max_reproj_px
@@ -144,7 +147,7 @@ def combine(result: dict, num_frames: int, settings: SfMSettings) -> PoseEstimat
         method, has_translation = "sfm_rotation_only", not parallax
     reasons = [None if ok[f] else "not_registered" for f in range(num_frames)]
     return PoseEstimate(poses=poses, ok=ok, reasons=reasons, method=method, has_translation=has_translation,
-                        confidence=confidence, seconds=seconds)
+                        confidence=confidence, seconds=seconds, parallax=result.get("parallax", math.nan))
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -41,9 +41,30 @@ def _poses(reconstructions) -> tuple[dict[int, np.ndarray], int, float]:
     return poses, int(rec.num_points3D()), float(err)
 
 
-def _rotation_residual_px(db_path: Path, rotations: dict[int, np.ndarray], K: np.ndarray) -> float:
-    """Median over verified pairs of the median distance (px) between matched keypoints and where the rotations'
-    infinite homography sends them; NaN when no pair of registered frames has inlier matches."""
+def rotation_residuals(x1: np.ndarray, x2: np.ndarray, R1: np.ndarray, R2: np.ndarray, K: np.ndarray) -> np.ndarray:
+    """(N, 2) pixel offsets of points x2 (N, 2) in a frame with world-to-camera rotation R2 from where the infinite
+    homography K R2 R1^T K^-1 sends their matches x1 (N, 2) in a frame with rotation R1. A camera that only rotated
+    leaves offsets of localisation noise; a camera that translated leaves parallax (translation over depth)."""
+    H = K @ R2 @ R1.T @ np.linalg.inv(K)
+    p = np.c_[x1, np.ones(len(x1))] @ H.T
+    return x2 - p[:, :2] / p[:, 2:]
+
+
+def parallax_of_pair(offsets: np.ndarray, K: np.ndarray, floor_px: float = 0.0) -> tuple[float, float]:
+    """A pair's median rotation residual in pixels, and what of it exceeds floor_px (the matches' localisation
+    noise, which is in pixels whatever the resolution) in units of the focal length: the angle by which rotation
+    fails to explain the matches, about the sideways translation over the scene's depth, which does not change with
+    the resolution the frames were seen at. offsets (N, 2) from rotation_residuals."""
+    px = float(np.median(np.linalg.norm(offsets, axis=1)))
+    return px, max(0.0, px - floor_px) / float(np.sqrt(K[0, 0] * K[1, 1]))
+
+
+def _rotation_residual_px(db_path: Path, rotations: dict[int, np.ndarray], K: np.ndarray,
+                          floor_px: float) -> tuple[float, float]:
+    """Over the verified pairs of frames the rotations place: the median of the pairs' median rotation residual in
+    pixels (the parallax test) and the mean of their parallax beyond floor_px in units of the focal length
+    (parallax_of_pair; cam_score's measure of how far the camera wandered: a mean, so that a camera that stays put
+    and then jumps is not outvoted by its still pairs). NaN, NaN when no pair has inlier matches."""
     import pycolmap
 
     db = pycolmap.Database.open(str(db_path))
@@ -51,22 +72,23 @@ def _rotation_residual_px(db_path: Path, rotations: dict[int, np.ndarray], K: np
         index = {im.image_id: int(Path(im.name).stem) for im in db.read_all_images()}
         keypoints = {iid: db.read_keypoints(iid)[:, :2] for iid in index}
         pairs, geometries = db.read_two_view_geometries()
-        residuals = []
-        K_inv = np.linalg.inv(K)
+        residuals, parallaxes = [], []
         for pair_id, geom in zip(pairs, geometries, strict=True):
             id1, id2 = pycolmap.pair_id_to_image_pair(pair_id)
             f1, f2 = index.get(id1), index.get(id2)
             matches = geom.inlier_matches
             if f1 not in rotations or f2 not in rotations or len(matches) < 8:
                 continue
-            H = K @ rotations[f2] @ rotations[f1].T @ K_inv
-            x1 = np.c_[keypoints[id1][matches[:, 0]], np.ones(len(matches))]
-            x2 = keypoints[id2][matches[:, 1]]
-            p = x1 @ H.T
-            residuals.append(float(np.median(np.linalg.norm(p[:, :2] / p[:, 2:] - x2, axis=1))))
+            offsets = rotation_residuals(keypoints[id1][matches[:, 0]], keypoints[id2][matches[:, 1]],
+                                         rotations[f1], rotations[f2], K)
+            px, rel = parallax_of_pair(offsets, K, floor_px)
+            residuals.append(px)
+            parallaxes.append(rel)
     finally:
         db.close()
-    return float(np.median(residuals)) if residuals else math.nan
+    if not residuals:
+        return math.nan, math.nan
+    return float(np.median(residuals)), float(np.mean(parallaxes))
 
 
 def solve(workdir: str | Path, K: np.ndarray, threads: int = 1, max_features: int = 4096,
@@ -75,8 +97,9 @@ def solve(workdir: str | Path, K: np.ndarray, threads: int = 1, max_features: in
     convention.
 
     Returns plain data (it crosses a process boundary): "full" {frame: (3, 4)}, "rotation" {frame: (3, 3)},
-    "points3d", "reproj_px", "residual_px", "features" (mean keypoints per frame), "pairs" (verified pairs),
-    "seconds" per stage.
+    "points3d", "reproj_px", "residual_px" (the parallax test's pixels), "parallax" (the mean rotation residual
+    beyond parallax_px, in units of the focal length: _rotation_residual_px), "features" (mean keypoints per
+    frame), "pairs" (verified pairs), "seconds" per stage.
     """
     pycolmap = _quiet_pycolmap()
     workdir = Path(workdir)
@@ -129,7 +152,7 @@ def solve(workdir: str | Path, K: np.ndarray, threads: int = 1, max_features: in
 
     full, points3d, reproj = {}, 0, math.nan
     rotation: dict[int, np.ndarray] = {}
-    residual = math.nan
+    residual = parallax = math.nan
     if pairs:
         t = time.perf_counter()
         (workdir / "rotation").mkdir(exist_ok=True)
@@ -137,7 +160,10 @@ def solve(workdir: str | Path, K: np.ndarray, threads: int = 1, max_features: in
         rotation = {f: P[:, :3] for f, P in rot_poses.items() if np.isfinite(P[:, :3]).all()}
         seconds["rotation"] = time.perf_counter() - t
         t = time.perf_counter()
-        residual = _rotation_residual_px(db_path, rotation, colmap_K) if rotation else math.nan
+        # The parallax test's threshold is also the floor of the measured parallax: below it SfM calls the camera
+        # still (sfm.combine), and noisy frames leave 1.5 px there on a camera that did not move (docs/results.md)
+        residual, parallax = (_rotation_residual_px(db_path, rotation, colmap_K, parallax_px) if rotation
+                              else (math.nan, math.nan))
         seconds["parallax"] = time.perf_counter() - t
         # A camera that only rotated has nothing to triangulate: the full solve would spend seconds to register
         # few frames or flip them, and its answer would not be used (sfm.combine).
@@ -148,7 +174,7 @@ def solve(workdir: str | Path, K: np.ndarray, threads: int = 1, max_features: in
                                                                     mapping_options(False)))
             seconds["map"] = time.perf_counter() - t
     return {"full": full, "rotation": rotation, "points3d": points3d, "reproj_px": reproj, "residual_px": residual,
-            "features": features, "pairs": pairs, "seconds": seconds}
+            "parallax": parallax, "features": features, "pairs": pairs, "seconds": seconds}
 
 
 def _to_json(result: dict) -> dict:
@@ -163,8 +189,8 @@ def from_json(data: dict) -> dict:
     out = dict(data)
     out["full"] = {int(f): np.asarray(P, np.float64) for f, P in data["full"].items()}
     out["rotation"] = {int(f): np.asarray(R, np.float64) for f, R in data["rotation"].items()}
-    for key in ("reproj_px", "residual_px"):
-        out[key] = math.nan if data[key] is None else float(data[key])
+    for key in ("reproj_px", "residual_px", "parallax"):
+        out[key] = math.nan if data.get(key) is None else float(data[key])
     return out
 
 
@@ -173,7 +199,7 @@ def main(workdir: str) -> None:
     job = json.loads((workdir / "job.json").read_text())
     result = solve(workdir, np.asarray(job["K"], np.float64), int(job["threads"]), int(job["max_features"]),
                    float(job["parallax_px"]))
-    for key in ("reproj_px", "residual_px"):  # JSON has no NaN
+    for key in ("reproj_px", "residual_px", "parallax"):  # JSON has no NaN
         result[key] = None if not math.isfinite(result[key]) else result[key]
     (workdir / "result.json.tmp").write_text(json.dumps(_to_json(result)))
     (workdir / "result.json.tmp").rename(workdir / "result.json")
