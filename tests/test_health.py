@@ -118,6 +118,34 @@ def test_one_reward_term_traded_away_is_critical():
     assert health.diagnose_step(b[-1], b[:-1]) == []
 
 
+def test_a_term_near_its_floor_losing_most_of_itself_by_chance_is_not_a_collapse():
+    """The smoke run's first two epochs after cam_score judged still targets by parallax: cam_score 0.0269 then
+    0.0003 over 8 samples each, a 99% drop well inside the two means' noise; the guard rolled it back."""
+    import numpy as np
+
+    first = [0.2, 0.0, 0.0, 0.015, 0.0, 0.0, 0.0, 0.0]
+    second = [0.0024, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    records = [{"rewards/cam_score": v, "rewards/avg": v, "excluded": [False] * 8} for v in (first, second)]
+    sems = [health.term_standard_errors(r) for r in records]
+    for sem, values in zip(sems, (first, second), strict=True):  # against numpy's sample std / sqrt(n)
+        assert sem["reward_cam_score"] == pytest.approx(np.std(values, ddof=1) / math.sqrt(8))
+        assert set(sem) == {"reward_cam_score"}
+    steps = [healthy(e + 1, reward_cam_score=float(np.mean(v)), term_sem=sem)
+             for e, (v, sem) in enumerate(zip((first, second), sems, strict=True))]
+    assert "reward_term_collapse" not in rules(health.diagnose_step(steps[1], steps[:1]))
+    # without the standard errors (a log that predates them) the relative rule alone judges, as before
+    bare = [{k: v for k, v in st.items() if k != "term_sem"} for st in steps]
+    assert "reward_term_collapse" in rules(health.diagnose_step(bare[1], bare[:1]))
+    # a drop far beyond its noise is still a collapse
+    tight = [healthy(e + 1, reward_cam_score=c, term_sem={"reward_cam_score": 0.002}) for e, c in
+             enumerate([0.12, 0.02])]
+    assert "reward_term_collapse" in rules(health.diagnose_step(tight[1], tight[:1]))
+    # excluded samples and failed (NaN) rewards are left out of the standard error
+    r = {"rewards/cam_score": [0.1, 0.3, float("nan"), 5.0], "excluded": [False, False, False, True]}
+    expected = np.std([0.1, 0.3], ddof=1) / math.sqrt(2)
+    assert health.term_standard_errors(r)["reward_cam_score"] == pytest.approx(expected)
+
+
 def _epoch(e, step, reward, zero_std=0.0625, rewards=None):
     return {"type": "epoch", "epoch": e, "step": step, "reward_avg": reward, "zero_std_ratio": zero_std,
             "first_step_ratio_deviation": 1e-5,

@@ -68,6 +68,7 @@ class Thresholds:
     zero_std_warn: float = 0.5
     reward_drop: float = 0.5  # fraction of the earlier best the mean reward may lose
     reward_term_drop: float = 0.75  # the same for one reward term, whose epoch mean is noisier (seen: -51% by chance)
+    reward_term_noise: float = 3.0  # ... and by more than this many standard errors of the two epoch means
     reward_std_floor: float = 1e-8
     first_ratio_warn: float = 1e-2
     first_ratio_critical: float = 0.5
@@ -300,10 +301,28 @@ SAMPLE_RULES = frozenset({"reward_collapse", "reward_term_collapse"})
 
 
 
+def term_standard_errors(record: dict) -> dict[str, float]:
+    """reward_<name> -> the standard error of that term's epoch mean, from the record's per-sample rewards
+    (rewards/<name>, excluded samples and failed rewards (NaN) left out)."""
+    excluded = record.get("excluded")
+    out = {}
+    for key, values in record.items():
+        if not key.startswith("rewards/") or key == "rewards/avg" or not isinstance(values, list):
+            continue
+        x = [float(v) for i, v in enumerate(values) if isinstance(v, (int, float)) and math.isfinite(v)
+             and not (excluded and i < len(excluded) and excluded[i])]
+        if len(x) >= 2:
+            mean = sum(x) / len(x)
+            out[f"reward_{key[len('rewards/'):]}"] = math.sqrt(sum((v - mean) ** 2 for v in x) / (len(x) - 1) / len(x))
+    return out
+
+
 def rule_reward_term(m: dict, history, th: Thresholds, run_dir: str) -> list[Finding]:
     """One reward term (reward_<key>) falling far below its best while the weighted average may still hold:
     the policy is buying the other terms with it. Terms that were ever negative are skipped: a zero-centred
-    score (a learned critic's) has no meaningful relative drop."""
+    score (a learned critic's) has no meaningful relative drop. When the epochs carry their terms' standard errors
+    (m["term_sem"], term_standard_errors), the drop must also exceed th.reward_term_noise of them: a term near its
+    floor (a tiny base's cam_score, 0.03 over 8 samples) can lose most of itself by chance."""
     for k in m:
         if not k.startswith("reward_") or k == "reward_avg" or k in REWARD_BOOKKEEPING or not _ok(cur := _num(m, k)):
             continue
@@ -311,7 +330,11 @@ def rule_reward_term(m: dict, history, th: Thresholds, run_dir: str) -> list[Fin
         if not earlier or min(earlier + [cur]) < 0:
             continue
         best = max(earlier)
-        if best > 0 and best - cur > th.reward_term_drop * best:
+        sem_best = next((_sem(h, k) for h in history if _num(h, k) == best), None)
+        sem_cur = _sem(m, k)
+        noise = (th.reward_term_noise * math.hypot(sem_best, sem_cur)
+                 if sem_best is not None and sem_cur is not None else 0.0)
+        if best > 0 and best - cur > th.reward_term_drop * best and best - cur > noise:
             return [Finding("reward_term_collapse", "critical",
                             {**_where(m), "term": k, k: cur, f"best_{k}": best, "drop": (best - cur) / best},
                             f"The reward term {k} fell to {cur:.4g} from its best {best:.4g} "
@@ -319,6 +342,12 @@ def rule_reward_term(m: dict, history, th: Thresholds, run_dir: str) -> list[Fin
                             [_rollback(run_dir), "lower `train.learning_rate`; raise `train.beta`",
                              f"raise `reward.weights.{k[len('reward_'):]}` relative to the other weights"])]
     return []
+
+
+def _sem(metrics: dict, key: str) -> float | None:
+    sems = metrics.get("term_sem")
+    value = sems.get(key) if isinstance(sems, dict) else None
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
 def rule_first_step_ratio(m: dict, history, th: Thresholds, run_dir: str) -> list[Finding]:

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from recam.engine.advantages import broadcast_over_timesteps, nonzero_group_mask
 from recam.engine.containers import EpochResult, Groups, Rollouts, Scores, StepStats
-from recam.engine.health import SAMPLE_RULES, Finding, diagnose_step
+from recam.engine.health import SAMPLE_RULES, Finding, diagnose_step, term_standard_errors
 from recam.engine.hooks import ConstraintHook, FaultInjectionHook
 from recam.engine.noise_subspace import SubspaceNoise
 from recam.engine.objective import OBJECTIVES, MicroBatch, known_objectives, objective_needs
@@ -235,7 +235,7 @@ class GRPOTrainer:
             groups = self.advantages(rollouts, scores)               # 3. gather, group-relative advantages
             record = self.epoch_record(rollouts, scores, groups)
             signal = {"zero_std_ratio": record["zero_std_ratio"],    # the guard's reward rules compare epochs
-                      **reward_terms(record, include_avg=True)}
+                      **reward_terms(record, include_avg=True), "term_sem": term_standard_errors(record)}
             t_update = time.time()
             result = self.update(rollouts, groups, signal)          # 4. clipped-ratio policy updates with KL
             record["old_policy_decay"] = self.update_old_policy()
