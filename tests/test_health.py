@@ -118,6 +118,21 @@ def test_one_reward_term_traded_away_is_critical():
     assert health.diagnose_step(b[-1], b[:-1]) == []
 
 
+def test_a_mean_reward_reweighted_by_a_constraint_is_not_compared_across_weights():
+    """tiny_cpu+flow_grpo_fast seed 2 in the bench: fidelity's Lagrange multiplier fell from 1.5 to about 0.09, so
+    reward_avg went 0.142 -> 0.059 while cam_score (0.056 -> 0.039) and fidelity (0.236 -> 0.256) held; the guard
+    called it a collapse and rolled back. Recomputed by hand: (0.0393 + 0.091 x 0.2557) / 1.091 = 0.0573."""
+    assert (0.0393 + 0.091 * 0.2557) / 1.091 == pytest.approx(0.0573, abs=1e-4)
+    before = healthy(3, mean_reward=None, reward_avg=0.1419, reward_cam_score=0.0564, reward_fidelity=0.2360,
+                     constraint_weight=1.5)
+    after = healthy(4, mean_reward=None, reward_avg=0.0589, reward_cam_score=0.0393, reward_fidelity=0.2557,
+                    constraint_weight=0.091)
+    assert "reward_collapse" not in rules(health.diagnose_step(after, [before]))
+    # the same drop under the same weights is a collapse
+    same = {**after, "constraint_weight": 1.5}
+    assert "reward_collapse" in rules(health.diagnose_step(same, [before]))
+
+
 def test_a_term_near_its_floor_losing_most_of_itself_by_chance_is_not_a_collapse():
     """The smoke run's first two epochs after cam_score judged still targets by parallax: cam_score 0.0269 then
     0.0003 over 8 samples each, a 99% drop well inside the two means' noise; the guard rolled it back."""

@@ -282,7 +282,10 @@ def rule_reward(m: dict, history, th: Thresholds, run_dir: str) -> list[Finding]
                            f"The reward std over all samples is {std:.3g}: every sample scores the same, so the "
                            "generator has collapsed to one output or the reward saturated.", actions))
     cur = _reward_of(m)
-    earlier = [x for h in history if _ok(x := _reward_of(h))]
+    # under reward.constraint the mean reward's weights move every epoch (a Lagrange multiplier), so it is only
+    # compared with epochs weighted alike; each term is still judged on its own (rule_reward_term)
+    weight = m.get("constraint_weight")
+    earlier = [x for h in history if _ok(x := _reward_of(h)) and h.get("constraint_weight") == weight]
     if _ok(cur) and earlier:
         best = max(earlier)
         if best - cur > th.reward_drop * abs(best) and best != 0:

@@ -235,7 +235,8 @@ class GRPOTrainer:
             groups = self.advantages(rollouts, scores)               # 3. gather, group-relative advantages
             record = self.epoch_record(rollouts, scores, groups)
             signal = {"zero_std_ratio": record["zero_std_ratio"],    # the guard's reward rules compare epochs
-                      **reward_terms(record, include_avg=True), "term_sem": term_standard_errors(record)}
+                      **reward_terms(record, include_avg=True), "term_sem": term_standard_errors(record),
+                      "constraint_weight": record.get("constraint_weight")}
             t_update = time.time()
             result = self.update(rollouts, groups, signal)          # 4. clipped-ratio policy updates with KL
             record["old_policy_decay"] = self.update_old_policy()
