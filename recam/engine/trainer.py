@@ -922,9 +922,7 @@ class GRPOTrainer:
             return None
         t = self.config.train
         decay = old_policy_decay_at(self.global_step, t.old_policy_decay, t.old_policy_decay_ramp)
-        old = self.old_policy_tensors()
-        live = dict(self.model.named_parameters())
-        blend_into(list(old.values()), [live[n].detach() for n in old], decay)
+        blend_into(list(self.old_policy_tensors().values()), list(self.trainable(self.model).values()), decay)
         return decay
 
     def load_old_policy(self, ckpt: Checkpoint) -> None:
