@@ -34,7 +34,6 @@ import argparse
 import contextlib
 import copy
 import json
-import math
 import platform
 import statistics
 import subprocess
@@ -50,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from recam.infra.stats import mean_interval  # noqa: E402
+from recam.infra.stats import paired_change  # noqa: E402
 
 # Sizes per mode. "full": the real workload; "tiny": the same code paths at sizes a 2-core CPU runs in seconds.
 SIZES = {
@@ -419,10 +418,7 @@ SCORES = {"tiny_gpu": ("eval/cam_score", "eval/cam_score"),
 
 def paired_gain(before: list, after: list) -> tuple[float, float, int]:
     """Mean of after - before over the conditions both scored, its 95% t half-width, and how many conditions."""
-    diffs = [a - b for b, a in zip(before, after, strict=True)
-             if b is not None and a is not None and math.isfinite(b) and math.isfinite(a)]
-    mean, half = mean_interval(diffs)
-    return mean, half, len(diffs)
+    return paired_change(before, after)
 
 
 def run_preset(preset: str, seconds: float, overrides: tuple[str, ...], run_dir: Path, cap: float) -> dict:

@@ -41,9 +41,15 @@ from recam.engine.trainer import GRPOTrainer, step_sample_weights, trajectory_id
 from recam.infra.stats import t975  # noqa: E402
 from scripts.at_base import trainer_at_base  # noqa: E402
 
-config_flags.DEFINE_config_file("config", "config/grpo.py:motion_tiny_cpu", "preset (config/grpo.py:<name>[+method])")
-flags.DEFINE_integer("repeats", 6, "independent epochs sampled at the base (>= 2)")
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """The command line's flags, defined when this file runs as the script (scripts/base_report.py imports the
+    measurement and defines its own)."""
+    config_flags.DEFINE_config_file("config", "config/grpo.py:motion_tiny_cpu",
+                                    "preset (config/grpo.py:<name>[+method])")
+    flags.DEFINE_integer("repeats", 6, "independent epochs sampled at the base (>= 2)")
 
 
 def agreement(grads: torch.Tensor) -> dict:
@@ -143,4 +149,5 @@ def main(_):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

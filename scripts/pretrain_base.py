@@ -210,6 +210,23 @@ def lr_at(step: int, total: int, base_lr: float, warmup: int, final_fraction: fl
     return base_lr * (final_fraction + (1 - final_fraction) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def init_provenance(folder: Path | None) -> dict | None:
+    """What a continued run starts from: the folder, its command and the optimizer steps behind it."""
+    if folder is None:
+        return None
+    prov_file = Path(folder) / "provenance.json"
+    try:
+        prov = json.loads(prov_file.read_text())
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"--init-from {folder}: cannot read {prov_file} ({err}); a base without provenance "
+                         "cannot say what budget it had") from None
+    steps = prov.get("total_steps", prov.get("args", {}).get("steps"))
+    if not isinstance(steps, int):
+        raise SystemExit(f"--init-from {folder}: {prov_file} records no step count")
+    return {"folder": str(folder), "command": prov.get("command"), "total_steps": steps,
+            "git_commit": prov.get("git_commit")}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, required=True, help="output folder (weights, config, provenance)")
@@ -231,6 +248,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="batch-8 forward / forward+backward repeats timed at the end (0: skip timing)")
     p.add_argument("--num-layers", type=int, default=None,
                    help="override tiny_config()'s number of DiT blocks (default: keep it)")
+    p.add_argument("--init-from", type=Path, default=None,
+                   help="continue from this base folder's weights (a longer budget in stages); its sizes win over "
+                        "--num-layers, and provenance records it with the steps it had")
     p.add_argument("--keep-eval-checkpoints", action="store_true",
                    help="also save the model at every evaluation under <out>/eval_step_<N>/")
     args = p.parse_args(argv)
@@ -263,10 +283,14 @@ def main(argv: list[str] | None = None) -> dict:
     train = stack_batch(train_conditions)
     n_train = train["target_video"].shape[0]
 
-    config = tiny_config()
-    if args.num_layers is not None:
-        config["num_layers"] = args.num_layers
-    model = ReCamTransformer3DModel(**config)
+    init = init_provenance(args.init_from)
+    if args.init_from is not None:
+        model = ReCamTransformer3DModel.from_pretrained(args.init_from)
+    else:
+        config = tiny_config()
+        if args.num_layers is not None:
+            config["num_layers"] = args.num_layers
+        model = ReCamTransformer3DModel(**config)
     model.train()
     num_params = sum(p.numel() for p in model.parameters())
     print(f"ReCam-Tiny parameters: {num_params}")
@@ -319,6 +343,9 @@ def main(argv: list[str] | None = None) -> dict:
         "git_commit": git_commit(),
         "wall_time_s": time.time() - t_start,
         "num_parameters": num_params,
+        # a staged budget: the weights this run started from, and every optimizer step behind the result
+        "init_from": init,
+        "total_steps": args.steps + (init["total_steps"] if init else 0),
         # the sample shape the base learned (config/validate.py refuses synthetic data of another size)
         "trained_sample": {"num_frames": train_world.num_frames, "size": train_world.size},
         "num_train_conditions_used": len(train_conditions),

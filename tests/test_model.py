@@ -340,3 +340,24 @@ def test_pretrain_script_smoke(tmp_path):
     assert saved["final_eval"]["mse_to_ground_truth"] > 0
     assert provenance["final_train_loss"] == saved["final_train_loss"]
     ReCamTransformer3DModel.from_pretrained(out)
+
+
+def test_pretrain_continues_from_a_base_and_counts_its_steps(tmp_path):
+    """--init-from: the run starts at the base's weights (a vanishing learning rate leaves them there) and its
+    provenance adds the base's optimizer steps; a base without provenance is refused by name."""
+    pretrain = _load_pretrain_script()
+    common = ["--batch-size", "2", "--num-train-conditions", "4", "--num-eval-conditions", "2", "--eval-every", "1",
+              "--eval-ode-steps", "2", "--timing-repeats", "0"]
+    pretrain.main(["--out", str(tmp_path / "a"), "--steps", "2", *common])
+    saved = pretrain.main(["--out", str(tmp_path / "b"), "--steps", "1", "--lr", "1e-12", "--init-from",
+                           str(tmp_path / "a"), *common])
+    assert saved["total_steps"] == 3 and saved["init_from"]["total_steps"] == 2
+    assert saved["init_from"]["folder"] == str(tmp_path / "a") and "--steps 2" in saved["init_from"]["command"]
+    a = ReCamTransformer3DModel.from_pretrained(tmp_path / "a").state_dict()
+    b = ReCamTransformer3DModel.from_pretrained(tmp_path / "b").state_dict()
+    assert all(torch.allclose(a[k], b[k], atol=1e-8) for k in a)
+    again = pretrain.main(["--out", str(tmp_path / "c"), "--steps", "1", "--init-from", str(tmp_path / "b"), *common])
+    assert again["total_steps"] == 4  # a chain of stages adds up
+    (tmp_path / "a" / "provenance.json").unlink()
+    with pytest.raises(SystemExit, match="provenance.json"):
+        pretrain.main(["--out", str(tmp_path / "d"), "--steps", "1", "--init-from", str(tmp_path / "a"), *common])

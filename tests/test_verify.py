@@ -1028,3 +1028,23 @@ def test_summarise_eval_leaves_missing_values_out_and_summary_prints_na(tmp_path
                        rows=(("cam_score", "eval/cam_score"), ("judge", "eval/unifiedscore"), ("gone", "eval/x")))
     assert "| cam_score | 0.5000 | 0.7500 | +0.2500 |" in text
     assert "| judge | n/a | 0.5000 | n/a |" in text and "gone" not in text
+
+
+def test_summary_change_carries_the_paired_interval_over_conditions(tmp_path):
+    """Per-condition rows in both evaluations: the change column is the mean paired difference +- its 95% t
+    half-width, by hand; a metric over the whole split (no rows) keeps its plain difference; a selected checkpoint
+    is paired with the base the same way."""
+    base = runlog.summarise_eval([{"index": i, "reward_cam_score": v} for i, v in enumerate([0.1, 0.2, 0.4, 0.3])])
+    late = runlog.summarise_eval([{"index": i, "reward_cam_score": v} for i, v in enumerate([0.2, 0.2, 0.7, None])])
+    base["eval/r_precision_top3"], late["eval/r_precision_top3"] = 0.5, 0.625
+    diffs = np.array([0.1, 0.0, 0.3])  # the third condition's after is missing: only pairs scored twice count
+    half = 4.302652729911275 * diffs.std(ddof=1) / np.sqrt(3)  # t_{0.975, 2}
+    log = runlog.RunLog(tmp_path, get_config(), enabled=False)
+    log.run_dir = tmp_path
+    rows = (("cam_score", "eval/cam_score"), ("R@3", "eval/r_precision_top3"))
+    text = log.summary(base, late, rows=rows)
+    assert f"| cam_score | 0.2500 | 0.3667 | {diffs.mean():+.4f} ± {half:.4f} |" in text
+    assert "| R@3 | 0.5000 | 0.6250 | +0.1250 |" in text and "paired 95% t-interval" in text
+    selected = {**late, "checkpoint": "epoch_0002"}
+    text = log.summary(base, base, rows=rows, selected=selected, selection="best val")
+    assert f"| {diffs.mean():+.4f} ± {half:.4f} | +0.0000 ± 0.0000 |" in text

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from recam.engine.advantages import per_group_stats
 from recam.infra.schema import reward_terms
+from recam.infra.stats import paired_change
 
 LOG_FILE = "run.log"  # everything logged at INFO and above: the run's own lines, per-batch reward timings, retries
 _file_log = logging.getLogger("recam.run")
@@ -190,15 +191,23 @@ class RunLog:
         def f4(x):  # a missing value (absent, None, NaN) prints as "n/a"
             return fmt_or_na(x, ".4f")
 
-        def diff(x, y):
-            return "n/a" if "n/a" in (f4(x), f4(y)) else fmt_or_na(x - y, "+.4f")
+        def diff(key, late, x, y):
+            """late - base: paired over the conditions with its 95% interval where the metric is per condition."""
+            if "n/a" in (f4(x), f4(y)):
+                return "n/a"
+            b_rows, a_rows = before.get(f"rows/{key}"), late.get(f"rows/{key}")
+            if b_rows and a_rows and len(b_rows) == len(a_rows):
+                mean, half, n = paired_change(b_rows, a_rows)
+                if n >= 2 and math.isfinite(half):
+                    return f"{mean:+.4f} ± {half:.4f}"
+            return fmt_or_na(x - y, "+.4f")
 
         if selected is None:
             lines = ["| held-out metric | base | after GRPO | change |", "|---|---|---|---|"]
             for name, key in rows:
                 if key in before or key in after:
                     b, a = before.get(key), after.get(key)
-                    lines.append(f"| {name} | {f4(b)} | {f4(a)} | {diff(a, b)} |")
+                    lines.append(f"| {name} | {f4(b)} | {f4(a)} | {diff(key, after, a, b)} |")
         else:
             sel = selected["checkpoint"]
             lines = [f"| held-out metric | base | last epoch | selected ({sel}) | change (selected) | change (last) |",
@@ -206,9 +215,13 @@ class RunLog:
             for name, key in rows:
                 if key in before or key in after or key in selected:
                     b, a, s = before.get(key), after.get(key), selected.get(key)
-                    lines.append(f"| {name} | {f4(b)} | {f4(a)} | {f4(s)} | {diff(s, b)} | {diff(a, b)} |")
+                    lines.append(f"| {name} | {f4(b)} | {f4(a)} | {f4(s)} | {diff(key, selected, s, b)} | "
+                                 f"{diff(key, after, a, b)} |")
         lines.append("")
         lines.append(f"conditions evaluated: {after.get('eval/num_conditions')} (held-out, ODE sampling, fixed noise)")
+        lines.append("change: a ± b is the mean change over the held-out conditions with its paired 95% t-interval (a "
+                     "change whose interval contains 0 is inside the noise); a change without ± is of a metric over "
+                     "the whole split, which has no per-condition values")
         if selected is not None:
             lines.append(f"selected checkpoint: {self.run_dir / 'checkpoints' / selected['checkpoint']} ({selection}; "
                          "the held-out conditions play no part in the choice)")

@@ -1,4 +1,5 @@
-"""Intervals the reports share: the Student t quantile of a two-sided 95% interval, and a mean with its t-interval.
+"""Intervals the reports share: the Student t quantile of a two-sided 95% interval, a mean with its t-interval, and
+a paired change between two evaluations of the same conditions.
 
 Every report that states a mean over seeds, repeats or steps with a 95% interval takes its quantile from here, so a
 3-seed interval is 4.303 standard errors wide everywhere (the normal's 1.96 would understate it by half); large
@@ -29,3 +30,15 @@ def mean_interval(values) -> tuple[float, float]:
         return mean, math.nan
     sd = math.sqrt(math.fsum((x - mean) ** 2 for x in v) / (len(v) - 1))
     return mean, t975(len(v) - 1) * sd / math.sqrt(len(v))
+
+
+def paired_change(before, after) -> tuple[float, float, int]:
+    """Two evaluations' per-condition values, in the same condition order: the mean of after - before over the
+    conditions both scored, the half-width of its 95% t-interval, and how many conditions that is. Pairing removes
+    what the conditions share (an easy scene is easy before and after), so the interval measures the change alone."""
+    if len(before) != len(after):
+        raise ValueError(f"paired values need the same conditions: {len(before)} before, {len(after)} after")
+    ok = lambda x: x is not None and math.isfinite(x)  # noqa: E731
+    diffs = [float(a) - float(b) for b, a in zip(before, after, strict=True) if ok(b) and ok(a)]
+    mean, half = mean_interval(diffs)
+    return mean, half, len(diffs)
