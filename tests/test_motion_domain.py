@@ -188,6 +188,27 @@ def test_decode_gives_joints_cut_at_the_lengths_and_references_are_the_ground_tr
     assert len(rows) == 2 and rows.shape[0] == 2 and torch.equal(rows.joints[0], decoded.joints[2])
 
 
+def test_shuffled_reference_is_the_next_conditions_ground_truth_and_reads_as_misaligned(domain):
+    """The floor of what reads the caption: each condition gets the next one's real motion (its own length), so
+    physics stays that of real motion while R-precision in the grader's pools falls to about chance (3/32 at top
+    3, against the ground truth's own)."""
+    heldout = domain.datasets().heldout
+    batch = domain.collate(heldout, list(range(len(heldout))))
+    refs = domain.references(batch)
+    target, shuffled = refs["target"], refs["shuffled"]
+    n = len(batch.conditions)
+    for i in range(n):
+        torch.testing.assert_close(shuffled.joints[i], target.joints[(i + 1) % n])
+        assert int(shuffled.lengths[i]) == int(target.lengths[(i + 1) % n])
+    grader = ev.TextMotionEvaluator.load(ROOT / "checkpoints" / "motion_grader")  # trained: it reads captions
+    with torch.no_grad():
+        text = grader.encode_text([c.caption for c in batch.conditions]).numpy()
+        top3 = {name: ev.r_precision(text, grader.encode_motion(m.features, m.lengths).numpy(), n)[2]
+                for name, m in refs.items()}
+    assert top3["shuffled"] < 0.3 < top3["target"]
+    assert "shuffled" not in domain.references(domain.collate(heldout, [0]))  # one condition has no other motion
+
+
 def test_rewards_on_references_are_finite_in_the_unit_interval_and_nan_on_nan(domain):
     heldout = domain.datasets().heldout
     batch = domain.collate(heldout, [0, 1, 2, 3])

@@ -659,10 +659,16 @@ class MotionDomain:
         return motion_samples(from_mdm_layout(samples), batch.inputs.lengths, self.mean, self.std)
 
     def references(self, batch: Batch) -> dict[str, MotionSamples]:
-        """The conditions' ground-truth motions, decoded like samples: the rewards' and metrics' ceiling."""
+        """The conditions' ground-truth motions, decoded like samples: the rewards' and metrics' ceiling; and, in a
+        batch of two or more, each condition given the next condition's ground truth ("shuffled": real motion under
+        the wrong caption), the floor of what reads the caption (alignment, R-precision) where physics stays real."""
         self.datasets()
-        return {"target": motion_samples(from_mdm_layout(batch.inputs.features), batch.inputs.lengths, self.mean,
-                                         self.std)}
+        features, lengths = batch.inputs.features, batch.inputs.lengths
+        out = {"target": motion_samples(from_mdm_layout(features), lengths, self.mean, self.std)}
+        if len(lengths) > 1:
+            out["shuffled"] = motion_samples(from_mdm_layout(features.roll(-1, 0)), lengths.roll(-1, 0), self.mean,
+                                             self.std)
+        return out
 
     # ---- rewards, metrics, hooks, examples ----
     def reward_fn(self, weights, report=()):
