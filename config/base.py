@@ -14,7 +14,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.domain = "camera"  # what is generated: a registered domain (recam.engine.domain.DOMAINS)
     c.run_dir = "runs/tiny_cpu"  # where checkpoints, metrics.jsonl, videos and reports go
     c.seed = 0  # global seed: sampler order, noise, model init of anything not loaded
-    c.num_epochs = 12  # GRPO epochs (one epoch = sample, score, train); the camera gain peaks and fades (README)
+    c.num_epochs = 12  # GRPO epochs (one epoch = sample, score, train); camera gain peaks and fades (docs/results.md)
     c.expected_num_processes = 0  # processes the preset was designed for; 0 = accept whatever is launched
     c.mixed_precision = "no"  # "no" | "fp16" | "bf16"; log-prob math stays fp32 regardless
     c.resume = True  # resume from <run_dir>/checkpoints/latest when it exists

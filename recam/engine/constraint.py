@@ -2,11 +2,12 @@
 
 The issue a ReCam run answers to is a constrained one (raise camera accuracy, let fidelity fall by at most a
 little), and a fixed weight does not express it: on the synthetic world the fidelity reward first loses to the
-camera reward and later overtakes it, ending well above where it started (README, "Why the gain does not
-hold"). Treating fidelity as a constraint E[fidelity] >= threshold and maximising the Lagrangian
-E[others] + lambda * (E[fidelity] - threshold) gives the weight lambda a rule: projected gradient descent on
-the dual, which raises lambda while the constraint is violated and lowers it (to 0 at the least) while it holds
-with room to spare, as in constrained policy optimisation with PPO-Lagrangian and Safe RLHF.
+camera reward and later overtakes it, ending well above where it started (docs/results.md, "Why the gain
+fades"; how a run uses the constraint: docs/guide.md). Treating fidelity as a constraint E[fidelity] >= threshold
+and maximising the Lagrangian E[others] + lambda * (E[fidelity] - threshold) gives the weight lambda a rule:
+projected gradient descent on the dual, which raises lambda while the constraint is violated and lowers it (to 0
+at the least) while it holds with room to spare, as in constrained policy optimisation with PPO-Lagrangian and
+Safe RLHF.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Which of a run's evaluated checkpoints the run reports, chosen on a validation split.
 
 A GRPO run's held-out score moves from epoch to epoch (on the synthetic world the camera gain often peaks
-mid-run and fades as the fidelity reward pulls back, see the README), so "the last epoch" is an arbitrary
-choice. Choosing the epoch by its held-out score would be selecting on the test set; this module chooses on
-validation conditions from scenes that neither training nor the held-out evaluation ever sees, and the
-held-out split then measures the chosen checkpoint without bias.
+mid-run and fades as the fidelity reward pulls back, see docs/results.md; the rule as users see it:
+docs/guide.md), so "the last epoch" is an arbitrary choice. Choosing the epoch by its held-out score would be
+selecting on the test set; this module chooses on validation conditions from scenes that neither training nor
+the held-out evaluation ever sees, and the held-out split then measures the chosen checkpoint without bias.
 """
 
 from __future__ import annotations
