@@ -24,6 +24,9 @@ def get_config() -> ml_collections.ConfigDict:
     # wall-clock budget: stop after the epoch during which the cumulative training time (epoch_seconds summed:
     # sampling, rewards and updates, never evaluations) reaches this many seconds, then evaluate and report; 0 = off
     c.max_train_seconds = 0.0
+    # comma-separated modules of your own (e.g. "my_package.my_rewards"), imported before validation so that what
+    # they register (rewards) can be named in this config without editing the project (docs/extending.md)
+    c.plugins = ""
 
     # ---- data: the embedded synthetic multi-camera world ----
     c.data = ml_collections.ConfigDict()
@@ -193,8 +196,8 @@ def get_config() -> ml_collections.ConfigDict:
 
     # ---- rewards ----
     c.reward = ml_collections.ConfigDict()
-    # name -> weight in `avg`; every registered reward is listed so any can be switched on from the command line
-    # (--config.reward.weights.discriminator=0.5); weight 0 means not computed at all.
+    # name -> weight in `avg`; weight 0 means not computed at all. Any registered reward of the domain's sample kind
+    # can be weighted from the command line, listed here or not (--config.reward.weights.discriminator=0.5).
     c.reward.weights = ml_collections.ConfigDict({"cam_score": 1.0, "fidelity": 1.5, "unifiedscore": 0.0,
                                                   "discriminator": 0.0})
     # "" or a weighted reward kept as a constraint rather than maximised: its weight becomes a Lagrange multiplier

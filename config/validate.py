@@ -83,6 +83,38 @@ def check_nonempty_str(config, field: str, why: str = "") -> None:
              f"{field} must be a non-empty string, got {value!r}" + (f" ({why})" if why else ""))
 
 
+class FieldChecks:
+    """The checks above bound to one config, handed to a reward's `check` (rewards.register_reward): a reward states
+    the ranges of its own config section in its module, and that module needs no import of config/."""
+
+    def __init__(self, config: ml_collections.ConfigDict):
+        self.config = config
+
+    def require(self, cond: bool, msg: str) -> None:
+        _require(cond, msg)
+
+    def integer(self, field: str, low: int | None = None, high: int | None = None, why: str = "") -> None:
+        check_int(self.config, field, low, high, why)
+
+    def number(self, field: str, low: float | None = None, high: float | None = None, low_open: bool = False,
+               high_open: bool = False, allow_inf: bool = False, why: str = "") -> None:
+        check_number(self.config, field, low, high, low_open, high_open, allow_inf, why)
+
+    def choice(self, field: str, choices) -> None:
+        check_choice(self.config, field, choices)
+
+    def boolean(self, *fields: str) -> None:
+        check_bool(self.config, fields)
+
+    def nonempty_str(self, field: str, why: str = "") -> None:
+        check_nonempty_str(self.config, field, why)
+
+    def url(self, field: str) -> None:
+        value = _get(self.config, field)
+        _require(isinstance(value, str) and value.startswith(("http://", "https://")),
+                 f"{field} must start with http:// or https://, got {value!r}")
+
+
 # (field, low, high, why): integers every domain reads (config/base.py states each range).
 INT_FIELDS = (
     ("seed", 0, 2**32 - 1, "numpy seeds are 0 .. 2**32 - 1"),
@@ -160,7 +192,7 @@ BOOL_FIELDS = ("resume", "model.gradient_checkpointing", "train.ema", "train.use
 
 # Free-form strings ('' allowed); their contents are checked where they are read (domains, validate_files).
 STR_FIELDS = ("data.root", "model.vae", "model.lora_targets", "eval.report_rewards", "eval.select_by",
-              "eval.select_guard", "reward.constraint", "debug.fail_reward_slots")
+              "eval.select_guard", "reward.constraint", "debug.fail_reward_slots", "plugins")
 
 
 def fail_reward_slots(config: ml_collections.ConfigDict, num_processes: int) -> tuple[int, ...]:
@@ -185,6 +217,35 @@ LANDMARK_ESTIMATOR = "landmarks"
 def eval_report_rewards(config: ml_collections.ConfigDict) -> tuple[str, ...]:
     """Rewards scored at evaluation besides the weighted ones (eval.report_rewards, comma-separated)."""
     return tuple(n.strip() for n in config.eval.report_rewards.split(",") if n.strip())
+
+
+def check_rewards(config: ml_collections.ConfigDict, domain_cls) -> None:
+    """Every reward in reward.weights and eval.report_rewards is registered as scoring the samples the domain
+    (`domain_cls`, the class registered as config.domain) produces, its sample_kind; and the settings of every reward
+    of that kind are in range (each reward's `check`). The registry is the one source: a reward of another domain,
+    or a name nothing registers, is refused here rather than when the run first scores."""
+    from rewards import known_rewards, reward_checks, reward_kind
+
+    domain = config.domain
+    kind = getattr(domain_cls, "sample_kind", None)
+    _require(isinstance(kind, str) and kind != "",
+             f"domain={domain!r} declares no sample_kind: its class must name the kind of sample its decode returns "
+             "(e.g. sample_kind = 'video'), which decides the rewards that can score it")
+    scorable = known_rewards(kind)
+    instead = (f"use one of the rewards that score {kind} instead, {scorable}" if scorable else
+               f"no registered reward scores {kind} samples (rewards.register_reward(..., scores={kind!r}))")
+    named = [(f"reward.weights.{name}", name) for name in config.reward.weights]
+    named += [(f"eval.report_rewards names {name!r}, which", name) for name in eval_report_rewards(config)]
+    for subject, name in named:
+        if name in scorable:
+            continue
+        other = reward_kind(name)
+        what = (f"scores {other} samples, but domain {domain!r} produces {kind}" if other is not None else
+                "is not a registered reward (your own rewards register in a module named by --config.plugins), and "
+                f"domain {domain!r} produces {kind}")
+        _require(False, f"{subject} {what}: {instead}")
+    for check in reward_checks(kind):
+        check(FieldChecks(config))
 
 
 def derived_numbers(config: ml_collections.ConfigDict, num_processes: int) -> dict:
@@ -415,6 +476,7 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
     check = getattr(domain_class(config.domain), "check_config", None)
     if check is not None:
         check(config, conds_per_batch, _require)
+    check_rewards(config, domain_class(config.domain))
     r = config.reward
     _require(isinstance(r.constraint, str), f"reward.constraint must be '' or a reward name, got {r.constraint!r}")
     if r.constraint:
@@ -428,12 +490,9 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
 
 
 def validate_camera(config: ml_collections.ConfigDict, conds_per_batch: int) -> None:
-    """The camera domain's checks: the flow-matching sampler, its registered rewards (rewards.REWARDS), the video
-    data and the transformer checkpoint's format."""
+    """The camera domain's checks: the flow-matching sampler, the video data and the transformer checkpoint's
+    format (its rewards' names and settings: check_rewards)."""
     from recam.engine.scheduler import FLOW_NOISE_RANGE, FLOW_STEPS
-    from rewards import known_rewards
-    from rewards.pose import known_estimators
-    from rewards.unified import PROMPT_FORMATS
 
     weights = dict(config.reward.weights)
 
@@ -450,52 +509,7 @@ def validate_camera(config: ml_collections.ConfigDict, conds_per_batch: int) -> 
     check_number(config, "sample.shift", 0, None, low_open=True, why="sigma schedule time shift; 1 = linear sigmas")
     low, high, why = FLOW_NOISE_RANGE[s.sde_type]
     check_number(config, "sample.noise_level", low, high, low_open=True, why=f"sample.sde_type={s.sde_type!r}: {why}")
-    unknown = sorted(set(weights) - set(known_rewards()))
-    _require(not unknown, f"reward.weights.{unknown[0] if unknown else ''} is not a registered reward; "
-             f"known: {sorted(known_rewards())}")
-    unknown = sorted(set(eval_report_rewards(config)) - set(known_rewards()))
-    _require(not unknown, f"eval.report_rewards names unknown rewards {unknown}; known: {sorted(known_rewards())}")
-    check_choice(config, "reward.unified.prompt_format", PROMPT_FORMATS)
-    check_choice(config, "reward.cam.estimator", tuple(known_estimators()))
     check_number(config, "data.hfov_deg", 0, 180, high_open=True, why="0 = fx = W")
-    check_int(config, "reward.cam.max_frames", 2)
-    check_number(config, "reward.cam.rot_scale_deg", 0, None, low_open=True)
-    check_number(config, "reward.cam.trans_scale", 0, None, low_open=True)
-    check_number(config, "reward.cam.min_target_translation", 0, None)
-    check_number(config, "reward.cam.static_parallax", 0, None, low_open=True,
-                 why="parallax, in focal lengths, that costs a still target's frame e^-1")
-    for field in ("workers", "threads_per_worker"):
-        check_int(config, f"reward.cam.sfm.{field}", 1)
-    check_int(config, "reward.cam.sfm.min_points3d", 0)
-    check_int(config, "reward.cam.sfm.max_features", 64)
-    check_number(config, "reward.cam.sfm.min_registered_fraction", 0, 1, low_open=True)
-    for field in ("timeout_s", "max_disagreement_deg", "max_reproj_px", "parallax_px"):
-        check_number(config, f"reward.cam.sfm.{field}", 0, None, low_open=True)
-    served_url = config.reward.cam.served.base_url
-    _require(isinstance(served_url, str) and served_url.startswith(("http://", "https://")),
-             f"reward.cam.served.base_url must start with http:// or https://, got {served_url!r}")
-    for field in ("max_concurrency", "max_frames"):
-        check_int(config, f"reward.cam.served.{field}", 1 if field == "max_concurrency" else 2)
-    check_int(config, "reward.cam.served.max_retries", 0)
-    check_number(config, "reward.cam.served.timeout_s", 0, None, low_open=True)
-    check_number(config, "reward.cam.served.backoff_s", 0, None)
-    check_choice(config, "reward.cam.served.image_format", ("png", "jpeg"))
-    check_bool(config, ("reward.cam.served.check_health",))
-    base_url = config.reward.unified.base_url
-    _require(isinstance(base_url, str) and base_url.startswith(("http://", "https://")),
-             f"reward.unified.base_url must start with http:// or https://, got {base_url!r}")
-    check_nonempty_str(config, "reward.unified.model")
-    _require(isinstance(config.reward.unified.api_key_env, str),
-             f"reward.unified.api_key_env must be a string, got {config.reward.unified.api_key_env!r}")
-    for field in ("num_frames", "frame_size", "max_concurrency"):
-        check_int(config, f"reward.unified.{field}", 1)
-    check_int(config, "reward.unified.max_retries", 0)
-    check_number(config, "reward.unified.timeout_s", 0, None, low_open=True)
-    check_bool(config, ("reward.unified.check_model", "reward.discriminator.adaptive_temperature"))
-    for field in ("lr", "temperature", "reg_threshold"):
-        check_number(config, f"reward.discriminator.{field}", 0, None, low_open=True)
-    check_number(config, "reward.discriminator.reg_weight", 0)
-    check_int(config, "reward.discriminator.steps_per_epoch", 0, why="critic updates per epoch")
     e = config.eval
     scored_at_eval = {k for k, w in weights.items() if w > 0} | set(eval_report_rewards(config))
     for field in ("select_by", "select_guard"):  # real data has no validation split: there the last epoch reports

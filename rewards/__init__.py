@@ -1,14 +1,28 @@
-"""Reward registry. Each name maps to a factory `factory(config) -> Reward`, and a Reward is an object called as
-`reward(videos (B, 3, F, H, W) in [-1, 1], conditions: list) -> (scores (B,), details)`, optionally with `close()`.
+"""Reward registry: the one table of rewards, for every domain.
 
-Importing this package registers nothing: each reward module registers its own names when imported, and a domain
-imports the modules of the rewards it scores (the camera domain: recam/domains/camera/services.py; the motion
-domain: recam/domains/motion/domain.py), so choosing one domain never loads another's dependencies.
+A reward is registered by decorating its factory, `factory(config, device) -> Reward`:
+
+    @register_reward("cam_score", scores="video")
+    def build_cam_score(config=None, device=None) -> Reward: ...
+
+`scores` is the sample kind the reward reads, which a domain names in its `sample_kind` ("video": the camera
+domain's decoded frames (B, 3, F, H, W) in [-1, 1]; "motion": the motion domain's MotionSamples; "points": the toy
+domain's (B, 2) points). Validation (config/validate.py) refuses a weighted or reported reward whose kind is not the
+chosen domain's. A Reward is an object called as `reward(samples, conditions: list) -> (scores (B,), details)`,
+optionally with `close()`.
 
 config is the run's ConfigDict (config/base.py: a reward reads its own section, e.g. reward.unified), or None for
-rewards that need no configuration. Whatever a reward needs (a judge's server and HTTP client, a critic's
-weights) lives on the object a factory returns, never in module state, so two runs in one process, or a test
-next to a run, cannot see each other's judge or critic.
+rewards that need no configuration; device is the run's accelerator device (None outside a run: scripts, tests),
+for a reward that computes on it. Whatever a reward needs (a judge's server and HTTP client, a critic's weights)
+lives on the object a factory returns, never in module state, so two runs in one process, or a test next to a run,
+cannot see each other's judge or critic. A reward with settings states their ranges in `check(checks)`
+(config/validate.py's FieldChecks), run whenever a domain of its kind is validated.
+
+Where rewards come from: the modules directly under rewards/ are imported only when a reward of theirs is asked for
+(by name, or by kind when a domain of that kind is validated), found by reading their register_reward decorators,
+so choosing one domain never loads another's dependencies and a new module here needs no import list; a domain's
+own rewards module (recam/domains/toy/rewards.py) is imported by the domain; user code is imported by
+--config.plugins (config/plugins.py).
 
 A reward scored by a server (the judge, a served pose estimator) names it in a `server` attribute (its URL), so a
 run whose server went down can evaluate without it (MultiReward.without_served).
@@ -20,7 +34,12 @@ rewards into `avg`, which drives training, while every key is logged as reward_<
 
 from __future__ import annotations
 
+import ast
+import functools
+import importlib
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -32,33 +51,106 @@ from recam.infra.registry import registrar
 class Reward(Protocol):
     """What a factory returns; a reward holding a resource (an HTTP client) also has close()."""
 
-    def __call__(self, videos: torch.Tensor, conditions: list) -> tuple[torch.Tensor, dict]: ...
+    def __call__(self, samples: Any, conditions: list) -> tuple[torch.Tensor, dict]: ...
 
 
-RewardFactory = Callable[[Any], Reward]
-REWARDS: dict[str, RewardFactory] = {}
+RewardFactory = Callable[[Any, Any], Reward]
 
 
-def register_reward(name: str) -> Callable[[RewardFactory], RewardFactory]:
-    """Decorator adding a reward factory `factory(config) -> Reward` under `name` (duplicates are an error)."""
-    return registrar(REWARDS, "reward", name)
+@dataclass(frozen=True)
+class RegisteredReward:
+    """One entry of REWARDS: how to build the reward, the sample kind it scores, and the checks of its settings."""
+
+    factory: RewardFactory
+    scores: str
+    check: Callable[[Any], None] | None = None
 
 
-def known_rewards() -> list[str]:
-    return sorted(REWARDS)
+REWARDS: dict[str, RegisteredReward] = {}
+
+
+def register_reward(name: str, *, scores: str, check: Callable[[Any], None] | None = None
+                    ) -> Callable[[RewardFactory], RewardFactory]:
+    """Decorator registering `factory(config, device) -> Reward` under `name` (duplicates are an error), as a reward
+    of samples of kind `scores` (a domain's sample_kind). check(checks), optional: the ranges of the reward's own
+    config fields, stated with config/validate.py's FieldChecks."""
+    if not isinstance(scores, str) or not scores:
+        raise ValueError(f"reward {name!r}: scores must name a sample kind (e.g. 'video'), got {scores!r}")
+    add = registrar(REWARDS, "reward", name)
+
+    def decorator(factory: RewardFactory) -> RewardFactory:
+        add(RegisteredReward(factory, scores, check))
+        return factory
+
+    return decorator
+
+
+@functools.cache
+def builtin_rewards() -> dict[str, tuple[str, str]]:
+    """name -> (sample kind, module) of the rewards registered by the modules directly under rewards/, read from
+    their source: a module is imported only when one of its rewards is used, and validation can name the kind of a
+    reward whose module was never loaded. The name and kind must be literal strings for this to see them."""
+    found = {}
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "register_reward" and node.args):
+                continue
+            name = node.args[0].value if isinstance(node.args[0], ast.Constant) else None
+            kind = next((k.value.value for k in node.keywords
+                         if k.arg == "scores" and isinstance(k.value, ast.Constant)), None)
+            if isinstance(name, str) and isinstance(kind, str):
+                found[name] = (kind, f"rewards.{path.stem}")
+    return found
+
+
+def _registered(name: str) -> RegisteredReward | None:
+    """The entry of `name`, importing its built-in module first if it has not been; None when nothing registers it."""
+    if name not in REWARDS and name in builtin_rewards():
+        importlib.import_module(builtin_rewards()[name][1])
+    return REWARDS.get(name)
+
+
+def known_rewards(kind: str | None = None) -> list[str]:
+    """The registered rewards; with `kind`, those scoring samples of that kind, the built-in ones of it included
+    (their modules are imported now). Without it nothing is imported: the names registered so far."""
+    if kind is None:
+        return sorted(REWARDS)
+    for module in sorted({m for k, m in builtin_rewards().values() if k == kind}):
+        importlib.import_module(module)
+    return sorted(n for n, r in REWARDS.items() if r.scores == kind)
+
+
+def reward_kind(name: str) -> str | None:
+    """The sample kind `name` scores (registered, or declared by a built-in module not imported yet); None when no
+    reward has that name."""
+    if name in REWARDS:
+        return REWARDS[name].scores
+    return builtin_rewards().get(name, (None, ""))[0]
+
+
+def reward_checks(kind: str) -> list[Callable[[Any], None]]:
+    """The settings checks of every reward of `kind`: a run of that kind may switch any of them on."""
+    return [REWARDS[n].check for n in known_rewards(kind) if REWARDS[n].check is not None]
+
+
+def _every_name() -> list[str]:
+    return sorted(set(REWARDS) | set(builtin_rewards()))
 
 
 def get_reward(name: str) -> RewardFactory:
     """The factory registered under `name`."""
-    if name not in REWARDS:
-        raise ValueError(f"unknown reward {name!r}; known rewards: {known_rewards()}")
-    return REWARDS[name]
+    entry = _registered(name)
+    if entry is None:
+        raise ValueError(f"unknown reward {name!r}; known rewards: {_every_name()}")
+    return entry.factory
 
 
-def build_reward(name: str, config=None) -> Reward:
+def build_reward(name: str, config=None, device=None) -> Reward:
     """A new Reward object for `name`, configured from the run's config (None: the reward's defaults, for the
-    rewards that have them)."""
-    return get_reward(name)(config)
+    rewards that have them), on `device` where it computes on one."""
+    return get_reward(name)(config, device)
 
 
 def close_reward(reward: Reward) -> None:
@@ -67,14 +159,14 @@ def close_reward(reward: Reward) -> None:
         close()
 
 
-def build_rewards(names: Iterable[str], config=None) -> dict[str, Reward]:
+def build_rewards(names: Iterable[str], config=None, device=None) -> dict[str, Reward]:
     """One Reward object per distinct name, in first-seen order. If a factory fails (a judge that is down), the
     ones already built are closed before the error propagates, so no HTTP client is left open."""
     built: dict[str, Reward] = {}
     try:
         for name in names:
             if name not in built:
-                built[name] = build_reward(name, config)
+                built[name] = build_reward(name, config, device)
     except BaseException:
         for reward in built.values():
             close_reward(reward)
@@ -91,33 +183,33 @@ class MultiReward:
 
     `rewards` maps names to Reward objects built elsewhere and shared (a domain hands the same judge and critic
     to its training and evaluation MultiRewards); close() leaves them open. Every other name used is built here
-    from `config` by its factory, owned, and closed by close().
+    from `config` (and `device`) by its factory, owned, and closed by close().
 
     A NaN in any weighted reward makes that sample's avg NaN, so a failure can be excluded downstream
     instead of entering the group statistics as a number.
     """
 
     def __init__(self, weights: dict[str, float], report: tuple[str, ...] = (),
-                 rewards: Mapping[str, Reward] | None = None, config=None):
-        unknown = sorted((set(weights) | set(report)) - set(REWARDS))
+                 rewards: Mapping[str, Reward] | None = None, config=None, device=None):
+        unknown = sorted(n for n in {*weights, *report} if _registered(n) is None)
         if unknown:
-            raise ValueError(f"unknown reward names {unknown}; known rewards: {known_rewards()}")
+            raise ValueError(f"unknown reward names {unknown}; known rewards: {_every_name()}")
         if not weights or sum(weights.values()) <= 0 or any(w < 0 for w in weights.values()):
             raise ValueError(f"reward weights must be non-negative with a positive sum, got {weights}")
         self.weights = {name: w for name, w in weights.items() if w > 0}  # weight 0: not computed at all
         self.report = tuple(name for name in report if name not in self.weights)
         shared = dict(rewards or {})
         names = (*self.weights, *self.report)
-        owned = build_rewards([n for n in names if n not in shared], config)
+        owned = build_rewards([n for n in names if n not in shared], config, device)
         self._owned = list(owned.values())
         self.rewards: dict[str, Reward] = {n: shared[n] if n in shared else owned[n] for n in names}
 
-    def __call__(self, videos: torch.Tensor, conditions: list) -> tuple[dict[str, torch.Tensor], dict]:
+    def __call__(self, samples: Any, conditions: list) -> tuple[dict[str, torch.Tensor], dict]:
         scores, details = {}, {}
         for name, reward in self.rewards.items():
-            s, d = reward(videos, conditions)
-            if s.shape != (videos.shape[0],):
-                raise ValueError(f"reward {name!r} returned shape {tuple(s.shape)}, expected ({videos.shape[0]},)")
+            s, d = reward(samples, conditions)
+            if s.shape != (samples.shape[0],):
+                raise ValueError(f"reward {name!r} returned shape {tuple(s.shape)}, expected ({samples.shape[0]},)")
             scores[name] = s.float()
             details.update({f"{name}/{k}": v for k, v in d.items()})
         scores["avg"] = weighted_mean(scores, self.weights)

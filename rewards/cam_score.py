@@ -73,7 +73,7 @@ import numpy as np
 import torch
 
 from rewards import Reward, register_reward
-from rewards.pose import NOT_SENT, PoseEstimate, build_estimator, close_estimator, to_uint8_frames
+from rewards.pose import NOT_SENT, PoseEstimate, build_estimator, close_estimator, known_estimators, to_uint8_frames
 
 WORST_ROT_DEG = 180.0
 WORST_TRANS = 2.0  # two points within the unit ball are at most 2 apart
@@ -329,8 +329,34 @@ class CamScore:
         return torch.tensor([r["score"] for r in rows], dtype=torch.float32), details
 
 
-@register_reward("cam_score")
-def build_cam_score(config=None) -> Reward:
+def check_settings(checks) -> None:
+    """The ranges of reward.cam, its estimators' sections included (config/validate.py's FieldChecks)."""
+    checks.choice("reward.cam.estimator", tuple(known_estimators()))
+    checks.integer("reward.cam.max_frames", 2)
+    checks.number("reward.cam.rot_scale_deg", 0, None, low_open=True)
+    checks.number("reward.cam.trans_scale", 0, None, low_open=True)
+    checks.number("reward.cam.min_target_translation", 0, None)
+    checks.number("reward.cam.static_parallax", 0, None, low_open=True,
+                  why="parallax, in focal lengths, that costs a still target's frame e^-1")
+    for field in ("workers", "threads_per_worker"):
+        checks.integer(f"reward.cam.sfm.{field}", 1)
+    checks.integer("reward.cam.sfm.min_points3d", 0)
+    checks.integer("reward.cam.sfm.max_features", 64)
+    checks.number("reward.cam.sfm.min_registered_fraction", 0, 1, low_open=True)
+    for field in ("timeout_s", "max_disagreement_deg", "max_reproj_px", "parallax_px"):
+        checks.number(f"reward.cam.sfm.{field}", 0, None, low_open=True)
+    checks.url("reward.cam.served.base_url")
+    checks.integer("reward.cam.served.max_concurrency", 1)
+    checks.integer("reward.cam.served.max_frames", 2)
+    checks.integer("reward.cam.served.max_retries", 0)
+    checks.number("reward.cam.served.timeout_s", 0, None, low_open=True)
+    checks.number("reward.cam.served.backoff_s", 0, None)
+    checks.choice("reward.cam.served.image_format", ("png", "jpeg"))
+    checks.boolean("reward.cam.served.check_health")
+
+
+@register_reward("cam_score", scores="video", check=check_settings)
+def build_cam_score(config=None, device=None) -> Reward:
     """config None (or without reward.cam): landmark PnP with the default scoring."""
     section = None
     if config is not None and "reward" in config and "cam" in config.reward:

@@ -307,8 +307,17 @@ def discriminator_config(config) -> DiscriminatorConfig:
     return DiscriminatorConfig(**values)
 
 
-@register_reward("discriminator")
-def build_discriminator_reward(config) -> DiscriminatorReward:
+def check_settings(checks) -> None:
+    """The ranges of reward.discriminator (config/validate.py's FieldChecks)."""
+    checks.boolean("reward.discriminator.adaptive_temperature")
+    for field in ("lr", "temperature", "reg_threshold"):
+        checks.number(f"reward.discriminator.{field}", 0, None, low_open=True)
+    checks.number("reward.discriminator.reg_weight", 0)
+    checks.integer("reward.discriminator.steps_per_epoch", 0, why="critic updates per epoch")
+
+
+@register_reward("discriminator", scores="video", check=check_settings)
+def build_discriminator_reward(config, device=None) -> DiscriminatorReward:
     """Factory of `discriminator`: a fresh critic configured by config.reward.discriminator (None: defaults)."""
     return DiscriminatorReward(Discriminator(discriminator_config(config) if config is not None else None))
 

@@ -39,7 +39,7 @@ def fidelity(videos: torch.Tensor, conditions: list) -> tuple[torch.Tensor, dict
     return terms.pop("fidelity").cpu(), {k: t.cpu() for k, t in terms.items()}
 
 
-@register_reward("fidelity")
-def build_fidelity(config=None) -> Reward:
+@register_reward("fidelity", scores="video")
+def build_fidelity(config=None, device=None) -> Reward:
     """fidelity has nothing to configure or hold: the reward object is the pure function itself."""
     return fidelity

@@ -31,7 +31,6 @@ from recam.domains.motion.evaluator import TextMotionEvaluator, similarity
 from recam.domains.motion.physics import PhysicsRewardConfig, physics_reward, valid_frames
 from rewards import Reward, register_reward
 
-MOTION_REWARDS = ("motion_alignment", "motion_retrieval", "motion_physics")
 RETRIEVAL_POOL = 32  # candidates of a retrieval, the own caption included: T2M's R-precision pool
 
 
@@ -151,8 +150,8 @@ def physics_config(config) -> PhysicsRewardConfig:
                                penetration_scale=m.physics_penetration_scale, jitter_scale=m.physics_jitter_scale)
 
 
-@register_reward("motion_alignment")
-def build_motion_alignment(config=None) -> Reward:
+@register_reward("motion_alignment", scores="motion")
+def build_motion_alignment(config=None, device=None) -> Reward:
     """Needs the run's config: the evaluator is read from `motion.evaluator` (a folder, never downloaded)."""
     if config is None or "motion" not in config or not config.motion.evaluator:
         raise ValueError("motion_alignment needs motion.evaluator, the folder of a trained retrieval evaluator "
@@ -160,8 +159,8 @@ def build_motion_alignment(config=None) -> Reward:
     return MotionAlignment(TextMotionEvaluator.load(config.motion.evaluator), config.motion.evaluator)
 
 
-@register_reward("motion_retrieval")
-def build_motion_retrieval(config=None) -> Reward:
+@register_reward("motion_retrieval", scores="motion")
+def build_motion_retrieval(config=None, device=None) -> Reward:
     """Like motion_alignment (motion.evaluator), with motion.retrieval_temperature; the domain gives the negatives."""
     if config is None or "motion" not in config or not config.motion.evaluator:
         raise ValueError("motion_retrieval needs motion.evaluator, the folder of a trained retrieval evaluator "
@@ -170,6 +169,6 @@ def build_motion_retrieval(config=None) -> Reward:
                            config.motion.retrieval_temperature)
 
 
-@register_reward("motion_physics")
-def build_motion_physics(config=None) -> Reward:
+@register_reward("motion_physics", scores="motion")
+def build_motion_physics(config=None, device=None) -> Reward:
     return MotionPhysics(physics_config(config))

@@ -501,8 +501,22 @@ def unified_config(section) -> UnifiedConfig:
     return UnifiedConfig(**{f.name: section[f.name] for f in fields(UnifiedConfig) if f.name in section})
 
 
-@register_reward("unifiedscore")
-def build_unifiedscore(config) -> UnifiedReward:
+def check_settings(checks) -> None:
+    """The ranges of reward.unified (config/validate.py's FieldChecks)."""
+    checks.choice("reward.unified.prompt_format", PROMPT_FORMATS)
+    checks.url("reward.unified.base_url")
+    checks.nonempty_str("reward.unified.model")
+    api_key_env = checks.config.reward.unified.api_key_env
+    checks.require(isinstance(api_key_env, str), f"reward.unified.api_key_env must be a string, got {api_key_env!r}")
+    for name in ("num_frames", "frame_size", "max_concurrency"):
+        checks.integer(f"reward.unified.{name}", 1)
+    checks.integer("reward.unified.max_retries", 0)
+    checks.number("reward.unified.timeout_s", 0, None, low_open=True)
+    checks.boolean("reward.unified.check_model")
+
+
+@register_reward("unifiedscore", scores="video", check=check_settings)
+def build_unifiedscore(config, device=None) -> UnifiedReward:
     """Factory of `unifiedscore`: the judge of config.reward.unified, health-checked now."""
     if config is None:
         raise ValueError("the unifiedscore reward needs a run config: its judge is config.reward.unified "

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from accelerate import Accelerator
 
+from config.plugins import import_plugins
 from config.validate import ConfigError, eval_report_rewards, validate
 from recam.engine.domain import build_domain
 from recam.engine.trainer import GRPOTrainer
@@ -20,11 +21,13 @@ from recam.infra.distributed import use_cpu_if_no_accelerator
 
 @contextlib.contextmanager
 def trainer_at_base(config) -> Iterator[GRPOTrainer]:
-    """Validate `config` (exit with the field's one-line error), build its domain and trainer in a temporary run
-    folder that is removed afterwards, and close the reward runner and log on the way out."""
+    """Import config.plugins and validate `config` (exit with the field's one-line error), build its domain and
+    trainer in a temporary run folder that is removed afterwards, and close the reward runner and log on the way
+    out."""
     with tempfile.TemporaryDirectory() as tmp:
         config.run_dir, config.logging.wandb_mode = tmp, "disabled"
         try:
+            import_plugins(config)
             derived = validate(config, 1)
         except ConfigError as e:
             sys.exit(f"[recam] {e}")

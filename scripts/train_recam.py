@@ -29,6 +29,7 @@ from absl import app, flags  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from config.plugins import import_plugins  # noqa: E402
 from config.validate import ConfigError, eval_report_rewards, validate, validate_files  # noqa: E402
 from recam.engine.domain import build_domain  # noqa: E402
 from recam.engine.trainer import GRPOTrainer  # noqa: E402
@@ -38,8 +39,12 @@ from recam.infra.distributed import use_cpu_if_no_accelerator  # noqa: E402
 from recam.infra.reward_runner import RewardServerDown  # noqa: E402
 
 FLAGS = flags.FLAGS
-# absolute, so the default preset loads from any working directory
-config_flags.DEFINE_config_file("config", f"{ROOT / 'config' / 'grpo.py'}:tiny_cpu", "Preset file:name plus overrides.")
+DEFAULT_PRESET = f"{ROOT / 'config' / 'grpo.py'}:tiny_cpu"  # absolute, so it loads from any working directory
+# The command line ml_collections reads the preset and its --config.* overrides from: parse_flags fills it, without
+# the reward weights (applied by `weigh_rewards`).
+CONFIG_ARGV: list[str] = []
+config_flags.DEFINE_config_file("config", DEFAULT_PRESET, "Preset file:name plus overrides.", sys_argv=CONFIG_ARGV)
+REWARD_WEIGHT = re.compile(r"^--?config\.reward\.weights\.([^=.]+)=(.*)$")
 
 
 def without_traceback(message: str) -> str:
@@ -90,14 +95,45 @@ def unknown_override(argv: list[str]) -> str:
     return "an override names no config field"
 
 
+def split_reward_weights(argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """argv without its --config.reward.weights.<name>=<value> overrides, and those as {name: value}. A weight may
+    name a reward the preset does not list (one a plugin registers), which ml_collections would refuse as an unknown
+    field; whether the domain can score it is validation's question (config.validate.check_rewards)."""
+    kept, weights = [], {}
+    for arg in argv:
+        match = REWARD_WEIGHT.match(arg)
+        if match:
+            weights[match.group(1)] = match.group(2)
+        else:
+            kept.append(arg)
+    return kept, weights
+
+
+def weigh_rewards(config, weights: dict[str, str]) -> None:
+    """Set reward.weights.<name> for each command-line weight, adding the names the preset does not list."""
+    for name, raw in weights.items():
+        try:
+            value = float(raw)
+        except ValueError:
+            config_error(f"reward.weights.{name}={raw!r} must be a number")
+        with config.reward.weights.unlocked():
+            config.reward.weights[name] = value
+
+
 def parse_flags(argv: list[str]) -> list[str]:
     """absl's parsing, with a bad --config override reported by `config_error` instead of a traceback."""
+    argv, weights = split_reward_weights(argv)
+    if not any(re.match(r"^--?config(=|$)", arg) for arg in argv):  # so that the preset is parsed with CONFIG_ARGV
+        argv = [argv[0], f"--config={DEFAULT_PRESET}", *argv[1:]]
+    CONFIG_ARGV[:] = argv
     try:
-        return FLAGS(argv)
+        rest = FLAGS(argv)
     except flags.Error as e:  # a value that does not parse as the field's type
         config_error(str(e))
     except (AttributeError, KeyError):  # ml_collections: an override of a field the preset does not have
         config_error(unknown_override(argv))
+    weigh_rewards(FLAGS.config, weights)
+    return rest
 
 
 def resolve_repo_paths(config) -> None:
@@ -117,6 +153,7 @@ def main(_):
     # Validation comes first, before the Accelerator or any model: the process count is the launcher's WORLD_SIZE.
     num_processes = int(os.environ.get("WORLD_SIZE", "1") or 1)
     try:
+        import_plugins(config)  # what they register (rewards) is validated and used like the project's own
         derived = validate(config, num_processes)
         validate_files(config)  # paths, in_channels and sample shape against the checkpoint's config.json headers
     except ConfigError as e:

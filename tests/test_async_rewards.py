@@ -15,7 +15,7 @@ from recam.infra.reward_runner import (
     masked_group_advantages,
     valid_mask,
 )
-from rewards import REWARDS, MultiReward
+from rewards import REWARDS, MultiReward, RegisteredReward
 
 
 class Cond:
@@ -182,8 +182,8 @@ def test_with_multi_reward_flattened_details(monkeypatch):
     """MultiReward names details "<reward>/<key>": failures and reasons must still be found and merged."""
     _JUDGE_CALLS.clear()
     # factories registered for this test only: monkeypatch removes them afterwards, so known_rewards() stays clean
-    monkeypatch.setitem(REWARDS, "test_async_judge", lambda config: _flaky_judge)
-    monkeypatch.setitem(REWARDS, "test_async_constant", lambda config: _constant)
+    monkeypatch.setitem(REWARDS, "test_async_judge", RegisteredReward(lambda config, device: _flaky_judge, "video"))
+    monkeypatch.setitem(REWARDS, "test_async_constant", RegisteredReward(lambda config, device: _constant, "video"))
     multi = MultiReward({"test_async_judge": 1.0, "test_async_constant": 1.0})
     runner = AsyncRewardRunner(multi, failure_policy="wait", max_retries=1, sleep=lambda s: None)
     runner.submit(0, *make_batch(0))

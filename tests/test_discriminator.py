@@ -176,4 +176,5 @@ def test_adaptive_temperature_tracks_std_of_score_differences():
 def test_the_module_registers_its_factory():
     from rewards import REWARDS
 
-    assert REWARDS["discriminator"] is build_discriminator_reward
+    assert REWARDS["discriminator"].factory is build_discriminator_reward
+    assert REWARDS["discriminator"].scores == "video"

@@ -114,7 +114,10 @@ def test_the_engine_and_the_reward_registry_load_no_domain_and_no_reward():
 
 
 def test_one_domain_never_loads_another():
-    _, camera = _loaded("import recam.domains.camera, config.validate")
+    # the camera's rewards are the registry's of its sample kind, "video": asking for them loads their modules
+    printed, camera = _loaded("import recam.domains.camera, config.validate", "from rewards import known_rewards",
+                              "print(known_rewards('video'))")
+    assert printed == ["['cam_score', 'discriminator', 'fidelity', 'unifiedscore']"]
     assert "recam.domains.camera.domain" in camera and "rewards.cam_score" in camera
     assert not [m for m in camera if m.startswith(("recam.domains.motion", "recam.domains.toy", "rewards.motion"))]
     # choosing a domain by name loads it and registers its rewards, and nothing of the others

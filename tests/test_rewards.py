@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from recam.domains.camera.world import SyntheticWorld, collate_conditions
-from rewards import REWARDS, MultiReward, build_reward, build_rewards, get_reward, known_rewards
+from rewards import REWARDS, MultiReward, RegisteredReward, build_reward, build_rewards, get_reward, known_rewards
 from rewards.cam_score import CamScore, cam_score, geodesic_deg
 from rewards.fidelity import fidelity
 
@@ -68,9 +68,8 @@ def test_fidelity_is_one_for_ground_truth_and_low_for_noise_and_nan_for_nan(held
 
 
 def test_registry_and_weighted_average(heldout):
-    from recam.engine.domain import domain_class
-
-    domain_class("camera")  # choosing the camera domain registers its rewards
+    # the camera domain's rewards are those of its sample kind; asking for them by kind registers them
+    assert known_rewards("video") == ["cam_score", "discriminator", "fidelity", "unifiedscore"]
     assert {"cam_score", "fidelity", "unifiedscore", "discriminator"} <= set(known_rewards())
     with pytest.raises(ValueError, match="camscore"):
         get_reward("camscore")
@@ -83,6 +82,33 @@ def test_registry_and_weighted_average(heldout):
     fid, _ = fidelity(v, c)
     torch.testing.assert_close(scores["avg"], (2 * cam + fid) / 3)
     assert "cam_score/rot_err_sum" in details and "fidelity/psnr" in details
+
+
+def test_built_in_rewards_are_found_by_their_decorators_and_load_by_kind():
+    # builtin_rewards reads rewards/*.py without importing them; what it reads must be what they register
+    import importlib
+
+    from rewards import builtin_rewards, reward_kind
+
+    found = builtin_rewards()
+    assert {n: k for n, (k, _) in found.items()} == {
+        "cam_score": "video", "fidelity": "video", "unifiedscore": "video", "discriminator": "video",
+        "motion_alignment": "motion", "motion_retrieval": "motion", "motion_physics": "motion"}
+    for name, (kind, module) in found.items():
+        importlib.import_module(module)
+        assert REWARDS[name].scores == kind == reward_kind(name)
+    assert known_rewards("motion") == ["motion_alignment", "motion_physics", "motion_retrieval"]
+    assert reward_kind("no_such_reward") is None
+
+
+def test_a_reward_must_say_what_it_scores():
+    from rewards import register_reward
+
+    with pytest.raises(TypeError):
+        register_reward("test_no_kind")
+    with pytest.raises(ValueError, match="scores"):
+        register_reward("test_no_kind", scores="")
+    assert "test_no_kind" not in REWARDS
 
 
 def test_pure_rewards_are_built_as_the_functions_themselves(heldout):
@@ -117,11 +143,11 @@ class _Counter:
 def test_multireward_holds_shared_objects_and_closes_only_what_it_built(monkeypatch):
     built = []
 
-    def factory(config):
+    def factory(config, device):
         built.append(_Counter(config["value"] if config else 0.5))
         return built[-1]
 
-    monkeypatch.setitem(REWARDS, "test_counter", factory)
+    monkeypatch.setitem(REWARDS, "test_counter", RegisteredReward(factory, "video"))
     shared = _Counter(0.25)
     video = torch.zeros(2, 3, 2, 4, 4)
     train = MultiReward({"test_counter": 1.0}, rewards={"test_counter": shared})
@@ -143,15 +169,15 @@ def test_multireward_holds_shared_objects_and_closes_only_what_it_built(monkeypa
 def test_a_failing_factory_closes_the_rewards_built_before_it(monkeypatch):
     built = []
 
-    def good(config):
+    def good(config, device):
         built.append(_Counter(0.5))
         return built[-1]
 
-    def down(config):
+    def down(config, device):
         raise ConnectionError("judge at http://127.0.0.1:9 is unreachable")
 
-    monkeypatch.setitem(REWARDS, "test_good", good)
-    monkeypatch.setitem(REWARDS, "test_down", down)
+    monkeypatch.setitem(REWARDS, "test_good", RegisteredReward(good, "video"))
+    monkeypatch.setitem(REWARDS, "test_down", RegisteredReward(down, "video"))
     with pytest.raises(ConnectionError, match="unreachable"):
         MultiReward({"test_good": 1.0, "test_down": 1.0})
     with pytest.raises(ConnectionError, match="unreachable"):
@@ -232,8 +258,8 @@ def test_without_served_never_calls_a_served_reward_and_leaves_the_weighted_aver
         calls["local"] += 1
         return torch.full((len(conditions),), 0.25), {}
 
-    monkeypatch.setitem(REWARDS, "test_served", lambda config: Served())
-    monkeypatch.setitem(REWARDS, "test_local", lambda config: local)
+    monkeypatch.setitem(REWARDS, "test_served", RegisteredReward(lambda config, device: Served(), "video"))
+    monkeypatch.setitem(REWARDS, "test_local", RegisteredReward(lambda config, device: local, "video"))
     m = MultiReward({"test_served": 1.0, "test_local": 1.0})
     assert m.served() == ["test_served"]
     full, _ = m(torch.zeros(2, 3, 1, 4, 4), ["a", "b"])

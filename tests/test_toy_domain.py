@@ -18,7 +18,6 @@ import torch
 from config import grpo
 from config.validate import ConfigError, validate, validate_files
 from recam.domains.toy.domain import ToyDomain, build_base
-from recam.domains.toy.rewards import ToyReward
 from recam.engine.rollout import per_sample_noise, rescore, rollout
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,12 +100,12 @@ def test_rewards_are_analytic_and_weighted():
     targets = torch.stack([q.target for q in conds])
     w = c.toy.reward_width
     points = targets + torch.tensor([[0.0, 0.0], [0.9 * w, 0.0], [0.0, 3 * w]])
-    scores, details = ToyReward({"target": 1.0}, w, report=("near",))(points, conds)
+    scores, details = domain.reward_fn({"target": 1.0}, report=("near",))(points, conds)
     torch.testing.assert_close(scores["target"], torch.exp(-torch.tensor([0.0, 0.81, 9.0])))
     assert scores["near"].tolist() == [1.0, 1.0, 0.0]
     torch.testing.assert_close(scores["avg"], scores["target"])  # `near` is reported, never weighted
     torch.testing.assert_close(details["target/distance"], torch.tensor([0.0, 0.9 * w, 3 * w]))
-    mixed, _ = ToyReward({"target": 1.0, "near": 3.0}, w)(points, conds)
+    mixed, _ = domain.reward_fn({"target": 1.0, "near": 3.0})(points, conds)
     torch.testing.assert_close(mixed["avg"], (scores["target"] + 3 * scores["near"]) / 4)
 
 

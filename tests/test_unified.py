@@ -452,7 +452,7 @@ def test_camera_domain_builds_one_judge_for_training_evaluation_and_hooks(judge_
 def test_the_module_registers_its_factory():
     from rewards import REWARDS
 
-    assert REWARDS["unifiedscore"] is build_unifiedscore
+    assert REWARDS["unifiedscore"].factory is build_unifiedscore and REWARDS["unifiedscore"].scores == "video"
 
 
 # ----------------------------------------------------------------------------------------------------

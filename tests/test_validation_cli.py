@@ -106,6 +106,32 @@ def test_bad_override_is_refused_in_one_line_naming_the_field(overrides, field):
     assert re.search(r"must|use one of|known", msg), msg  # and what it may be
 
 
+CAMERA_REWARDS = ["cam_score", "discriminator", "fidelity", "unifiedscore"]
+MOTION_REWARDS = ["motion_alignment", "motion_physics", "motion_retrieval"]
+TOY_REWARDS = ["near", "target"]
+
+
+@pytest.mark.parametrize("preset,path,value,field,kind,scorable", [
+    ("smoke", "reward.weights.motion_physics", 1.0, "reward.weights.motion_physics", "motion", CAMERA_REWARDS),
+    ("smoke", "eval.report_rewards", "cam_score,motion_alignment", "eval.report_rewards", "motion", CAMERA_REWARDS),
+    ("motion_smoke", "reward.weights.cam_score", 1.0, "reward.weights.cam_score", "video", MOTION_REWARDS),
+    ("motion_smoke", "eval.report_rewards", "motion_physics,fidelity", "eval.report_rewards", "video", MOTION_REWARDS),
+    ("toy", "reward.weights.motion_physics", 1.0, "reward.weights.motion_physics", "motion", TOY_REWARDS),
+    ("toy", "eval.report_rewards", "near,cam_score", "eval.report_rewards", "video", TOY_REWARDS),
+])
+def test_a_reward_of_another_sample_kind_is_refused_naming_the_domains_rewards(preset, path, value, field, kind,
+                                                                               scorable):
+    # A motion reward used to pass the camera domain's checks and fail only when the run first scored: the registry
+    # knows the kind each reward scores, and each domain the kind it produces.
+    c = grpo.get_config(preset)
+    _set(c, path, value)
+    with pytest.raises(ConfigError) as err:
+        validate(c, 1)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(field) and f"scores {kind} samples" in msg, msg
+    assert msg.endswith(f"instead, {scorable}"), msg
+
+
 def test_advantage_eps_message_says_why():
     c = grpo.get_config("smoke")
     c.advantage.eps = -1.0
@@ -153,6 +179,7 @@ CLI = [
     ("--config.advantage.eps=-1", "advantage.eps"),
     ("--config.eval.freq=0", "eval.freq"),
     ("--config.reward.weights.foo=1.0", "reward.weights.foo"),
+    ("--config.reward.weights.motion_physics=1.0", "reward.weights.motion_physics"),  # another domain's reward
     ("--config.seed=-1.5", "config.seed"),
     ("--config.data.size=30", "data.size"),
 ]

@@ -60,6 +60,9 @@ class Splits:
 
 
 class Domain(Protocol):
+    # the kind of sample `decode` returns (e.g. "video", "motion", "points"): the rewards a run may weight are the
+    # ones registered as scoring that kind (rewards.register_reward(..., scores=...)); validation refuses the others
+    sample_kind: str
     # (label, metric key) rows of the summary's before/after table, e.g. ("cam_score", "eval/cam_score")
     summary_rows: tuple[tuple[str, str], ...]
     # folder under run_dir for write_examples (e.g. "videos")

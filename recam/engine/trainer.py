@@ -148,6 +148,7 @@ class GRPOTrainer:
             self.ema = EMAModel(policy.parameters(), decay=t.ema_decay)
         weights = dict(config.reward.weights)
         self.eval_reward_fn = domain.reward_fn(weights, report=report_rewards)
+        self.eval_reward_names = tuple(dict.fromkeys([*(n for n, w in weights.items() if w > 0), *report_rewards]))
         self.runner = AsyncRewardRunner(domain.reward_fn(weights), config.reward.async_workers,
                                         config.reward.failure_policy, config.reward.max_retries,
                                         config.reward.retry_backoff_s)
@@ -971,6 +972,7 @@ class GRPOTrainer:
                          note=None if self.budget_stop else self.stopped_by and f"stopped early: {self.stopped_by}",
                          budget=self.stopped_by if self.budget_stop else None, rollbacks=self.rollbacks,
                          selected=self.selected, selection=rule, rows=self.domain.summary_rows,
+                         rewards=self.eval_reward_names,
                          examples=self.run_dir / self.domain.examples_dir)
 
 

@@ -183,11 +183,17 @@ class RunLog:
 
     def summary(self, before: dict, after: dict, extra_paths: dict | None = None, note: str | None = None,
                 rollbacks: int = 0, selected: dict | None = None, selection: str | None = None,
-                rows: tuple[tuple[str, str], ...] = (), examples: Path | None = None, budget: str | None = None) -> str:
+                rows: tuple[tuple[str, str], ...] = (), examples: Path | None = None, budget: str | None = None,
+                rewards: tuple[str, ...] = ()) -> str:
         """The before/after table. With `selected` (the evaluation record of the checkpoint chosen on validation
         conditions) the run reports that checkpoint, and the last epoch stays beside it for comparison.
-        rows: the domain's (label, metric key) pairs, e.g. ("cam_score", "eval/cam_score"). budget: how the run's
-        wall-clock budget (max_train_seconds) ended it, when it did."""
+        rows: the domain's (label, metric key) pairs, e.g. ("cam_score", "eval/cam_score"). rewards: the rewards
+        scored at evaluation; one whose eval/<name> no row shows gets a row of its own, so a new reward is reported
+        without a domain listing it. budget: how the run's wall-clock budget (max_train_seconds) ended it, when it
+        did."""
+        shown = {key for _, key in rows}
+        rows = (*rows, *((name, f"eval/{name}") for name in rewards if f"eval/{name}" not in shown))
+
         def f4(x):  # a missing value (absent, None, NaN) prints as "n/a"
             return fmt_or_na(x, ".4f")
 

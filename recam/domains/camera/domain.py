@@ -35,6 +35,7 @@ class CameraInputs:
 
 @register_domain("camera")
 class CameraDomain:
+    sample_kind = "video"  # what decode returns, and so which registered rewards can score it
     # CamI2V's sums count a frame the estimator could not place at the worst value, so breaking the estimator
     # never shrinks them; the means over placed frames say how good the recovered poses are, beside the share
     # placed (rewards/cam_score.py)
@@ -169,7 +170,7 @@ class CameraDomain:
     def _rewards(self) -> CameraRewards:
         """The domain's reward objects, made on first use (building the domain contacts no judge)."""
         if getattr(self, "_camera_rewards", None) is None:
-            self._camera_rewards = CameraRewards(self.config, self.log)
+            self._camera_rewards = CameraRewards(self.config, self.log, self.device)
         return self._camera_rewards
 
     def write_examples(self, out_dir: Path, batch: Batch, decoded: torch.Tensor, n: int) -> None:

@@ -5,22 +5,21 @@ trained)."""
 
 from __future__ import annotations
 
-# cam_score, discriminator, fidelity, unified: the camera domain's reward modules, which register on import
-from rewards import Reward, build_rewards, cam_score, close_reward, discriminator, fidelity, unified  # noqa: F401
+from rewards import Reward, build_rewards, close_reward
 
 
 class CameraRewards:
     """Reward objects by name, each built from the run's config on first request and reused after."""
 
-    def __init__(self, config, log):
-        self.config, self.log = config, log
+    def __init__(self, config, log, device=None):
+        self.config, self.log, self.device = config, log, device
         self._built: dict[str, Reward] = {}
 
     def get(self, names) -> dict[str, Reward]:
         """name -> Reward for each of `names`, building the ones not built yet (raises on an unknown name and
         when a judge fails its health check)."""
         names = list(dict.fromkeys(names))
-        new = build_rewards([n for n in names if n not in self._built], self.config)
+        new = build_rewards([n for n in names if n not in self._built], self.config, self.device)
         for name, reward in new.items():
             if hasattr(reward, "describe"):  # a reward with a service or state says what it is
                 self.log.detail(f"{name}: {reward.describe()}")

@@ -1,0 +1,115 @@
+"""docs/extending.md, recipe by recipe: each test takes the recipe's code and command from the document itself and
+does what it says, so the document cannot drift from what works."""
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from config import grpo
+from config.validate import ConfigError, validate
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "extending.md"
+
+
+def recipe(title: str) -> str:
+    """The text of the recipe under the heading `## <title>`, up to the next heading of that level."""
+    text = DOC.read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end >= 0 else None]
+
+
+def blocks(text: str, language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
+
+
+def write_module(block: str, root: Path) -> str:
+    """Write a recipe's module where its first line says (`# my_package/my_rewards.py ...`), with the package's
+    empty __init__.py; returns the module's dotted name."""
+    path = Path(re.match(r"#\s*(\S+\.py)", block).group(1))
+    (root / path.parent).mkdir(parents=True, exist_ok=True)
+    (root / path.parent / "__init__.py").touch()
+    (root / path).write_text(block)
+    return ".".join(path.with_suffix("").parts)
+
+
+def command(block: str) -> tuple[dict[str, str], list[str]]:
+    """The recipe's shell command as (its environment assignments, the python command's arguments)."""
+    words = shlex.split(block.replace("\\\n", " "))
+    env = dict(w.split("=", 1) for w in words[:words.index("python")])
+    return env, words[words.index("python") + 1:]
+
+
+def test_recipe_1_a_reward(tmp_path):
+    text = recipe("1. A reward")
+    (module_block,) = blocks(text, "python")
+    (command_block,) = blocks(text, "bash")
+    code = tmp_path / "my_code"
+    module = write_module(module_block, code)
+    env, args = command(command_block)
+    assert env.keys() == {"PYTHONPATH"} and f"--config.plugins={module}" in args
+    name, weight = re.search(r"--config\.reward\.weights\.(\w+)=([\d.]+)", command_block).groups()
+    run_dir = tmp_path / "run"
+    # the recipe's command, with the run folder moved into tmp_path and two epochs (the preset runs 20)
+    args = [re.sub(r"^--config\.run_dir=.*", f"--config.run_dir={run_dir}", a) for a in args]
+    p = subprocess.run([sys.executable, *args, "--config.num_epochs=2"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r for r in records if r["type"] == "epoch"]
+    assert len(epochs) == 2
+    preset = dict(grpo.get_config("toy").reward.weights)
+    weights = {**preset, name: float(weight)}
+    for e in epochs:
+        assert f"reward_{name}" in e and f"detail_{name}/l1" in e  # scored, with its details
+        # and weighted: the mean of sum_i w_i r_i / sum_i w_i over the epoch's samples
+        per_sample = [sum(w * e[f"rewards/{n}"][i] for n, w in weights.items()) / sum(weights.values())
+                      for i in range(len(e["rewards/avg"]))]
+        assert e["reward_avg"] == pytest.approx(sum(per_sample) / len(per_sample), rel=1e-5)
+    final = [r for r in records if r["type"] == "eval" and r["tag"] == "final"][0]
+    assert f"eval/{name}" in final
+    assert re.search(rf"^\| {name} \|", (run_dir / "summary.md").read_text(), flags=re.M)  # its own summary row
+
+
+def test_recipe_1_a_reward_of_another_kind_is_refused_as_the_recipe_shows(tmp_path, monkeypatch):
+    import rewards
+
+    text = recipe("1. A reward")
+    code = tmp_path / "my_code"
+    module = write_module(blocks(text, "python")[0], code)
+    name = re.search(r"--config\.reward\.weights\.(\w+)=", blocks(text, "bash")[0]).group(1)
+    monkeypatch.syspath_prepend(str(code))
+    registered = dict(rewards.REWARDS)
+    try:
+        config = grpo.get_config("smoke")
+        config.plugins = module
+        from config.plugins import import_plugins
+
+        assert import_plugins(config) == [module]
+        config.reward.weights[name] = 0.5
+        with pytest.raises(ConfigError) as err:
+            validate(config, 1)
+    finally:  # the recipe's reward registered in this process only for this test
+        rewards.REWARDS.clear()
+        rewards.REWARDS.update(registered)
+        for m in [m for m in sys.modules if m == module.split(".")[0] or m.startswith(module.split(".")[0] + ".")]:
+            del sys.modules[m]
+    shown = re.search(r"```\n(config error: .*?)```", text, flags=re.S).group(1)
+    assert f"config error: {err.value}" == " ".join(shown.split())
+
+
+def test_a_plugin_that_does_not_import_is_one_config_error_naming_it():
+    from config.plugins import import_plugins
+
+    config = grpo.get_config("toy")
+    config.plugins = "recam_no_such_package.rewards"
+    with pytest.raises(ConfigError, match=r"^plugins: cannot import 'recam_no_such_package\.rewards': "):
+        import_plugins(config)
