@@ -29,8 +29,10 @@ commit, wall time, numbers). Deterministic for a given --seed and --threads.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import platform
 import shlex
 import subprocess
@@ -156,13 +158,56 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--guidance", type=float, default=2.5, help="classifier-free guidance of the evaluation samples")
     p.add_argument("--evaluator", type=str, default="", help="retrieval evaluator folder: alignment of the samples")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--save-every", type=int, default=500,
+                   help="write <out>/resume/state.pt every this many steps (0: never), so a run cut short resumes")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from <out>/resume/state.pt when it exists (same arguments), bit for bit")
+    p.add_argument("--stop-at", type=int, default=0,
+                   help="stop after this many steps with the resume state written (a long run split over sessions)")
     args = p.parse_args(argv)
     for name in ("steps", "batch_size", "eval_every", "num_eval_conditions", "eval_steps", "diffusion_steps"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if not 0 <= args.text_dropout < 1:
         p.error("--text-dropout must be in [0, 1)")
+    if args.save_every < 0 or args.stop_at < 0:
+        p.error("--save-every and --stop-at must be >= 0")
     return args
+
+
+# arguments that may differ between the stages of one resumed run: they do not change what is computed
+STAGE_ARGS = ("threads", "save_every", "resume", "stop_at")
+
+
+def resume_file(out: Path) -> Path:
+    return Path(out) / "resume" / "state.pt"
+
+
+def save_state(out: Path, state: dict) -> None:
+    """Write the resume state atomically: a run killed while writing keeps the previous state intact."""
+    path = resume_file(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def load_state(out: Path, args: argparse.Namespace) -> dict | None:
+    """The resume state of an earlier stage of this run, or None; refused when it was made with other arguments."""
+    path = resume_file(out)
+    if not path.is_file():
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - a torn or foreign file: say which and why
+        raise SystemExit(f"{path}: cannot read the resume state ({type(e).__name__}: {e})") from None
+    mine = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k not in STAGE_ARGS}
+    theirs = {k: v for k, v in state["args"].items() if k not in STAGE_ARGS}
+    if mine != theirs:
+        diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        raise SystemExit(f"{path} was written with other arguments ({diff}); resume with the same ones or use "
+                         "another --out")
+    return state
 
 
 def main(argv=None) -> dict:
@@ -192,10 +237,27 @@ def main(argv=None) -> dict:
 
     gen = torch.Generator().manual_seed(args.seed)
     order, cursor = torch.randperm(len(train), generator=gen), 0
-    history, losses = [], []
+    history, losses, first, seconds_before = [], [], 0, 0.0
+    state = load_state(args.out, args) if args.resume else None
+    if state is not None:
+        model.load_state_dict(state["model"])
+        text_encoder.load_state_dict(state["text_encoder"])
+        opt.load_state_dict(state["optimizer"])
+        gen.set_state(state["generator"])
+        torch.set_rng_state(state["torch_rng"])  # the model's dropout
+        order, cursor, first = state["order"], state["cursor"], state["step"]
+        history, losses, seconds_before = state["history"], state["losses"], state["seconds"]
+        print(f"resumed from {resume_file(args.out)} at step {first}", flush=True)
+
+    def snapshot(step: int) -> dict:
+        return {"model": model.state_dict(), "text_encoder": text_encoder.state_dict(), "optimizer": opt.state_dict(),
+                "generator": gen.get_state(), "torch_rng": torch.get_rng_state(), "order": order, "cursor": cursor,
+                "step": step, "history": history, "losses": losses, "seconds": seconds_before + time.time() - t0,
+                "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
+
     model.train()
     text_encoder.train()
-    for step in range(args.steps):
+    for step in range(first, args.steps):
         if cursor + args.batch_size > len(order):
             order, cursor = torch.randperm(len(train), generator=gen), 0
         items, x0, lengths = stack(train, order[cursor:cursor + args.batch_size].tolist())
@@ -219,6 +281,12 @@ def main(argv=None) -> dict:
                       **evaluate(probe, text_encoder, heldout, alphas, args, mean, std, alignment)}
             history.append(report)
             print(json.dumps(report), flush=True)
+        done = step + 1
+        if done < args.steps and ((args.save_every and done % args.save_every == 0) or done == args.stop_at):
+            save_state(args.out, snapshot(done))
+        if done == args.stop_at and done < args.steps:
+            print(f"stopped at step {done} of {args.steps}; continue with the same command and --resume", flush=True)
+            return {"stopped_at": done}
     opt.zero_grad(set_to_none=True)
     model.eval()
     text_encoder.eval()
@@ -234,7 +302,7 @@ def main(argv=None) -> dict:
         "seed": args.seed,
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "git_commit": git_commit(),
-        "wall_time_s": time.time() - t0,
+        "wall_time_s": seconds_before + time.time() - t0,  # over every stage of a resumed run
         "num_parameters": sum(p.numel() for p in model.parameters()),
         "text_encoder_parameters": sum(p.numel() for p in text_encoder.parameters()),
         "vocabulary_size": len(text_encoder.vocab),
@@ -247,6 +315,9 @@ def main(argv=None) -> dict:
         "threads": args.threads,
     }
     (args.out / "provenance.json").write_text(json.dumps(provenance, indent=2) + "\n")
+    resume_file(args.out).unlink(missing_ok=True)  # the run is complete: the base folder holds weights only
+    with contextlib.suppress(OSError):
+        resume_file(args.out).parent.rmdir()
     print(json.dumps({k: provenance[k] for k in ("wall_time_s", "final_train_loss", "final_eval")}, indent=2))
     return provenance
 
