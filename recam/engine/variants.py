@@ -599,6 +599,46 @@ def grpo_variants(x: StepLossInputs, s: LossSettings) -> tuple[Tensor, dict[str,
 grpo_variants.reads_variants = True  # validation: the train.use_* switches need a loss that reads them
 
 
+def _check_variant_inputs(log_prob, old_log_prob, advantages, clip_range, adv_clip_max, log_ratio_clamp, kl, beta, *,
+                          timestep_index, num_timesteps, seq_log_prob, seq_old_log_prob, ema_weight, grad_weight,
+                          use_amic, use_gspo, use_ptrw, ptrw_sigma, use_temporal_decay, use_asymmetric_clipping,
+                          clip_ratio_pos, clip_ratio_neg) -> None:
+    """grpo_variants_policy_loss's arguments: shapes, ranges, and the variants that exclude each other (its
+    docstring says which and why); a ValueError naming the argument."""
+    if not (log_prob.shape == old_log_prob.shape == advantages.shape):
+        raise ValueError(
+            f"log_prob {tuple(log_prob.shape)}, old_log_prob {tuple(old_log_prob.shape)} and advantages "
+            f"{tuple(advantages.shape)} must have the same shape"
+        )
+    _check_positive(clip_range=clip_range, adv_clip_max=adv_clip_max, log_ratio_clamp=log_ratio_clamp)
+    if not beta >= 0:
+        raise ValueError(f"beta must be >= 0, got {beta!r}")
+    if beta > 0 and kl is None:
+        raise ValueError("beta > 0 needs a kl tensor")
+    _exclusive({
+        ("use_amic", "use_gspo"): use_amic and use_gspo,
+        ("use_ptrw", "use_asymmetric_clipping"): use_ptrw and use_asymmetric_clipping,
+        ("ema_weight", "use_amic"): ema_weight is not None and use_amic,
+        ("ema_weight", "use_gspo"): ema_weight is not None and use_gspo,
+    })
+    if use_ptrw:
+        _check_positive(ptrw_sigma=ptrw_sigma)
+    if use_asymmetric_clipping:
+        _check_positive(clip_ratio_pos=clip_ratio_pos, clip_ratio_neg=clip_ratio_neg)
+    if ema_weight is not None:
+        _check_weight("ema_weight", ema_weight, log_prob.shape)
+    if grad_weight is not None:
+        _check_weight("grad_weight", grad_weight, log_prob.shape)
+    if (use_amic or use_gspo) and (seq_log_prob is None or seq_old_log_prob is None or timestep_index is None):
+        raise ValueError("use_amic / use_gspo need timestep_index, seq_log_prob and seq_old_log_prob")
+    if use_temporal_decay and (timestep_index is None or num_timesteps is None):
+        raise ValueError("use_temporal_decay needs timestep_index and num_timesteps")
+    if use_temporal_decay and not 0 <= timestep_index < num_timesteps:
+        raise ValueError(f"timestep_index must be in [0, {num_timesteps}), got {timestep_index!r}")
+    if (use_amic or use_gspo) and num_timesteps is not None and seq_log_prob.shape[-1] != num_timesteps:
+        raise ValueError(f"seq_log_prob has {seq_log_prob.shape[-1]} timesteps, num_timesteps is {num_timesteps}")
+
+
 def grpo_variants_policy_loss(
     log_prob: Tensor,
     old_log_prob: Tensor,
@@ -659,38 +699,12 @@ def grpo_variants_policy_loss(
     Raises ValueError for AMIC with GSPO, PTRW with asymmetric clipping, and ema_weight with AMIC or GSPO
     (w~ smooths one timestep's weight; the sequence forms are built from all T raw weights).
     """
-    if not (log_prob.shape == old_log_prob.shape == advantages.shape):
-        raise ValueError(
-            f"log_prob {tuple(log_prob.shape)}, old_log_prob {tuple(old_log_prob.shape)} and advantages "
-            f"{tuple(advantages.shape)} must have the same shape"
-        )
-    _check_positive(clip_range=clip_range, adv_clip_max=adv_clip_max, log_ratio_clamp=log_ratio_clamp)
-    if not beta >= 0:
-        raise ValueError(f"beta must be >= 0, got {beta!r}")
-    if beta > 0 and kl is None:
-        raise ValueError("beta > 0 needs a kl tensor")
-    _exclusive({
-        ("use_amic", "use_gspo"): use_amic and use_gspo,
-        ("use_ptrw", "use_asymmetric_clipping"): use_ptrw and use_asymmetric_clipping,
-        ("ema_weight", "use_amic"): ema_weight is not None and use_amic,
-        ("ema_weight", "use_gspo"): ema_weight is not None and use_gspo,
-    })
-    if use_ptrw:
-        _check_positive(ptrw_sigma=ptrw_sigma)
-    if use_asymmetric_clipping:
-        _check_positive(clip_ratio_pos=clip_ratio_pos, clip_ratio_neg=clip_ratio_neg)
-    if ema_weight is not None:
-        _check_weight("ema_weight", ema_weight, log_prob.shape)
-    if grad_weight is not None:
-        _check_weight("grad_weight", grad_weight, log_prob.shape)
-    if (use_amic or use_gspo) and (seq_log_prob is None or seq_old_log_prob is None or timestep_index is None):
-        raise ValueError("use_amic / use_gspo need timestep_index, seq_log_prob and seq_old_log_prob")
-    if use_temporal_decay and (timestep_index is None or num_timesteps is None):
-        raise ValueError("use_temporal_decay needs timestep_index and num_timesteps")
-    if use_temporal_decay and not 0 <= timestep_index < num_timesteps:
-        raise ValueError(f"timestep_index must be in [0, {num_timesteps}), got {timestep_index!r}")
-    if (use_amic or use_gspo) and num_timesteps is not None and seq_log_prob.shape[-1] != num_timesteps:
-        raise ValueError(f"seq_log_prob has {seq_log_prob.shape[-1]} timesteps, num_timesteps is {num_timesteps}")
+    _check_variant_inputs(
+        log_prob, old_log_prob, advantages, clip_range, adv_clip_max, log_ratio_clamp, kl, beta,
+        timestep_index=timestep_index, num_timesteps=num_timesteps, seq_log_prob=seq_log_prob,
+        seq_old_log_prob=seq_old_log_prob, ema_weight=ema_weight, grad_weight=grad_weight, use_amic=use_amic,
+        use_gspo=use_gspo, use_ptrw=use_ptrw, ptrw_sigma=ptrw_sigma, use_temporal_decay=use_temporal_decay,
+        use_asymmetric_clipping=use_asymmetric_clipping, clip_ratio_pos=clip_ratio_pos, clip_ratio_neg=clip_ratio_neg)
 
     diff = log_prob - old_log_prob
     ratio = torch.exp(diff.clamp(-log_ratio_clamp, log_ratio_clamp))
