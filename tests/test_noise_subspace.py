@@ -176,15 +176,11 @@ def test_a_toy_run_trains_with_one_component(tmp_path):
 
     from recam.domains.toy.domain import ToyDomain
     from recam.engine.trainer import GRPOTrainer
-    from recam.infra import runlog
+    from tests.toy_trainer import toy_trainer
 
-    c = grpo.get_config("toy")
-    c.run_dir, c.logging.wandb_mode, c.toy.pretrain_steps = str(tmp_path), "disabled", 50
-    c.num_epochs, c.eval.freq, c.sample.noise_frequencies = 1, 100, 1
-    derived = validate(c, 1)
-    torch.manual_seed(c.seed)
-    log = runlog.RunLog(tmp_path, c)
-    trainer = GRPOTrainer(c, ToyDomain(c, "cpu", log), Accelerator(cpu=True), log, derived)
+    trainer = toy_trainer(tmp_path, "toy", {"toy.pretrain_steps": 50, "num_epochs": 1, "eval.freq": 100,
+                                            "sample.noise_frequencies": 1})
+    c, log = trainer.config, trainer.log
     assert isinstance(trainer.scheduler, SubspaceNoise)
     import contextlib
     import io

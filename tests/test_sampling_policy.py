@@ -13,27 +13,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from accelerate import Accelerator
 
-from config import grpo
-from config.validate import validate
-from recam.domains.toy.domain import ToyDomain
 from recam.engine.rollout import deterministic_sample, per_sample_noise
 from recam.engine.trainer import GRPOTrainer, old_policy_decay_at
-from recam.infra import runlog
+from tests.toy_trainer import toy_trainer
 
 
 def _trainer(run_dir: Path, preset: str, **train) -> GRPOTrainer:
-    c = grpo.get_config(preset)
-    c.run_dir, c.logging.wandb_mode, c.eval.freq = str(run_dir), "disabled", 100
-    c.sample.num_batches_per_epoch, c.sample.batch_size, c.train.batch_size = 1, 8, 8  # seconds, not minutes
-    c.toy.pretrain_steps = 200  # which weights sample is the question here, not how good the base is
-    for k, v in train.items():
-        c.train[k] = v
-    derived = validate(c, 1)
-    torch.manual_seed(c.seed)
-    log = runlog.RunLog(run_dir, c)
-    return GRPOTrainer(c, ToyDomain(c, "cpu", log), Accelerator(cpu=True), log, derived)
+    settings = {"eval.freq": 100, "sample.num_batches_per_epoch": 1, "sample.batch_size": 8,  # seconds, not minutes
+                "train.batch_size": 8,
+                "toy.pretrain_steps": 200}  # which weights sample is the question here, not how good the base is
+    return toy_trainer(run_dir, preset, {**settings, **{f"train.{k}": v for k, v in train.items()}})
 
 
 def _records(run_dir: Path) -> list[dict]:

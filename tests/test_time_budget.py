@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from config import grpo
-from config.validate import validate
 from recam.engine.containers import EpochResult, StepStats
 from recam.engine.health import diagnose_epoch, diagnose_step
 from recam.engine.objective import OBJECTIVES, register_objective
@@ -153,22 +152,14 @@ def matching_objective():
 
 
 def _train_in_process(run_dir: Path, epochs: int):
-    from accelerate import Accelerator
+    from tests.toy_trainer import toy_trainer
 
-    from recam.domains.toy.domain import ToyDomain
-    from recam.engine.trainer import GRPOTrainer
-
-    c = grpo.get_config("toy")
-    c.run_dir, c.num_epochs, c.train.objective = str(run_dir), epochs, "test_matching"
-    c.train.old_policy_decay, c.logging.wandb_mode, c.eval.freq = 0.5, "disabled", 100
-    c.train.old_policy_decay_ramp = 0.0  # half way per epoch from the first
-    derived = validate(c, 1)
-    torch.manual_seed(c.seed)
-    log = runlog.RunLog(run_dir, c)
-    trainer = GRPOTrainer(c, ToyDomain(c, "cpu", log), Accelerator(cpu=True), log, derived)
+    trainer = toy_trainer(run_dir, "toy", {"num_epochs": epochs, "train.objective": "test_matching",
+                                           "train.old_policy_decay": 0.5, "eval.freq": 100,
+                                           "train.old_policy_decay_ramp": 0.0})  # half way per epoch from the first
     with contextlib.redirect_stdout(open(os.devnull, "w")):  # noqa: SIM115 - the report prints its table
         trainer.train()
-    return trainer, derived, [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return trainer, trainer.derived, [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_an_objective_without_ratios_samples_deterministically_and_keeps_an_exact_old_policy(tmp_path,

@@ -13,11 +13,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from config import grpo  # noqa: E402
-from config.validate import validate  # noqa: E402
 from recam.engine.health import Thresholds, diagnose_run, rule_update_noise  # noqa: E402
 from recam.engine.trainer import flat_cosine  # noqa: E402
-from recam.infra import runlog  # noqa: E402
 from recam.infra.stats import mean_interval, t975  # noqa: E402
 from scripts.gradient_agreement import agreement, epoch_gradients, samples_for_half, share_interval  # noqa: E402
 
@@ -118,21 +115,11 @@ def test_t_quantiles_and_mean_interval():
 
 
 def _toy_trainer(tmp_path: Path, **sample):
-    from accelerate import Accelerator
+    from tests.toy_trainer import toy_trainer
 
-    from recam.domains.toy.domain import ToyDomain
-    from recam.engine.trainer import GRPOTrainer
-
-    c = grpo.get_config("toy")
-    c.run_dir, c.logging.wandb_mode, c.toy.pretrain_steps = str(tmp_path), "disabled", 50
-    c.sample.num_batches_per_epoch = 2  # 64 samples = 8 conditions x k 8
-    c.train.gradient_accumulation_steps = 1
-    for k, v in sample.items():
-        c.sample[k] = v
-    derived = validate(c, 1)
-    torch.manual_seed(c.seed)
-    log = runlog.RunLog(tmp_path, c)
-    return GRPOTrainer(c, ToyDomain(c, "cpu", log), Accelerator(cpu=True), log, derived)
+    settings = {"toy.pretrain_steps": 50, "sample.num_batches_per_epoch": 2,  # 64 samples = 8 conditions x k 8
+                "train.gradient_accumulation_steps": 1}
+    return toy_trainer(tmp_path, "toy", {**settings, **{f"sample.{k}": v for k, v in sample.items()}})
 
 
 def test_same_initial_noise_starts_a_condition_s_copies_together(tmp_path):
