@@ -35,7 +35,7 @@ import torch  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from recam.infra.stats import paired_change  # noqa: E402
+from recam.infra.runlog import eval_change  # noqa: E402
 
 config_flags.DEFINE_config_file("config", "config/grpo.py:tiny_cpu", "preset (config/grpo.py:<name>[+method])")
 flags.DEFINE_integer("repeats", 4, "independent epochs for the signal share (0: skip it; otherwise >= 3)")
@@ -105,9 +105,8 @@ def table(files: list[Path]) -> str:
         cells = [fmt(first["samples"].get(key))]
         for r in reports[1:]:
             cell = fmt(r["samples"].get(key))
-            b, a = first["samples"].get(f"rows/{key}"), r["samples"].get(f"rows/{key}")
-            if b and a and len(a) == len(b):
-                mean, half, n = paired_change(b, a)
+            mean, half, n = eval_change(first["samples"], r["samples"], key)
+            if n:  # per-condition values in both: the paired change (a whole-split metric has none)
                 cell += f" ({fmt(mean, '+.4f')} ± {fmt(half)})"
             cells.append(cell)
         name = key.split("/", 1)[1]
@@ -128,7 +127,7 @@ def main(_):
     if FLAGS.table:
         print(table([Path(f) for f in FLAGS.table.split(",") if f]))
         return
-    if FLAGS.repeats not in (0,) and FLAGS.repeats < 3:
+    if FLAGS.repeats < 0 or 0 < FLAGS.repeats < 3:
         sys.exit("[recam] --repeats must be 0 (no signal share) or at least 3 (its interval needs them)")
     if not FLAGS.out:
         sys.exit("[recam] --out is required (the JSON file to write)")

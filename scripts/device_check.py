@@ -416,11 +416,6 @@ SCORES = {"tiny_gpu": ("eval/cam_score", "eval/cam_score"),
           "motion_tiny_gpu": ("eval/r_precision_top3", "eval/motion_alignment")}
 
 
-def paired_gain(before: list, after: list) -> tuple[float, float, int]:
-    """Mean of after - before over the conditions both scored, its 95% t half-width, and how many conditions."""
-    return paired_change(before, after)
-
-
 def run_preset(preset: str, seconds: float, overrides: tuple[str, ...], run_dir: Path, cap: float) -> dict:
     from recam.infra.runlog import read_records
 
@@ -439,7 +434,7 @@ def run_preset(preset: str, seconds: float, overrides: tuple[str, ...], run_dir:
     evals = [r for r in records if r.get("type") == "eval"]
     score, paired = SCORES[preset]
     start, final = evals[0], next(r for r in reversed(evals) if r["tag"] == "final")
-    mean, half, n = paired_gain(start.get(f"rows/{paired}", []), final.get(f"rows/{paired}", []))
+    mean, half, n = paired_change(start.get(f"rows/{paired}", []), final.get(f"rows/{paired}", []))
     per_update = epochs[0]["samples_per_epoch"] / max(1, len(epochs[0]["optimizer_steps"])) if epochs else None
     out.update({"score": score, "samples_per_update": per_update, "epochs": len(epochs),
                 "train_seconds": final.get("train_seconds"), "base": start.get(score), "final": final.get(score),

@@ -19,8 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from recam.infra.runlog import read_records  # noqa: E402
-from recam.infra.stats import mean_interval, paired_change  # noqa: E402
+from recam.infra.runlog import eval_change, read_records  # noqa: E402
+from recam.infra.stats import mean_interval  # noqa: E402
 
 
 def run_evals(run_dir: Path) -> tuple[dict, dict, dict]:
@@ -43,16 +43,6 @@ def run_evals(run_dir: Path) -> tuple[dict, dict, dict]:
     return base, reported, last
 
 
-def change(base: dict, late: dict, metric: str) -> tuple[float, float, int]:
-    """late - base: paired over the conditions when both carry per-condition values, else the plain difference
-    (NaN half-width, 0 conditions)."""
-    b, a = base.get(f"rows/{metric}"), late.get(f"rows/{metric}")
-    if b and a and len(a) == len(b):
-        return paired_change(b, a)
-    x, y = late.get(metric), base.get(metric)
-    return (x - y if x is not None and y is not None else math.nan), math.nan, 0
-
-
 def fmt(mean: float, half: float) -> str:
     if not math.isfinite(mean):
         return "n/a"
@@ -68,7 +58,7 @@ def report(run_dirs: list[Path], metrics: list[str]) -> str:
         reported_changes, last_changes = [], []
         for run in run_dirs:
             base, rep, last = run_evals(run)
-            r, l_ = change(base, rep, metric), change(base, last, metric)
+            r, l_ = eval_change(base, rep, metric), eval_change(base, last, metric)
             reported_changes.append(r[0])
             last_changes.append(l_[0])
             b = base.get(metric)

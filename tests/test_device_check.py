@@ -79,6 +79,6 @@ def test_a_stage_past_its_cap_is_recorded_and_the_others_still_run(tmp_path, mon
 def test_paired_gain_is_the_t_interval_of_the_differences():
     before, after = [0.1, 0.2, None, 0.4, 0.3], [0.2, 0.2, 0.5, 0.7, float("nan")]
     diffs = [0.1, 0.0, 0.3]  # conditions scored in both evaluations only
-    mean, half, n = device_check.paired_gain(before, after)
+    mean, half, n = device_check.paired_change(before, after)
     assert n == 3 and mean == pytest.approx(statistics.fmean(diffs))
     assert half == pytest.approx(4.303 * statistics.stdev(diffs) / math.sqrt(3), rel=2e-4)  # t_{0.975, 2}

@@ -201,12 +201,8 @@ class RunLog:
             """late - base: paired over the conditions with its 95% interval where the metric is per condition."""
             if "n/a" in (f4(x), f4(y)):
                 return "n/a"
-            b_rows, a_rows = before.get(f"rows/{key}"), late.get(f"rows/{key}")
-            if b_rows and a_rows and len(b_rows) == len(a_rows):
-                mean, half, n = paired_change(b_rows, a_rows)
-                if n >= 2 and math.isfinite(half):
-                    return f"{mean:+.4f} ± {half:.4f}"
-            return fmt_or_na(x - y, "+.4f")
+            mean, half, _ = eval_change(before, late, key)
+            return f"{mean:+.4f} ± {half:.4f}" if math.isfinite(half) else fmt_or_na(mean, "+.4f")
 
         if selected is None:
             lines = ["| held-out metric | base | after GRPO | change |", "|---|---|---|---|"]
@@ -380,6 +376,17 @@ def mean_over_processes(metrics: dict, accelerator) -> dict:
     if "ratio_min" in out:
         out["ratio_min"] = float(g[:, keys.index("ratio_min")].min())
     return out
+
+
+def eval_change(before: dict, after: dict, key: str) -> tuple[float, float, int]:
+    """after - before for one metric of two evaluation records: paired over the conditions both scored, with its 95%
+    t half-width and their count, when both carry the metric's per-condition values (rows/<key>); otherwise the
+    difference of the means, with a NaN half-width and 0 conditions (a metric over the whole split)."""
+    b, a = before.get(f"rows/{key}"), after.get(f"rows/{key}")
+    if b and a and len(a) == len(b):
+        return paired_change(b, a)
+    x, y = after.get(key), before.get(key)
+    return (x - y if x is not None and y is not None else math.nan), math.nan, 0
 
 
 def summarise_eval(rows: list[dict], prefix: str = "eval") -> dict:
