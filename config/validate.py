@@ -384,8 +384,8 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
     from recam.engine.domain import domain_class, known_domains
     from recam.engine.losses import KL_ESTIMATORS, POLICY_LOSSES
     from recam.engine.objective import OBJECTIVES, STEP_WEIGHTINGS, known_objectives
+    from recam.engine.reward_runner import FailurePolicy
     from recam.engine.variants import VARIANT_SWITCHES  # (importing it registers the "grpo_variants" policy loss)
-    from recam.infra.reward_runner import FailurePolicy
 
     s, t, a = config.sample, config.train, config.advantage
     _require(_is_int(num_processes) and num_processes >= 1, f"num_processes must be >= 1, got {num_processes}")

@@ -27,7 +27,7 @@ wrong (bad model name, payload too large) and are reported at once.
 The registered reward is a `UnifiedReward` object built from config.reward.unified by `build_unifiedscore`; it
 holds its UnifiedConfig and HTTP client. Building it runs `health_check(config)`, which raises
 `UnifiedServerError` naming the URL and the cause when the server cannot be reached, so a run does not discover a
-dead judge after its first rollout. UnifiedServerError is a `recam.infra.reward_runner.RewardServerDown` with a
+dead judge after its first rollout. UnifiedServerError is a `recam.engine.reward_runner.RewardServerDown` with a
 one-line message, so an entry point can report it as such (exit status 3) rather than as a traceback.
 
 A judge that dies mid-run is not an exception here: every request of a batch fails after its retries, so every
@@ -54,7 +54,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from recam.infra.reward_runner import RewardServerDown
+from recam.engine.reward_runner import RewardServerDown
 from rewards import register_reward
 
 PROMPT_FORMATS = ("final_score", "alignment_physics_style")

@@ -32,11 +32,11 @@ from ml_collections import config_flags  # noqa: E402
 from config.plugins import import_plugins  # noqa: E402
 from config.validate import ConfigError, eval_report_rewards, validate, validate_files  # noqa: E402
 from recam.engine.domain import build_domain  # noqa: E402
+from recam.engine.reward_runner import RewardServerDown  # noqa: E402
 from recam.engine.trainer import GRPOTrainer  # noqa: E402
 from recam.infra import runlog  # noqa: E402
 from recam.infra.checkpoint import CheckpointCorrupt, ResumeMismatch  # noqa: E402
 from recam.infra.distributed import use_cpu_if_no_accelerator  # noqa: E402
-from recam.infra.reward_runner import RewardServerDown  # noqa: E402
 
 FLAGS = flags.FLAGS
 DEFAULT_PRESET = f"{ROOT / 'config' / 'grpo.py'}:tiny_cpu"  # absolute, so it loads from any working directory

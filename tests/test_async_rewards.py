@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from recam.engine.advantages import group_advantages
-from recam.infra.reward_runner import (
+from recam.engine.reward_runner import (
     AsyncRewardRunner,
     RewardServerDown,
     concat_results,
@@ -42,7 +42,7 @@ def identity_reward(videos, conditions):
 
 def test_order_kept_and_rewards_never_mixed(caplog):
     random.seed(0)
-    caplog.set_level(logging.INFO, logger="recam.infra.reward_runner")
+    caplog.set_level(logging.INFO, logger="recam.engine.reward_runner")
     with AsyncRewardRunner(identity_reward, max_workers=3) as runner:
         for b in range(8):
             runner.submit(f"batch{b}", *make_batch(b))

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from recam.infra.reward_runner import RewardServerDown
+from recam.engine.reward_runner import RewardServerDown
 from rewards.pose import STILL_TOLERANCE, build_estimator, known_estimators
 from rewards.pose.served import (
     NOT_REGISTERED,

@@ -64,7 +64,7 @@ def test_smoke_run_logs_verifiable_grpo_and_checkpoints(tmp_path):
     assert [line.split(":")[0] for line in console] == ["[recam] epoch 0 step 0", "[recam] epoch 1 step 2"]
     assert "reward batch" not in p.stdout + p.stderr and "derived numbers" not in p.stdout
     run_log = (tmp_path / "run.log").read_text()
-    assert run_log.count("recam.infra.reward_runner: reward batch ") == 2 and "derived numbers: {" in run_log
+    assert run_log.count("recam.engine.reward_runner: reward batch ") == 2 and "derived numbers: {" in run_log
     assert run_log.count(" recam.run: epoch ") == 2
     # The reported checkpoint is chosen on validation conditions: best val cam_score among the evaluations whose
     # val fidelity is at most 0.01 below the base's (the base always qualifies); it survives pruning (keep 1).

@@ -468,7 +468,7 @@ def _dead_url():
 
 
 def test_judge_down_at_start_is_a_one_line_reward_server_down():
-    from recam.infra.reward_runner import RewardServerDown
+    from recam.engine.reward_runner import RewardServerDown
 
     url = _dead_url()
     with pytest.raises(RewardServerDown) as err:  # what an entry point catches for a clean exit
@@ -483,7 +483,7 @@ def test_judge_down_at_start_is_a_one_line_reward_server_down():
 def test_judge_failing_every_request_mid_run_is_server_down_not_nan(judge_factory, failure):
     """UnifiedReward answers NaN (+ reason) for each request that fails after its retries; the runner must turn a
     batch with no valid sample into RewardServerDown, so the trainer stops instead of training on nothing."""
-    from recam.infra.reward_runner import AsyncRewardRunner, RewardServerDown
+    from recam.engine.reward_runner import AsyncRewardRunner, RewardServerDown
 
     if failure == "connection_refused":
         url = _dead_url()
@@ -508,7 +508,7 @@ def test_judge_failing_every_request_mid_run_is_server_down_not_nan(judge_factor
 
 def test_a_flaky_judge_is_not_server_down(judge_factory):
     """Some requests fail for good: those samples are excluded (NaN + reason), the batch is not a server outage."""
-    from recam.infra.reward_runner import AsyncRewardRunner
+    from recam.engine.reward_runner import AsyncRewardRunner
 
     judge = judge_factory(script={1: [("status", 500)]})
     reward = UnifiedReward(config(judge.url, max_retries=0), check_health=False)

@@ -10,9 +10,9 @@ import torch
 from config.base import get_config
 from recam import verify
 from recam.engine.advantages import broadcast_over_timesteps, group_advantages
+from recam.engine.reward_runner import exclusion_mask, masked_group_advantages
 from recam.engine.sampler import global_batch_indices
 from recam.infra import runlog
-from recam.infra.reward_runner import exclusion_mask, masked_group_advantages
 
 P, BS, NB, K, T = 2, 4, 2, 4, 3  # 16 samples = 4 conditions x k=4 per epoch
 N = P * BS * NB

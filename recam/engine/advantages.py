@@ -62,15 +62,6 @@ def broadcast_over_timesteps(values: torch.Tensor, num_timesteps: int) -> torch.
     return values[:, None].repeat(1, num_timesteps)
 
 
-def per_group_stats(values: torch.Tensor, group_ids: torch.Tensor) -> dict[int, tuple[int, float, float]]:
-    """{group id: (count, mean, population std)} of (N,) values; for logs and verification, not hot paths."""
-    out = {}
-    for g in torch.unique(group_ids).tolist():
-        v = values[group_ids == g].double()
-        out[int(g)] = (v.numel(), float(v.mean()), float(v.std(unbiased=False)))
-    return out
-
-
 def nonzero_group_mask(advantages: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     """(N,) bool: samples whose group has at least one non-zero advantage (zero-std groups are dropped)."""
     _, inverse = torch.unique(group_ids, return_inverse=True)

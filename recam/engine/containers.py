@@ -53,7 +53,7 @@ class Rollouts:
 class Scores:
     """This process's rewards. rewards: name -> (n,) float32 ("avg" drives training; NaN = failed);
     valid: (n,) bool, False where a reward failed; seconds: time spent in reward calls; details: what the rewards
-    report per sample besides their scores (recam.infra.reward_runner.RewardDetails: errors, estimator seconds,
+    report per sample besides their scores (recam.engine.reward_runner.RewardDetails: errors, estimator seconds,
     per-frame lists, failure-reason counts), logged with the epoch."""
 
     rewards: dict[str, torch.Tensor]

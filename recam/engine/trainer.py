@@ -26,6 +26,15 @@ from recam.engine.health import SAMPLE_RULES, Finding, diagnose_step, term_stand
 from recam.engine.hooks import ConstraintHook, FaultInjectionHook
 from recam.engine.noise_subspace import SubspaceNoise
 from recam.engine.objective import OBJECTIVES, MicroBatch, known_objectives, objective_needs
+from recam.engine.reward_runner import (
+    AsyncRewardRunner,
+    RewardDetails,
+    RewardServerDown,
+    concat_details,
+    concat_results,
+    exclusion_mask,
+    masked_group_advantages,
+)
 from recam.engine.rollout import deterministic_sample, per_sample_noise, rollout, window_start
 from recam.engine.sampler import KRepeatBatchSampler
 from recam.engine.selection import select_checkpoint
@@ -51,15 +60,6 @@ from recam.infra.checkpoint import (
 )
 from recam.infra.distributed import local_slice
 from recam.infra.lora import add_lora
-from recam.infra.reward_runner import (
-    AsyncRewardRunner,
-    RewardDetails,
-    RewardServerDown,
-    concat_details,
-    concat_results,
-    exclusion_mask,
-    masked_group_advantages,
-)
 from recam.infra.schema import reward_terms
 
 OLD_POLICY = "old_policy.json"  # checkpoint side file: the old policy's trainable parameters, exact

@@ -20,9 +20,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from recam.engine.advantages import per_group_stats
 from recam.infra.schema import reward_terms
-from recam.infra.stats import paired_change
+from recam.infra.stats import paired_change, per_group_stats
 
 LOG_FILE = "run.log"  # everything logged at INFO and above: the run's own lines, per-batch reward timings, retries
 _file_log = logging.getLogger("recam.run")

@@ -99,7 +99,7 @@ import httpx
 import numpy as np
 from PIL import Image
 
-from recam.infra.reward_runner import RewardServerDown
+from recam.engine.reward_runner import RewardServerDown
 from rewards.pose import NOT_SENT, PoseEstimate, centre_parallax, register_estimator
 
 METHOD = "served"
