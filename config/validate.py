@@ -11,6 +11,8 @@ from pathlib import Path
 
 import ml_collections
 
+from recam.engine.plan import RunNumbers, StepPlan, latest_window_start, trained_steps
+
 
 class ConfigError(ValueError):
     """A config value that cannot work; the message names the field."""
@@ -248,39 +250,27 @@ def check_rewards(config: ml_collections.ConfigDict, domain_cls) -> None:
         check(FieldChecks(config))
 
 
-def derived_numbers(config: ml_collections.ConfigDict, num_processes: int) -> dict:
-    """Numbers every reader of a run needs, computed once: samples and unique conditions per batch/epoch."""
-    s = config.sample
+def derived_numbers(config: ml_collections.ConfigDict, num_processes: int) -> RunNumbers:
+    """Numbers every reader of a run needs, computed once: samples and unique conditions per batch/epoch, the
+    trained steps and window."""
+    s, plan = config.sample, step_plan(config)
     per_batch = num_processes * s.batch_size
-    return {
-        "num_processes": num_processes,
-        "per_device_batch": s.batch_size,
-        "k": s.k,
-        "num_batches_per_epoch": s.num_batches_per_epoch,
-        "samples_per_batch": per_batch,
-        "conditions_per_batch": per_batch // s.k,
-        "samples_per_epoch": per_batch * s.num_batches_per_epoch,
-        "unique_conditions_per_epoch": per_batch * s.num_batches_per_epoch // s.k,
-        # the advantages' columns: the trained steps T, or 1 for an objective that stores none (T = 0)
-        "num_train_timesteps": max(1, trained_steps(config)),
-    }
+    return RunNumbers(num_processes=num_processes, per_device_batch=s.batch_size, k=s.k,
+                      num_batches_per_epoch=s.num_batches_per_epoch, samples_per_batch=per_batch,
+                      conditions_per_batch=per_batch // s.k, samples_per_epoch=per_batch * s.num_batches_per_epoch,
+                      unique_conditions_per_epoch=per_batch * s.num_batches_per_epoch // s.k,
+                      num_train_timesteps=max(1, plan.trained_steps), plan=plan)
 
 
-def num_train_timesteps(num_steps: int, timestep_fraction: float) -> int:
-    """Trained denoising steps: the first ceil-free fraction of the rollout, never the final (too peaked) step."""
-    return max(1, min(num_steps - 1, int(num_steps * timestep_fraction)))
-
-
-def trained_steps(config: ml_collections.ConfigDict) -> int:
-    """T, the steps a rollout samples stochastically, stores and trains: sample.window_size when a window is set,
-    else the train.timestep_fraction rule; 0 for an objective that needs no log-probs (it samples deterministically
-    and trains on the final samples)."""
+def step_plan(config: ml_collections.ConfigDict) -> StepPlan:
+    """The run's trained steps and window (recam.engine.rollout.StepPlan), from sample.* and train.*."""
     from recam.engine.objective import objective_needs
 
-    if not objective_needs(config.train.objective, "needs_log_probs"):
-        return 0
     s = config.sample
-    return s.window_size if s.window_size > 0 else num_train_timesteps(s.num_steps, config.train.timestep_fraction)
+    return StepPlan(trained_steps(objective_needs(config.train.objective, "needs_log_probs"), s.num_steps,
+                                  s.window_size, config.train.timestep_fraction),
+                    s.window_size, s.window_mode, s.window_start,
+                    latest_window_start(s.num_steps, s.window_size, s.window_max_start), s.window_shift_every)
 
 
 def scheduler_is_flow(domain: str) -> bool | None:
@@ -300,14 +290,6 @@ def scheduler_is_flow(domain: str) -> bool | None:
 
 FP_TIMESTEP_SAMPLING = ("stratified", "uniform")
 FLOW_ONLY_OBJECTIVES = ("grpo_guard",)  # GRPO-Guard's RatioNorm is derived for the flow SDE's transition
-
-
-def latest_window_start(sample: ml_collections.ConfigDict) -> int:
-    """sample.window_max_start, with -1 read as the latest start whose window ends before the last step (so a preset
-    that changes num_steps keeps a window that slides to the end)."""
-    if sample.window_max_start >= 0:
-        return sample.window_max_start
-    return sample.num_steps - 1 - sample.window_size
 
 
 def check_window_and_objective(config: ml_collections.ConfigDict) -> None:
@@ -369,12 +351,13 @@ def check_window_and_objective(config: ml_collections.ConfigDict) -> None:
                  f"sample.window_max_start={s.window_max_start} + sample.window_size={s.window_size} must be <= "
                  f"sample.num_steps - 1 = {last}: the latest window may not reach the last step")
     if s.window_mode == "progressive":
-        _require(s.window_start <= latest_window_start(s),
+        latest = latest_window_start(s.num_steps, s.window_size, s.window_max_start)
+        _require(s.window_start <= latest,
                  f"sample.window_start={s.window_start} must be <= sample.window_max_start={s.window_max_start} "
-                 f"(here {latest_window_start(s)}; a progressive window slides from the one to the other)")
+                 f"(here {latest}; a progressive window slides from the one to the other)")
 
 
-def validate(config: ml_collections.ConfigDict, num_processes: int) -> dict:
+def validate(config: ml_collections.ConfigDict, num_processes: int) -> RunNumbers:
     """Check `config` for a launch with `num_processes` processes; return `derived_numbers`.
 
     Every numeric field's range and every choice field's membership is checked here (fields every domain reads)

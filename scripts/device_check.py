@@ -277,10 +277,10 @@ def stage_recam(device: torch.device, size: dict, peak_tflops: float | None, wor
 
     # one epoch of the preset on one device: its samples through S sampling steps (measured k at a time) and its
     # trained steps (measured b at a time), inner epochs included; rewards and evaluation not counted
-    from config.validate import trained_steps
+    from config.validate import step_plan
 
     per_device = s.batch_size * s.num_batches_per_epoch
-    T_preset = trained_steps(preset)
+    T_preset = step_plan(preset).trained_steps
     out["epoch_s_implied"] = (per_device / k * s.num_steps * out["sampling_step_s"]
                               + per_device / b * T_preset * t.num_inner_epochs * out["trained_step_s"])
     out["epoch_implied_from"] = (f"{per_device} samples per device, {s.num_steps} sampling steps, {T_preset} trained "

@@ -169,7 +169,7 @@ def main(_):
             config_error(str(e))
     log = runlog.RunLog(Path(config.run_dir), config, enabled=accelerator.is_main_process)
     log.capture_logs(accelerator.process_index)
-    log.detail(f"derived numbers: {json.dumps(derived)}")
+    log.detail(f"derived numbers: {json.dumps(derived.record())}")
     torch.manual_seed(config.seed)
     np.random.seed(config.seed)
 

@@ -15,13 +15,13 @@ PROCS = {"tiny_cpu": 1, "smoke": 1, "recam_8npu": 8}
 def test_every_preset_loads_and_validates(name):
     c = grpo.get_config(name)
     d = validate(c, PROCS.get(name, c.expected_num_processes or 1))
-    assert d["samples_per_epoch"] % d["k"] == 0
-    assert d["unique_conditions_per_epoch"] * d["k"] == d["samples_per_epoch"]
+    assert d.samples_per_epoch % d.k == 0
+    assert d.unique_conditions_per_epoch * d.k == d.samples_per_epoch
 
 
 def test_recam_8npu_arithmetic():
     d = validate(grpo.get_config("recam_8npu"), 8)
-    assert (d["samples_per_epoch"], d["unique_conditions_per_epoch"], d["conditions_per_batch"]) == (64, 16, 4)
+    assert (d.samples_per_epoch, d.unique_conditions_per_epoch, d.conditions_per_batch) == (64, 16, 4)
 
 
 @pytest.mark.parametrize("mutate,field", [
@@ -74,8 +74,8 @@ def test_real_scale_presets_arithmetic_and_settings(name, procs, per_device):
     c = grpo.get_config(name)
     assert c.expected_num_processes == procs
     d = validate(c, procs)
-    assert (d["samples_per_epoch"], d["unique_conditions_per_epoch"], d["k"], d["num_batches_per_epoch"],
-            d["per_device_batch"]) == (64, 16, 4, 4, per_device)
+    assert (d.samples_per_epoch, d.unique_conditions_per_epoch, d.k, d.num_batches_per_epoch,
+            d.per_device_batch) == (64, 16, 4, 4, per_device)
     assert c.data.source == "recammaster" and c.model.vae and c.model.lora_rank > 0
     assert (c.data.num_frames, c.data.height, c.data.width) == (81, 480, 832)
     assert c.mixed_precision == "bf16" and c.model.dtype == "bfloat16" and c.model.gradient_checkpointing

@@ -13,7 +13,7 @@ sys.path.insert(0, str(ROOT))
 
 from config.grpo import get_config  # noqa: E402
 from config.methods import METHODS, apply_method  # noqa: E402
-from config.validate import latest_window_start, validate  # noqa: E402
+from config.validate import step_plan, validate  # noqa: E402
 from recam.engine.rollout import rollout  # noqa: E402
 from scripts.bench_time_to_reward import (  # noqa: E402
     first_reach,
@@ -64,15 +64,14 @@ def test_baseline_trains_every_step_but_the_last_and_fast_windows_are_short():
         assert c.sample.window_max_start + c.sample.window_size <= steps // 2
     mix = get_config("tiny_cpu+mixgrpo")
     assert mix.sample.window_max_start == -1  # the latest start that fits, read when the run starts
-    assert latest_window_start(mix.sample) + mix.sample.window_size == mix.sample.num_steps - 1 == 9
+    assert step_plan(mix).latest_window_start + mix.sample.window_size == mix.sample.num_steps - 1 == 9
     mix.sample.num_steps = 20  # a preset or command line changing the steps afterwards: the window still slides
-    assert latest_window_start(mix.sample) == 15  # to the end
+    assert step_plan(mix).latest_window_start == 15  # to the end
     validate(mix, 1)
 
 
 def test_mixgrpo_flash_spends_under_0_8_of_mixgrpo_s_sampling_evaluations_per_epoch():
     """Counted over the window starts of a run's epochs, with the rollout the trainer calls."""
-    from recam.engine.rollout import window_start
     from recam.engine.scheduler import FlowMatchScheduler
 
     per_epoch = {}
@@ -85,8 +84,7 @@ def test_mixgrpo_flash_spends_under_0_8_of_mixgrpo_s_sampling_evaluations_per_ep
         calls = []
         for epoch in range(c.num_epochs):
             calls.clear()
-            start = window_start(s.window_mode, epoch, c.seed, s.window_start, latest_window_start(s),
-                                 s.window_shift_every)
+            start = step_plan(c).start(epoch, c.seed)
             rollout(lambda x, t, calls=calls: calls.append(1) or torch.zeros_like(x),
                     torch.zeros(1, s.num_steps + 1, 2), sched, start=start, ode_solver=s.ode_solver,
                     solver_scope=s.ode_solver_scope, post_window_compress=s.post_window_compress)

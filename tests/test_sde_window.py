@@ -363,7 +363,7 @@ def test_broken_window_and_objective_fields_are_named(mutate, field):
 def test_window_sizes_the_advantages_and_a_flow_domain_accepts_dpm2():
     c = grpo.get_config("toy")
     c.sample.window_size, c.sample.window_mode, c.sample.window_max_start = 2, "random", 7  # 7 + 2 = 10 - 1
-    assert validate(c, 1)["num_train_timesteps"] == 2
+    assert validate(c, 1).num_train_timesteps == 2
     camera = grpo.get_config("smoke")
     camera.sample.ode_solver = "dpm2"
     validate(camera, 1)

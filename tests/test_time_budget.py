@@ -159,13 +159,13 @@ def _train_in_process(run_dir: Path, epochs: int):
                                            "train.old_policy_decay_ramp": 0.0})  # half way per epoch from the first
     with contextlib.redirect_stdout(open(os.devnull, "w")):  # noqa: SIM115 - the report prints its table
         trainer.train()
-    return trainer, trainer.derived, [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return trainer, trainer.numbers, [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_an_objective_without_ratios_samples_deterministically_and_keeps_an_exact_old_policy(tmp_path,
                                                                                             matching_objective):
     trainer, derived, records = _train_in_process(tmp_path / "a", 3)
-    assert trainer.scheduler.num_train_steps == 0 and derived["num_train_timesteps"] == 1
+    assert trainer.scheduler.num_train_steps == 0 and derived.num_train_timesteps == 1
     # nothing stored per step (states (b, 0, 2)), one advantage column, no sampling means asked for
     assert {(states[1], adv[1], means) for states, adv, means in matching_objective} == {(0, 1, None)}
     for e in _of(records, "epoch"):

@@ -26,6 +26,7 @@ from recam.engine.health import SAMPLE_RULES, Finding, diagnose_step, term_stand
 from recam.engine.hooks import ConstraintHook, FaultInjectionHook
 from recam.engine.noise_subspace import SubspaceNoise
 from recam.engine.objective import OBJECTIVES, MicroBatch, known_objectives, objective_needs
+from recam.engine.plan import RunNumbers
 from recam.engine.reward_runner import (
     AsyncRewardRunner,
     RewardDetails,
@@ -35,7 +36,7 @@ from recam.engine.reward_runner import (
     exclusion_mask,
     masked_group_advantages,
 )
-from recam.engine.rollout import deterministic_sample, per_sample_noise, rollout, window_start
+from recam.engine.rollout import deterministic_sample, per_sample_noise, rollout
 from recam.engine.sampler import KRepeatBatchSampler
 from recam.engine.selection import select_checkpoint
 from recam.infra import runlog
@@ -110,8 +111,8 @@ def exploration_scheduler(domain, config, device):
 
 
 class GRPOTrainer:
-    def __init__(self, config, domain, accelerator, log, derived: dict, report_rewards: tuple[str, ...] = ()):
-        self.config, self.domain, self.accelerator, self.log, self.derived = config, domain, accelerator, log, derived
+    def __init__(self, config, domain, accelerator, log, numbers: RunNumbers, report_rewards: tuple[str, ...] = ()):
+        self.config, self.domain, self.accelerator, self.log, self.numbers = config, domain, accelerator, log, numbers
         self.rank, self.world_size = accelerator.process_index, accelerator.num_processes
         self.run_dir = Path(config.run_dir)
         self.ckpt_root = self.run_dir / "checkpoints"
@@ -167,10 +168,8 @@ class GRPOTrainer:
         self.autocast = accelerator.autocast if config.mixed_precision != "no" else contextlib.nullcontext
         known_objectives()
         self.needs_old_means = objective_needs(t.objective, "needs_old_means")
-        from config.validate import trained_steps
-
         scheduler = exploration_scheduler(domain, config, accelerator.device)
-        T = trained_steps(config)  # the window's size, the timestep_fraction rule, or 0 without log-probs
+        T = numbers.plan.trained_steps  # the window's size, the timestep_fraction rule, or 0 without log-probs
         self.scheduler = scheduler if scheduler.num_train_steps == T else scheduler.with_train_steps(T)
         if s.ode_solver == "dpm2" and not getattr(self.scheduler, "is_flow", False):
             raise ValueError(f"sample.ode_solver='dpm2' needs a flow-matching scheduler; the {config.domain} domain "
@@ -355,13 +354,7 @@ class GRPOTrainer:
 
     def window_start(self, epoch: int) -> int:
         """The scheduler step where this epoch's stochastic window starts (0 without a window)."""
-        s = self.config.sample
-        if s.window_size == 0 or self.scheduler.num_train_steps == 0:
-            return 0
-        from config.validate import latest_window_start
-
-        return window_start(s.window_mode, epoch, self.config.seed, s.window_start, latest_window_start(s),
-                            s.window_shift_every)
+        return self.numbers.plan.start(epoch, self.config.seed)
 
     def sampling_model(self) -> torch.nn.Module:
         """The weights this epoch samples with: the old policy for objectives that sample with it (DiffusionNFT),
@@ -471,8 +464,8 @@ class GRPOTrainer:
 
     def epoch_record(self, rollouts: Rollouts, scores: Scores, groups: Groups) -> dict:
         ids = [self.domain.condition_id(self.train_set, int(i)) for i in groups.index]
-        record = runlog.epoch_record(self.epoch, self.global_step, self.derived, ids, groups.index, groups.rewards,
-                                     groups.advantages, groups.stats, scores.seconds, groups.details)
+        record = runlog.epoch_record(self.epoch, self.global_step, self.numbers.record(), ids, groups.index,
+                                     groups.rewards, groups.advantages, groups.stats, scores.seconds, groups.details)
         record["trajectory_ids"] = [f"{c}#{k}" for c, k in trajectory_ids(groups.index).tolist()]
         for h in self.hooks:
             record.update(h.epoch_record(rollouts, groups, self.train_set))
