@@ -16,13 +16,14 @@ rewards that need no configuration; device is the run's accelerator device (None
 for a reward that computes on it. Whatever a reward needs (a judge's server and HTTP client, a critic's weights)
 lives on the object a factory returns, never in module state, so two runs in one process, or a test next to a run,
 cannot see each other's judge or critic. A reward with settings states their ranges in `check(checks)`
-(config/validate.py's FieldChecks), run whenever a domain of its kind is validated.
+(recam/infra/config_checks.py's FieldChecks), run whenever a domain of its kind is validated.
 
 Where rewards come from: the modules directly under rewards/ are imported only when a reward of theirs is asked for
 (by name, or by kind when a domain of that kind is validated), found by reading their register_reward decorators,
-so choosing one domain never loads another's dependencies and a new module here needs no import list; a domain's
-own rewards module (recam/domains/toy/rewards.py) is imported by the domain; user code is imported by
---config.plugins (config/plugins.py).
+so choosing one domain never loads another's dependencies and a new module here needs no import list; the motion
+domain's rewards (recam/domains/motion/rewards.py) are found and loaded the same way, declared by
+recam/domains/__init__.py (add_builtin_rewards); a domain's own rewards module (recam/domains/toy/rewards.py) is
+imported by the domain; user code is imported by --config.plugins (config/plugins.py).
 
 A reward scored by a server (the judge, a served pose estimator) names it in a `server` attribute (its URL), so a
 run whose server went down can evaluate without it (MultiReward.without_served).
@@ -73,7 +74,7 @@ def register_reward(name: str, *, scores: str, check: Callable[[Any], None] | No
                     ) -> Callable[[RewardFactory], RewardFactory]:
     """Decorator registering `factory(config, device) -> Reward` under `name` (duplicates are an error), as a reward
     of samples of kind `scores` (a domain's sample_kind). check(checks), optional: the ranges of the reward's own
-    config fields, stated with config/validate.py's FieldChecks."""
+    config fields, stated with recam/infra/config_checks.py's FieldChecks."""
     if not isinstance(scores, str) or not scores:
         raise ValueError(f"reward {name!r}: scores must name a sample kind (e.g. 'video'), got {scores!r}")
     add = registrar(REWARDS, "reward", name)
@@ -85,15 +86,30 @@ def register_reward(name: str, *, scores: str, check: Callable[[Any], None] | No
     return decorator
 
 
+# Built-in reward modules outside rewards/ (module name -> its source file), read like the modules here: a
+# domain's own rewards that must be known by name before the domain loads. The package that knows the built-in
+# domains declares them (recam/domains/__init__.py), since this registry imports nothing of the domains.
+_BUILTIN_MODULES: dict[str, Path] = {}
+
+
+def add_builtin_rewards(module: str, path: Path) -> None:
+    """Count the rewards `module` (its source file `path`) registers as built in: found by reading its
+    register_reward decorators (builtin_rewards), imported only when one of them is used."""
+    if _BUILTIN_MODULES.get(module) != Path(path):
+        _BUILTIN_MODULES[module] = Path(path)
+        builtin_rewards.cache_clear()
+
+
 @functools.cache
 def builtin_rewards() -> dict[str, tuple[str, str]]:
-    """name -> (sample kind, module) of the rewards registered by the modules directly under rewards/, read from
-    their source: a module is imported only when one of its rewards is used, and validation can name the kind of a
-    reward whose module was never loaded. The name and kind must be literal strings for this to see them."""
+    """name -> (sample kind, module) of the rewards registered by the modules directly under rewards/ and those
+    declared by add_builtin_rewards, read from their source: a module is imported only when one of its rewards is
+    used, and validation can name the kind of a reward whose module was never loaded. The name and kind must be
+    literal strings for this to see them."""
     found = {}
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        if path.name == "__init__.py":
-            continue
+    sources = [(f"rewards.{path.stem}", path) for path in sorted(Path(__file__).parent.glob("*.py"))
+               if path.name != "__init__.py"]
+    for module, path in [*sources, *sorted(_BUILTIN_MODULES.items())]:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "register_reward" and node.args):
                 continue
@@ -101,7 +117,7 @@ def builtin_rewards() -> dict[str, tuple[str, str]]:
             kind = next((k.value.value for k in node.keywords
                          if k.arg == "scores" and isinstance(k.value, ast.Constant)), None)
             if isinstance(name, str) and isinstance(kind, str):
-                found[name] = (kind, f"rewards.{path.stem}")
+                found[name] = (kind, module)
     return found
 
 

@@ -308,7 +308,7 @@ def discriminator_config(config) -> DiscriminatorConfig:
 
 
 def check_settings(checks) -> None:
-    """The ranges of reward.discriminator (config/validate.py's FieldChecks)."""
+    """The ranges of reward.discriminator (recam/infra/config_checks.py's FieldChecks)."""
     checks.boolean("reward.discriminator.adaptive_temperature")
     for field in ("lr", "temperature", "reg_threshold"):
         checks.number(f"reward.discriminator.{field}", 0, None, low_open=True)

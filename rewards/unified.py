@@ -502,7 +502,7 @@ def unified_config(section) -> UnifiedConfig:
 
 
 def check_settings(checks) -> None:
-    """The ranges of reward.unified (config/validate.py's FieldChecks)."""
+    """The ranges of reward.unified (recam/infra/config_checks.py's FieldChecks)."""
     checks.choice("reward.unified.prompt_format", PROMPT_FORMATS)
     checks.url("reward.unified.base_url")
     checks.nonempty_str("reward.unified.model")

@@ -13,7 +13,7 @@ from accelerate import Accelerator
 
 from config.plugins import import_plugins
 from config.validate import ConfigError, eval_report_rewards, validate
-from recam.engine.domain import build_domain
+from recam.domains import build_domain
 from recam.engine.trainer import GRPOTrainer
 from recam.infra import runlog
 from recam.infra.distributed import use_cpu_if_no_accelerator

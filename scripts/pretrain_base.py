@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> dict:
         # a staged budget: the weights this run started from, and every optimizer step behind the result
         "init_from": init,
         "total_steps": args.steps + (init["total_steps"] if init else 0),
-        # the sample shape the base learned (config/validate.py refuses synthetic data of another size)
+        # the sample shape the base learned (recam/domains/camera/checks.py refuses synthetic data of another size)
         "trained_sample": {"num_frames": train_world.num_frames, "size": train_world.size},
         "num_train_conditions_used": len(train_conditions),
         "skipped_train_indices": train_skipped,

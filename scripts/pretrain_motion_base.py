@@ -60,10 +60,10 @@ from recam.domains.motion.domain import (  # noqa: E402
     save_base,
 )
 from recam.domains.motion.model import MotionDiffusionModel, from_mdm_layout, tiny_config, to_mdm_layout  # noqa: E402
+from recam.domains.motion.rewards import MotionAlignment, MotionPhysics  # noqa: E402
 from recam.domains.motion.world import MotionWorld, reference_mean_std  # noqa: E402
 from recam.engine.rollout import deterministic_sample  # noqa: E402
 from recam.engine.scheduler import DDIMScheduler  # noqa: E402
-from rewards.motion import MotionAlignment, MotionPhysics  # noqa: E402
 
 
 def git_commit() -> str | None:

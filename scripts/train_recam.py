@@ -31,7 +31,7 @@ from ml_collections import config_flags  # noqa: E402
 
 from config.plugins import import_plugins  # noqa: E402
 from config.validate import ConfigError, eval_report_rewards, validate, validate_files  # noqa: E402
-from recam.engine.domain import build_domain  # noqa: E402
+from recam.domains import build_domain  # noqa: E402
 from recam.engine.reward_runner import RewardServerDown  # noqa: E402
 from recam.engine.trainer import GRPOTrainer  # noqa: E402
 from recam.infra import runlog  # noqa: E402

@@ -29,3 +29,25 @@ def test_the_project_graph_and_the_entry_points_reach():
     text = import_graph.main(["--reach", "scripts/train_recam.py", "--also", "recam/domains/toy/domain.py"])
     assert "| recam.engine |" in text and "package import cycles:" in text
     assert "- recam/engine/trainer.py (" in text and "- recam/domains/toy/domain.py (" in text
+
+
+LAYERS = ("recam.infra", "recam.engine", "rewards", "recam.domains", "config", "scripts")  # bottom to top
+
+
+def _layer(package: str) -> int | None:
+    """The index in LAYERS of `package` (rewards.pose counts as rewards, recam.domains.camera as recam.domains)."""
+    found = [i for i, top in enumerate(LAYERS) if package == top or package.startswith(top + ".")]
+    return found[0] if found else None
+
+
+def test_the_repository_has_no_package_cycle_and_imports_only_downwards():
+    edges, files = import_graph.graph()
+    packages = import_graph.package_edges(edges, files)
+    assert import_graph.cycles(packages) == []
+    engine = {dst for src, dsts in packages.items() if _layer(src) == LAYERS.index("recam.engine") for dst in dsts}
+    assert not [d for d in engine if d == "config" or d.startswith(("recam.domains", "rewards"))], engine
+    infra = {dst for src, dsts in packages.items() if _layer(src) == LAYERS.index("recam.infra") for dst in dsts}
+    assert not [d for d in infra if d == "config" or d.startswith(("recam.engine", "recam.domains", "rewards"))], infra
+    upward = sorted(f"{src} -> {dst}" for src, dsts in packages.items() for dst in dsts
+                    if _layer(src) is not None and _layer(dst) is not None and _layer(dst) > _layer(src))
+    assert upward == []

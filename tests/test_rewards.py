@@ -85,9 +85,11 @@ def test_registry_and_weighted_average(heldout):
 
 
 def test_built_in_rewards_are_found_by_their_decorators_and_load_by_kind():
-    # builtin_rewards reads rewards/*.py without importing them; what it reads must be what they register
+    # builtin_rewards reads rewards/*.py and the motion domain's rewards module (declared by recam.domains) without
+    # importing them; what it reads must be what they register
     import importlib
 
+    import recam.domains  # noqa: F401  (declares recam/domains/motion/rewards.py)
     from rewards import builtin_rewards, reward_kind
 
     found = builtin_rewards()
@@ -97,6 +99,7 @@ def test_built_in_rewards_are_found_by_their_decorators_and_load_by_kind():
     for name, (kind, module) in found.items():
         importlib.import_module(module)
         assert REWARDS[name].scores == kind == reward_kind(name)
+    assert {m for k, m in found.values() if k == "motion"} == {"recam.domains.motion.rewards"}
     assert known_rewards("motion") == ["motion_alignment", "motion_physics", "motion_retrieval"]
     assert reward_kind("no_such_reward") is None
 

@@ -2,12 +2,12 @@
 
 The engine samples, scores, normalises, updates, guards, checkpoints and evaluates; everything that knows what
 a sample *is* sits behind `Domain`. A domain is chosen by `config.domain` (registry DOMAINS) and built from the
-config. Datasets are sequences of conditions with stable string ids (`condition_id`).
+config; the lookup that knows the built-in domains (recam.domains.domain_class) sits above the engine. Datasets are
+sequences of conditions with stable string ids (`condition_id`).
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,29 +24,6 @@ DOMAINS: dict[str, Callable[..., Domain]] = {}
 def register_domain(name: str):
     """Decorator adding a domain class (or factory(config, device, log) -> Domain) to DOMAINS."""
     return registrar(DOMAINS, "domain", name)
-
-
-def known_domains() -> list[str]:
-    """Every domain that can be chosen: the built-in ones (named, not imported) and any registered since."""
-    from recam.domains import BUILTIN_DOMAINS
-
-    return sorted(set(BUILTIN_DOMAINS) | set(DOMAINS))
-
-
-def domain_class(name: str) -> Callable[..., Domain]:
-    """The class (or factory) registered as `name`, importing a built-in domain's module on first use: only the
-    chosen domain is loaded, so one domain's dependencies (and rewards) never break another."""
-    from recam.domains import BUILTIN_DOMAINS
-
-    if name not in DOMAINS and name in BUILTIN_DOMAINS:
-        importlib.import_module(BUILTIN_DOMAINS[name])
-    if name not in DOMAINS:
-        raise ValueError(f"domain: unknown {name!r}; known: {known_domains()}")
-    return DOMAINS[name]
-
-
-def build_domain(config, device, log) -> Domain:
-    return domain_class(config.domain)(config, device, log)
 
 
 @dataclass

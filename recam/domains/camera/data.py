@@ -29,7 +29,7 @@ Fields real data does not have, with placeholders so that Condition stays one ty
 
 * ``landmarks`` / ``landmark_colors``: empty (0, 3) tensors. cam_score estimates poses on real footage with
   structure-from-motion or a served estimator (reward.cam.estimator); its landmark estimator is refused for
-  data.source = "recammaster" by config/validate.py;
+  data.source = "recammaster" by the camera checks (recam/domains/camera/checks.py);
 * ``intrinsics``: the layout stores none. Read from the scene's cameras/intrinsics.json when it has one (recam's
   own addition, written by recammaster_io.export_world; adjusted to the loaded resize and crop); otherwise a
   pinhole with the horizontal field of view ``hfov_deg`` (config data.hfov_deg), and with 0 there the placeholder

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from recam.domains.camera.checks import check_in_channels, validate_camera, validate_camera_files
 from recam.domains.camera.codec import PixelCodec, WanVAECodec, encode_once
 from recam.domains.camera.data import ReCamMasterDataset
 from recam.domains.camera.loading import load_recammaster_checkpoint, load_wan_transformer
@@ -51,16 +52,13 @@ class CameraDomain:
 
     @staticmethod
     def check_config(config, conditions_per_batch: int, require) -> None:
-        """Run by config/validate.py before anything is built: sampler, rewards, data and model fields."""
-        from config.validate import validate_camera
-
+        """Run by config/validate.py before anything is built: sampler, rewards, data and model fields
+        (recam/domains/camera/checks.py)."""
         validate_camera(config, conditions_per_batch)
 
     @staticmethod
     def check_files(config) -> None:
         """Paths and config.json headers (never weights), before the model is built."""
-        from config.validate import validate_camera_files
-
         validate_camera_files(config)
 
     def __init__(self, config, device, log):
@@ -114,8 +112,6 @@ class CameraDomain:
     def build_policy(self) -> torch.nn.Module:
         """The transformer from model.pretrained, read as model.format says, in model.dtype; its input channels
         checked against the codec's."""
-        from config.validate import check_in_channels
-
         m = self.config.model
         dtype = getattr(torch, m.dtype)
         if m.format == "recam":

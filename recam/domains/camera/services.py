@@ -5,6 +5,7 @@ trained)."""
 
 from __future__ import annotations
 
+from recam.infra.config_checks import eval_report_rewards
 from rewards import Reward, build_rewards, close_reward
 
 
@@ -40,7 +41,5 @@ class CameraRewards:
 
 def used_rewards(config) -> list[str]:
     """The rewards a camera run computes: those of positive weight (training) and eval.report_rewards."""
-    from config.validate import eval_report_rewards
-
     weighted = [k for k, w in config.reward.weights.items() if w > 0]
     return list(dict.fromkeys([*weighted, *eval_report_rewards(config)]))

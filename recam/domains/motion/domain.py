@@ -13,13 +13,14 @@ Padding: the x0 prediction is zeroed at padded frames, so a final motion's paddi
 padded frames hold what the forward process makes of zero data (the frames MDM was trained with); log-probs and KLs
 average over the real frames only (element_mask), so a short motion's noise in padding counts for nothing.
 
-Rewards (rewards/motion.py, generator-independent): motion_alignment (a retrieval evaluator's caption/motion
-cosine) and motion_physics. Evaluation adds the field's protocol over the evaluated split (R-precision top-1/2/3 in
-pools of 32, MM-Dist, FID, Diversity) in the embedding of a grader, motion.metric_evaluator: a retrieval network
-trained apart from the reward's (by default another architecture, seed and draw of the training data), because a
-policy optimised against one network can raise that network's scores without becoming better; the papers that
-optimise a retrieval reward grade with a separate evaluator for this reason. The same protocol in the reward's own
-network is reported beside it as reward_net/..., labelled as the reward's.
+Rewards (recam/domains/motion/rewards.py, generator-independent): motion_alignment (a retrieval evaluator's
+caption/motion cosine) and motion_physics. Evaluation adds the field's protocol over the evaluated split
+(R-precision top-1/2/3 in pools of 32, MM-Dist, FID, Diversity) in the embedding of a grader,
+motion.metric_evaluator: a retrieval network trained apart from the reward's (by default another architecture, seed
+and draw of the training data), because a policy optimised against one network can raise that network's scores
+without becoming better; the papers that optimise a retrieval reward grade with a separate evaluator for this
+reason. The same protocol in the reward's own network is reported beside it as reward_net/..., labelled as the
+reward's.
 
 Text: the generator's own text encoder, never the evaluator's text tower (the alignment reward would then share
 weights with the policy's conditioning). For the tiny base it is a small word-level encoder (WordTextEncoder)
@@ -46,14 +47,15 @@ from torch import nn
 from recam.domains.motion import evaluator as ev
 from recam.domains.motion.features import features_to_joints
 from recam.domains.motion.model import MotionDiffusionModel, from_mdm_layout, to_mdm_layout
+from recam.domains.motion.rewards import finite_motions
 from recam.domains.motion.skeleton import KINEMATIC_CHAINS, MAX_FRAMES, NUM_FEATURES
 from recam.engine.containers import Batch
 from recam.engine.domain import Splits, register_domain
 from recam.engine.scheduler import DDIMScheduler
 from recam.engine.sde import REDUCTIONS
+from recam.infra.config_checks import ConfigError
 from recam.infra.lora import adapter_disabled
 from rewards import MultiReward, build_rewards
-from rewards.motion import finite_motions
 
 DATA_SOURCES = ("synthetic", "humanml3d")
 MODEL_FORMATS = ("base", "mdm")
@@ -396,7 +398,6 @@ def check_config(config, conditions_per_batch: int, require) -> None:
 
 def check_files(config) -> None:
     """Paths and the base's recorded training settings against the run's config, before anything is built."""
-    from config.validate import ConfigError
 
     def require(cond, msg):
         if not cond:

@@ -20,6 +20,10 @@ generator's conditioning, only by changing the motion.
 
 A motion with a non-finite value in its real frames scores NaN under both (a failed score, excluded from the
 advantages), never a number.
+
+The three are built in like the modules under rewards/ (recam/domains/__init__.py declares this module to the
+registry): validation knows their names and kind before the motion domain loads, and this module is imported only
+when one of them is used (or the motion domain loads).
 """
 
 from __future__ import annotations
