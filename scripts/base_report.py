@@ -12,8 +12,8 @@ Measured at the base's weights, nothing trained:
   placed, fidelity and PSNR to the ground truth; for motion the independent grader's R-precision, foot skating,
   jitter), with each metric's per-condition values, so two bases compare condition by condition (paired 95%
   interval in the table, the first file being the reference);
-- ceiling and floor: the same rewards on the conditions' reference samples (trainer.evaluate_references: the ground
-  truth, and for the camera the source clip, a camera that never moved to the target);
+- ceiling and floor: the same rewards on the conditions' reference samples (Evaluator.evaluate_references: the
+  ground truth, and for the camera the source clip, a camera that never moved to the target);
 - signal share: scripts/gradient_agreement.py's share of the whole update's squared norm that agrees between
   --repeats independent epochs, with its 95% jackknife interval (--repeats 0 skips it).
 """
@@ -68,9 +68,10 @@ def measure(config, repeats: int) -> dict:
     with trainer_at_base(config) as trainer:
         rows = tuple(trainer.domain.summary_rows) + EXTRA_ROWS
         out["rows"] = [list(r) for r in rows]
-        out["references"] = {k: v for k, v in trainer.evaluate_references().items() if not k.startswith("rows/")}
+        references = trainer.evaluator.evaluate_references(trainer.global_step)
+        out["references"] = {k: v for k, v in references.items() if not k.startswith("rows/")}
         trainer.model.eval()
-        out["samples"] = trainer.evaluate_split(trainer.heldout, "base", "eval", None)
+        out["samples"] = trainer.evaluator.evaluate_split(trainer.heldout, "base", "eval", None)
         out["seconds_evaluation"] = time.perf_counter() - t0
         if repeats:
             grads, sizes = [], []

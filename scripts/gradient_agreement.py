@@ -37,7 +37,8 @@ import torch  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from recam.engine.trainer import GRPOTrainer, step_sample_weights, trajectory_ids  # noqa: E402
+from recam.engine.advantages import step_sample_weights, trajectory_ids  # noqa: E402
+from recam.engine.trainer import GRPOTrainer  # noqa: E402
 from recam.infra.stats import t975  # noqa: E402
 from scripts.at_base import trainer_at_base  # noqa: E402
 
@@ -133,7 +134,7 @@ def main(_):
             print(f"epoch {e}: {n} samples, gradient norm {float(grads.sum(0).norm()):.3e}", flush=True)
     G = torch.stack(per_epoch)  # (R, T, D)
     n = int(sum(sizes) / len(sizes))
-    start = trainer.window_start(0)
+    start = trainer.numbers.plan.start(0, trainer.config.seed)
     print(f"\n{FLAGS.repeats} epochs of {n} samples at the base; cosine = mean over pairs of epochs (+- their std); "
           "signal share with its 95% jackknife interval (3 epochs or more)\n")
     print("| trained step | cosine | signal share | squared norm | samples for cosine 1/2 | at least |")

@@ -25,6 +25,7 @@ import torch  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from recam.engine.evaluation import element_mask  # noqa: E402
 from recam.engine.objective import step_weights  # noqa: E402
 from recam.engine.rollout import per_sample_noise, rescore, rollout  # noqa: E402
 from scripts.at_base import trainer_at_base  # noqa: E402
@@ -42,8 +43,8 @@ def step_gradient_table(trainer, conditions: int, seed: int) -> list[dict]:
     stride = max(1, len(trainer.train_set) // n)
     batch = domain.collate(trainer.train_set, [i * stride for i in range(n)])
     noise = per_sample_noise([(seed, i) for i in range(n)], sched.num_steps + 1, trainer.sample_shape)
-    mask = trainer.element_mask(batch)
-    start = trainer.window_start(0)
+    mask = element_mask(domain, batch, trainer.accelerator.device)
+    start = trainer.numbers.plan.start(0, trainer.config.seed)
     denoise = domain.denoiser(trainer.model, batch, trainer.autocast)
     out = rollout(denoise, noise.to(trainer.accelerator.device), sched, mask, start=start)
     advantages = torch.randn(n, generator=torch.Generator().manual_seed(seed)).to(out.final.device)

@@ -9,10 +9,11 @@ import pytest
 import torch
 from diffusers import DDPMScheduler
 
+from recam.engine.advantages import step_sample_weights
+from recam.engine.evaluation import FirstConditions
 from recam.engine.rollout import deterministic_sample, per_sample_noise, rescore, rollout
 from recam.engine.scheduler import DDIMScheduler, FlowMatchScheduler
 from recam.engine.sde import ddim_step_with_logprob, flow_sde_step, ode_step
-from recam.engine.trainer import FirstConditions, step_sample_weights
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from recam.engine.old_policy import old_policy_decay_at
 from recam.engine.rollout import deterministic_sample, per_sample_noise
-from recam.engine.trainer import GRPOTrainer, old_policy_decay_at
+from recam.engine.trainer import GRPOTrainer
 from tests.toy_trainer import toy_trainer
 
 
@@ -40,9 +41,9 @@ def test_old_policy_decay_ramps_like_the_reference_scripts():
 
 def test_nft_samples_with_its_old_policy(tmp_path):
     trainer = _trainer(tmp_path / "nft", "toy+nft")
-    assert trainer.sampling_model() is trainer.old_policy
+    assert trainer.objective.sampling_model(trainer.model) is trainer.objective.old.copy
     with torch.no_grad():  # an old policy apart from the policy: which one drew the samples is then visible
-        for p in trainer.old_policy.parameters():
+        for p in trainer.objective.old.copy.parameters():
             p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
     rollouts = trainer.sample(0)
     trainer.runner.collect()
@@ -53,7 +54,7 @@ def test_nft_samples_with_its_old_policy(tmp_path):
     noise = per_sample_noise(keys, trainer.scheduler.num_steps + 1, trainer.sample_shape)[:, 0]
     by = {name: deterministic_sample(trainer.domain.denoiser(m, batch, contextlib.nullcontext), noise,
                                      trainer.scheduler, s.ode_solver)
-          for name, m in (("old", trainer.old_policy), ("policy", trainer.model))}
+          for name, m in (("old", trainer.objective.old.copy), ("policy", trainer.model))}
     assert not torch.allclose(by["old"], by["policy"], atol=1e-3)
     torch.testing.assert_close(rollouts.final, by["old"], atol=1e-6, rtol=1e-6)
 
@@ -84,11 +85,11 @@ def test_awm_first_step_ratio_is_one_in_every_epoch(tmp_path):
         assert r["old_policy_decay"] == 0.5
     # the average lags the policy (it is the KL anchor): the policy moved away from it
     live = dict(trainer.model.named_parameters())
-    assert any(not torch.equal(v, live[n]) for n, v in trainer.old_policy_tensors().items())
+    assert any(not torch.equal(v, live[n]) for n, v in trainer.objective.old.tensors().items())
     # later steps of an epoch are off the sampler: the snapshot kept the sampling weights, not the policy's
-    snap = trainer.trainable(trainer.sampling_snapshot)
+    snap = trainer.objective.old.trainable(trainer.objective.old.snapshot)
     assert any(not torch.equal(v, live[n].detach()) for n, v in snap.items())
     fresh = copy.deepcopy(trainer.model)
-    assert trainer.sampling_model() is trainer.model
-    assert all(torch.equal(v, dict(fresh.named_parameters())[n]) for n, v in trainer.trainable(
-        trainer.sampling_snapshot).items())
+    assert trainer.objective.sampling_model(trainer.model) is trainer.model
+    assert all(torch.equal(v, dict(fresh.named_parameters())[n]) for n, v in trainer.objective.old.trainable(
+        trainer.objective.old.snapshot).items())

@@ -17,10 +17,11 @@ import pytest
 import torch
 
 from config import grpo
+from recam.engine.budget import time_eval_tag
 from recam.engine.containers import EpochResult, StepStats
 from recam.engine.health import diagnose_epoch, diagnose_step
 from recam.engine.objective import OBJECTIVES, register_objective
-from recam.engine.trainer import decode_tensors, encode_tensors, time_eval_tag
+from recam.engine.old_policy import KeepsOldPolicy, decode_tensors, encode_tensors
 from recam.infra import runlog
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,12 +123,11 @@ def matching_objective():
     calls = []
 
     @register_objective("test_matching")
-    class Matching:
+    class Matching(KeepsOldPolicy):
         needs_log_probs = False
-        needs_old_policy = True
 
         def __init__(self, train_config, scheduler):
-            self.scheduler = scheduler
+            self.t, self.scheduler = train_config, scheduler
 
         def accumulate(self, mb, backward):
             b = mb.final.shape[0]
@@ -175,7 +175,7 @@ def test_an_objective_without_ratios_samples_deterministically_and_keeps_an_exac
         assert all("ratio_max" not in s and "loss" in s for s in e["optimizer_steps"])
     # the old policy moved toward the policy, half way per epoch
     live = dict(trainer.model.named_parameters())
-    old = trainer.old_policy_tensors()
+    old = trainer.objective.old.tensors()
     assert all(not torch.equal(old[n], live[n]) for n in old)
     side = json.loads((tmp_path / "a" / "checkpoints" / "epoch_0003" / "old_policy.json").read_text())
     assert side["decay"] == 0.5
@@ -183,7 +183,7 @@ def test_an_objective_without_ratios_samples_deterministically_and_keeps_an_exac
     # interrupted after 2 epochs and resumed: the same old policy as the uninterrupted run, bit for bit
     _train_in_process(tmp_path / "b", 2)
     resumed, _, _ = _train_in_process(tmp_path / "b", 3)
-    for n, v in resumed.old_policy_tensors().items():
+    for n, v in resumed.objective.old.tensors().items():
         assert torch.equal(v, old[n]), n
 
 

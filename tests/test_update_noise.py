@@ -13,8 +13,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from recam.engine.gradient_cosine import flat_cosine  # noqa: E402
 from recam.engine.health import Thresholds, diagnose_run, rule_update_noise  # noqa: E402
-from recam.engine.trainer import flat_cosine  # noqa: E402
 from recam.infra.stats import mean_interval, t975  # noqa: E402
 from scripts.gradient_agreement import agreement, epoch_gradients, samples_for_half, share_interval  # noqa: E402
 
@@ -149,7 +149,7 @@ def test_the_script_s_per_step_split_sums_to_the_trainer_s_gradient_and_runs_log
     def capture(acc_metrics, signal, kept=0):
         captured.append(torch.cat([p.grad.flatten().double() for p in trainer2.policy.parameters()]))
         trainer2.optimizer.zero_grad(set_to_none=True)
-        from recam.engine.trainer import StepStats
+        from recam.engine.containers import StepStats
         return StepStats(1, {}, [], True)
     trainer2.optimizer_step = capture
     rollouts = trainer2.sample(0)

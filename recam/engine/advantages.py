@@ -79,3 +79,27 @@ def weighted_mean(scores: dict[str, torch.Tensor], weights: dict[str, float]) ->
     if not used:
         raise ValueError(f"reward weights must have a positive entry, got {weights}")
     return sum(w * scores[n] for n, w in used.items()) / sum(used.values())
+
+
+def step_sample_weights(keep: torch.Tensor, positions: torch.Tensor, rank: int) -> torch.Tensor | None:
+    """Per-sample loss weights (n,) of process `rank` for one optimizer step, or None when the step keeps nothing.
+
+    keep: (P, n) bool, which samples each process keeps (every process knows all of it after the gather);
+    positions: the local sample positions the step covers, the same on every process. Processes' gradients are
+    averaged, so weight P / kept on each kept sample makes the step's gradient the mean over its kept samples on
+    all processes, and every process computes the same `kept`, so all take the same steps.
+    """
+    kept = int(keep[:, positions].sum())
+    if kept == 0:
+        return None
+    return keep[rank].float() * (keep.shape[0] / kept)
+
+
+def trajectory_ids(g_index: torch.Tensor) -> torch.Tensor:
+    """(N, 2) int64 [dataset index, copy number]: a key per trajectory that survives shuffles and splits."""
+    seen: dict[int, int] = {}
+    copies = []
+    for i in g_index.tolist():
+        copies.append(seen.get(i, 0))
+        seen[i] = copies[-1] + 1
+    return torch.stack([g_index.long(), torch.tensor(copies, dtype=torch.long)], 1)

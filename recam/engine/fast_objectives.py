@@ -28,7 +28,8 @@ from recam.engine.losses import (
     grpo_policy_loss,
     weighted_terms,
 )
-from recam.engine.objective import MicroBatch, register_objective
+from recam.engine.objective import MicroBatch, Objective, register_objective
+from recam.engine.old_policy import KeepsOldPolicy
 from recam.engine.rollout import rescore
 from recam.engine.sde import checked_std, reduce_elements
 from recam.engine.variants import LOSS_FLAGS
@@ -103,7 +104,7 @@ def guard_step_weights(dts: Tensor) -> Tensor:
 
 
 @register_objective("grpo_guard")
-class GRPOGuardObjective:
+class GRPOGuardObjective(Objective):
     """GRPO-Guard (arXiv 2510.22319): GRPO with RatioNorm and 1/dt step reweighting; flow SDE steps only.
 
     Per trained step j: the registered policy loss (train.policy_loss, default "grpo_clip") gets
@@ -166,9 +167,6 @@ class GRPOGuardObjective:
             out.append({k: v.detach() for k, v in metrics.items()})
         return out
 
-    def end_epoch(self) -> None:
-        pass
-
 
 # ---------------------------------------------------------------- forward-process noise
 
@@ -212,8 +210,9 @@ def output_mse(output: Tensor, target: Tensor, mask: Tensor | None = None) -> Te
     return reduce_elements((output.float() - target.float()) ** 2, mask)
 
 
-class _ForwardProcess:
-    """What "nft" and "awm" share: train.fp_* and the re-noising of a micro-batch's final samples."""
+class _ForwardProcess(KeepsOldPolicy):
+    """What "nft" and "awm" share: train.fp_*, the re-noising of a micro-batch's final samples, and the old policy
+    (recam.engine.old_policy), which is this method's own state."""
 
     def __init__(self, train_config, scheduler):
         t = train_config
@@ -247,9 +246,6 @@ class _ForwardProcess:
         kl_term, kl_metric = weighted_terms(output_mse(o, o_ref, mask), weight)
         metrics["kl_penalty"] = kl_metric
         return loss + self.t.beta * kl_term, logged + self.t.beta * kl_metric
-
-    def end_epoch(self) -> None:
-        pass
 
 
 # ---------------------------------------------------------------- DiffusionNFT

@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from recam.infra.schema import REWARD_BOOKKEEPING
+from recam.infra.schema import REWARD_BOOKKEEPING, reward_terms
 from recam.infra.stats import t975
 
 SEVERITIES = ("info", "warn", "critical")
@@ -373,6 +373,21 @@ STEP_RULES = (rule_non_finite, rule_ratio, rule_reference_drift, rule_loss, rule
 
 def _sorted(findings: list[Finding]) -> list[Finding]:
     return sorted(findings, key=lambda f: -_RANK[f.severity])
+
+
+def reward_signal(record: dict) -> dict:
+    """What the guard's reward rules compare between epochs, from an epoch record: the zero-std share, each reward
+    term's mean and standard error, the constraint's weight."""
+    return {"zero_std_ratio": record["zero_std_ratio"], **reward_terms(record, include_avg=True),
+            "term_sem": term_standard_errors(record), "constraint_weight": record.get("constraint_weight")}
+
+
+def nonfinite_findings(bad: list[str]) -> list[Finding]:
+    """The critical finding for tensors (by name) left NaN or inf after an applied update; [] for none."""
+    if not bad:
+        return []
+    return [Finding("nonfinite_state", "critical", {"tensors": bad[:5], "count": len(bad)},
+                    "the optimizer step left NaN or inf in the weights or optimizer state")]
 
 
 def diagnose_step(metrics: dict, history=(), *, thresholds: Thresholds | None = None,

@@ -108,3 +108,15 @@ def inject_blowup(model) -> None:
     g = torch.Generator().manual_seed(0)
     for p in model.parameters():
         p.add_(torch.randn(p.shape, generator=g).to(p) * 5.0)
+
+
+def run_hooks(domain_hooks, weights: dict, reward_config, debug_config) -> list[Hook]:
+    """A run's hooks in calling order: the domain's, the reward constraint's (reward.constraint), the fault
+    injection's (debug.*, inert unless a fault is asked for)."""
+    hooks, r, d = list(domain_hooks), reward_config, debug_config
+    if r.constraint:
+        hooks.append(ConstraintHook(r.constraint, weights, r.constraint_slack, r.constraint_lr,
+                                    r.constraint_max_weight))
+    hooks.append(FaultInjectionHook(d.inject_blowup_at_step, d.sigkill_at_step,
+                                    tuple(int(x) for x in d.fail_reward_slots.split(",") if x.strip())))
+    return hooks

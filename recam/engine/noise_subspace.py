@@ -163,3 +163,22 @@ class SubspaceNoise:
 
     def with_train_steps(self, num_train_steps: int) -> SubspaceNoise:
         return SubspaceNoise(self.inner.with_train_steps(num_train_steps), self.num_components, self.channels)
+
+
+def exploration_scheduler(domain, domain_name: str, noise_frequencies: int, noise_channels: int, device):
+    """The domain's scheduler, its stochastic steps' noise confined to a subspace when sample.noise_frequencies
+    (and sample.noise_channels) ask for one."""
+    scheduler = domain.scheduler(device)
+    if not noise_frequencies:
+        return scheduler
+    frames = domain.sample_shape()[-1]
+    if noise_frequencies > frames:
+        raise ValueError(f"sample.noise_frequencies={noise_frequencies} exceeds the {frames} positions on the last "
+                         f"axis of the {domain_name} domain's samples")
+    channels = None
+    if noise_channels:
+        if not hasattr(domain, "principal_channels"):
+            raise ValueError(f"sample.noise_channels={noise_channels} needs the principal directions of the "
+                             f"domain's data; the {domain_name} domain gives none: set it to 0")
+        channels = domain.principal_channels(noise_channels)
+    return SubspaceNoise(scheduler, noise_frequencies, channels)

@@ -19,6 +19,7 @@ Objectives outside this module (recam/engine/fast_objectives.py) register when `
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -63,6 +64,24 @@ def known_objectives() -> list[str]:
     return sorted(OBJECTIVES)
 
 
+def accumulating_backward(accelerator, policy, last_micro_batch: bool):
+    """backward(loss, last_piece) for Objective.accumulate: gradients accumulate over timesteps and micro-batches;
+    processes sync once per optimizer step, on the last piece of its last micro-batch."""
+    def backward(loss, last_piece):
+        sync = last_micro_batch and last_piece
+        with contextlib.nullcontext() if sync else accelerator.no_sync(policy):
+            accelerator.backward(loss)
+    return backward
+
+
+def build_objective(train_config, scheduler, model: torch.nn.Module):
+    """The objective train.objective names, attached to the (unwrapped) policy `model`."""
+    known_objectives()
+    objective = OBJECTIVES[train_config.objective](train_config, scheduler)
+    objective.attach(model)  # an objective's own weights (DiffusionNFT's, AWM's old policy)
+    return objective
+
+
 def objective_needs(name: str, attribute: str) -> bool:
     """An objective class's collection flag (needs_log_probs defaults to True, every other flag to False)."""
     known_objectives()
@@ -105,6 +124,39 @@ class MicroBatch:
     epoch: int = 0  # the training epoch (keys per-epoch randomness such as forward-process re-noising)
 
 
+class Objective:
+    """What every objective shares: the collection flags' defaults and no weights of its own. An objective whose
+    method keeps extra weights (an old policy: recam.engine.old_policy) overrides the methods below; the trainer
+    calls them at the same points for every objective and never asks which one it runs."""
+
+    needs_log_probs = True
+
+    def attach(self, model: torch.nn.Module) -> None:
+        """Called once with the (unwrapped) policy before the first epoch."""
+
+    def sampling_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The weights this epoch samples with."""
+        return model
+
+    def frozen_models(self) -> dict[str, torch.nn.Module]:
+        """MicroBatch field -> a frozen module whose denoiser the micro-batch carries (e.g. "old_policy")."""
+        return {}
+
+    def after_epoch(self, global_step: int) -> float | None:
+        """After the epoch's update (its old policy's averaging weight, logged as old_policy_decay; None: none)."""
+        return None
+
+    def side_files(self) -> dict:
+        """Checkpoint side files: name -> JSON-able state, sealed in the checkpoint's manifest."""
+        return {}
+
+    def load_side_files(self, folder, info) -> None:
+        """Restore what side_files saved, from checkpoint folder `folder`."""
+
+    def end_epoch(self) -> None:
+        """After the epoch's last optimizer step (or a step the guard refused)."""
+
+
 def step_weights(scheduler, start: int, T: int, mode: str) -> torch.Tensor:
     """(T,) float64 weights of the trained steps start .. start + T - 1, mean 1 (see STEP_WEIGHTINGS)."""
     if mode not in STEP_WEIGHTINGS:
@@ -120,7 +172,7 @@ def step_weights(scheduler, start: int, T: int, mode: str) -> torch.Tensor:
 
 
 @register_objective("grpo")
-class GRPOObjective:
+class GRPOObjective(Objective):
     """Clipped-ratio policy loss with a KL pull toward the reference, per trained transition; one backward per
     timestep so only one timestep's graph is alive at a time."""
 

@@ -239,6 +239,22 @@ class AsyncRewardRunner:
         wait([f for _, f in pending])
         return [f.result() for _, f in pending]
 
+    def collect_everywhere(self, accelerator) -> list[RewardResult]:
+        """collect(), with a reward server found down on any process raised on every process (the others would
+        otherwise wait for it in the next gather)."""
+        down = None
+        try:
+            results = self.collect()
+        except RewardServerDown as e:
+            down = e
+        if accelerator.num_processes > 1:
+            flags = accelerator.gather(torch.tensor([down is not None], device=accelerator.device))
+            if down is None and bool(flags.any()):
+                down = RewardServerDown("another process found its reward server down")
+        if down is not None:
+            raise down
+        return results
+
     def close(self) -> None:
         self._pool.shutdown(wait=True)
 
@@ -347,6 +363,25 @@ class RewardDetails:
     numbers: dict[str, torch.Tensor] = field(default_factory=dict)
     lists: dict[str, list] = field(default_factory=dict)
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+def gather_details(details: RewardDetails | None, accelerator) -> RewardDetails:
+    """Every process's reward details in rank order, like the rewards (numbers by tensor gather, the rest as
+    objects)."""
+    if details is None or accelerator.num_processes == 1:
+        return details or RewardDetails()
+    from accelerate.utils import gather_object
+
+    acc = accelerator
+    numbers = {k: acc.gather(v.to(acc.device)).cpu() for k, v in sorted(details.numbers.items())}
+    lists = {k: gather_object(v) for k, v in sorted(details.lists.items())}
+    counts: dict[str, dict[str, int]] = {}
+    for k, v in sorted(details.counts.items()):
+        counts[k] = {}
+        for part in gather_object([v]):
+            for name, c in part.items():
+                counts[k][name] = counts[k].get(name, 0) + c
+    return RewardDetails(numbers, lists, counts)
 
 
 def concat_details(results: list[RewardResult]) -> RewardDetails:

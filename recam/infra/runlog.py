@@ -362,6 +362,24 @@ def epoch_line(rec: dict) -> str:
             f"({fmt_or_na(rec.get('epoch_seconds'), '.1f')}s)")
 
 
+def step_metrics(pass_metrics: list[dict], grad_norm: float, step_samples: int, grad_cosine_prev: float | None,
+                 learning_rate: float) -> dict:
+    """One optimizer step's metrics on this process from its backward passes': the mean of each metric every pass
+    reported (an objective without ratios, DiffusionNFT, reports none, and the guard's ratio rules then have nothing
+    to judge), the max of ratio_max and the min of ratio_min; then the step's own numbers."""
+    common = [k for k in pass_metrics[0] if all(k in a for a in pass_metrics)]
+    m = {k: float(torch.stack([torch.as_tensor(a[k]) for a in pass_metrics]).mean()) for k in common}
+    if "ratio_max" in m:
+        m["ratio_max"] = max(float(a["ratio_max"]) for a in pass_metrics)
+    if "ratio_min" in m:
+        m["ratio_min"] = min(float(a["ratio_min"]) for a in pass_metrics)
+    m["grad_norm"], m["step_samples"] = grad_norm, step_samples
+    if grad_cosine_prev is not None:
+        m["grad_cosine_prev"] = grad_cosine_prev
+    m["learning_rate"] = learning_rate
+    return m
+
+
 def mean_over_processes(metrics: dict, accelerator) -> dict:
     """Average scalar metrics over processes (min/max for ratio_min/ratio_max, when the objective has ratios)."""
     if accelerator.num_processes == 1:

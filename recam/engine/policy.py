@@ -1,0 +1,31 @@
+"""The policy a run trains, and what it is pulled toward: LoRA on the domain's network (the reference is the same
+network with the adapter off), or the whole network trained against a frozen copy; its optimizer and EMA."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from recam.infra.lora import add_lora
+
+
+def build_policy(domain, model_config, train_config, device):
+    """(policy, reference, optimizer, ema) from config.model and config.train; reference None with LoRA (the adapter
+    is switched off instead) or without a KL term, ema None unless train.ema."""
+    m, t = model_config, train_config
+    policy, reference = domain.build_policy(), None
+    if m.lora_rank > 0:
+        add_lora(policy, m.lora_rank, m.lora_alpha, [x.strip() for x in m.lora_targets.split(",") if x.strip()] or None)
+    elif t.beta > 0:
+        reference = copy.deepcopy(policy).requires_grad_(False).eval().to(device)
+    if m.gradient_checkpointing:  # recompute block activations in the backward: memory for time
+        policy.enable_gradient_checkpointing()
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=t.learning_rate,
+                                  betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.adam_weight_decay,
+                                  eps=t.adam_epsilon)
+    ema = None
+    if t.ema:
+        from diffusers.training_utils import EMAModel
+        ema = EMAModel(policy.parameters(), decay=t.ema_decay)
+    return policy, reference, optimizer, ema
