@@ -123,7 +123,9 @@ def check_rewards(config: ml_collections.ConfigDict, domain_cls) -> None:
     """Every reward in reward.weights and eval.report_rewards is registered as scoring the samples the domain
     (`domain_cls`, the class registered as config.domain) produces, its sample_kind; and the settings of every reward
     of that kind are in range (each reward's `check`). The registry is the one source: a reward of another domain,
-    or a name nothing registers, is refused here rather than when the run first scores."""
+    or a name nothing registers, is refused here rather than when the run first scores. A weight of 0 switches a
+    reward off (it is never built), so a preset's reward of another kind may stay listed at 0 when a run changes
+    the domain; its name must still be a registered reward."""
     from rewards import known_rewards, reward_checks, reward_kind
 
     domain = config.domain
@@ -136,10 +138,11 @@ def check_rewards(config: ml_collections.ConfigDict, domain_cls) -> None:
                f"no registered reward scores {kind} samples (rewards.register_reward(..., scores={kind!r}))")
     named = [(f"reward.weights.{name}", name) for name in config.reward.weights]
     named += [(f"eval.report_rewards names {name!r}, which", name) for name in eval_report_rewards(config)]
+    switched_off = {name for name, w in config.reward.weights.items() if w == 0} - set(eval_report_rewards(config))
     for subject, name in named:
-        if name in scorable:
-            continue
         other = reward_kind(name)
+        if name in scorable or (name in switched_off and other is not None):
+            continue
         what = (f"scores {other} samples, but domain {domain!r} produces {kind}" if other is not None else
                 "is not a registered reward (your own rewards register in a module named by --config.plugins), and "
                 f"domain {domain!r} produces {kind}")

@@ -113,3 +113,33 @@ def test_a_plugin_that_does_not_import_is_one_config_error_naming_it():
     config.plugins = "recam_no_such_package.rewards"
     with pytest.raises(ConfigError, match=r"^plugins: cannot import 'recam_no_such_package\.rewards': "):
         import_plugins(config)
+
+
+def test_recipe_3_a_domain(tmp_path):
+    text = recipe("3. A domain")
+    (module_block,) = blocks(text, "python")
+    (command_block,) = blocks(text, "bash")
+    code = tmp_path / "my_code"
+    module = write_module(module_block, code)
+    env, args = command(command_block)
+    assert env.keys() == {"PYTHONPATH"} and f"--config.plugins={module}" in args
+    domain = re.search(r"--config\.domain=(\w+)", command_block).group(1)
+    run_dir = tmp_path / "run"
+    args = [re.sub(r"^--config\.run_dir=.*", f"--config.run_dir={run_dir}", a) for a in args]
+    p = subprocess.run([sys.executable, *args, "--config.num_epochs=2"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert json.loads((run_dir / "config.json").read_text())["domain"] == domain
+    epochs = [r for r in records if r["type"] == "epoch"]
+    assert len(epochs) == 2
+    for e in epochs:  # the domain's own reward drove training, the preset's switched-off one was never built
+        assert "reward_closeness" in e and "detail_closeness/distance" in e and "reward_target" not in e
+        assert e["reward_avg"] == pytest.approx(e["reward_closeness"], rel=1e-6)
+        assert e["condition_ids"][0].startswith("train/")
+    assert [r["type"] for r in records if r["type"] == "step"] == ["step"] * 4  # two optimizer steps per epoch
+    final = [r for r in records if r["type"] == "eval" and r["tag"] == "final"][0]
+    assert 0 <= final["eval/closeness"] <= 1 and "val/closeness" in final
+    assert re.search(r"^\| closeness \|", (run_dir / "summary.md").read_text(), flags=re.M)
+    assert (run_dir / "examples" / "final" / "samples.txt").read_text().startswith("target -> sample\n")

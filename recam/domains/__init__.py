@@ -20,11 +20,12 @@ BUILTIN_DOMAINS = {
     "toy": "recam.domains.toy.domain",
 }
 
-# The motion domain's rewards are built in like the modules under rewards/: known by name (and kind) before the
-# motion domain is loaded, so validating a camera run that weights motion_physics names the domain it belongs to,
+# The motion and toy domains' rewards are built in like the modules under rewards/: known by name (and kind) before
+# their domain is loaded, so validating a camera run that weights motion_physics names the domain it belongs to,
 # and imported only when one of them is used. The reward registry imports nothing of the domains, so they are
 # declared to it from here.
 add_builtin_rewards("recam.domains.motion.rewards", Path(__file__).parent / "motion" / "rewards.py")
+add_builtin_rewards("recam.domains.toy.rewards", Path(__file__).parent / "toy" / "rewards.py")
 
 
 def known_domains() -> list[str]:

@@ -59,7 +59,8 @@ class Domain(Protocol):
         """Shape of one sample in the space the scheduler works in (noise and stored states)."""
 
     def scheduler(self, device) -> Any:
-        """The training scheduler (recam.engine.scheduler), with its trained steps."""
+        """The training scheduler (recam.engine.scheduler); the engine sets its trained steps from the run's
+        StepPlan (with_train_steps), so a domain need not compute them."""
 
     def denoiser(self, model, batch: Batch, autocast, adapter_off: bool = False) -> Callable:
         """denoise(x, t) -> model output, conditioned on the batch. adapter_off: the LoRA policy's base
