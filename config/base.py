@@ -1,9 +1,14 @@
 """Every default of a recam run, one commented line per field.
 
-Presets in config/grpo.py start from `get_config()` and change only what differs.
+Presets in config/grpo.py start from `get_config()` and change only what differs. The built-in policy losses'
+settings take their defaults from the loss that reads them (recam.engine.losses.ClipSettings,
+recam.engine.variants.VariantSettings, where each default's reason is), so a loss's defaults are stated once.
 """
 
 import ml_collections
+
+from recam.engine.losses import ClipSettings
+from recam.engine.variants import VariantSettings
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -140,10 +145,11 @@ def get_config() -> ml_collections.ConfigDict:
     # (recam.engine.sde.cps_step):
     # its eps_F at step j means our bounds (1 - eps_F)^k and (1 + eps_F)^k, k = 1 / (2 std_j^2), ~ 1 -+ k eps_F;
     # at a = 0.7, k runs from 0.78 (sigma_(j+1) = 0.9) to 63 (0.1), so no single clip_range reproduces it.
-    c.train.clip_range = 1e-3  # diffusion ratios sit close to 1
-    c.train.adv_clip_max = 5.0  # advantages are clamped to +-this
-    c.train.log_ratio_clamp = 10.0  # log-ratio clamped to +-this before exp
-    c.train.beta = 0.02  # KL coefficient toward the frozen reference (0 disables the reference)
+    clip = ClipSettings()
+    c.train.clip_range = clip.clip_range  # diffusion ratios sit close to 1
+    c.train.adv_clip_max = clip.adv_clip_max  # advantages are clamped to +-this
+    c.train.log_ratio_clamp = clip.log_ratio_clamp  # log-ratio clamped to +-this before exp
+    c.train.beta = clip.beta  # KL coefficient toward the frozen reference (0 disables the reference)
     # recam.engine.losses.KL_ESTIMATORS: "gaussian_mean" (closed form, exact) | "k1" | "k2" | "k3" (sampled); all
     # return the
     # per-element KL of the transition to the reference (averaged over elements, the closed form's units)
@@ -169,24 +175,27 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.guard_dt_weighting = True  # GRPO-Guard: divide each step's loss by its |dt|
 
     # ---- policy-optimization variants (recam/engine/variants.py; need train.policy_loss = "grpo_variants") ----
-    c.train.use_ema_smoothing = False  # 2.1 EMA of per-trajectory importance weights across inner updates
-    c.train.ema_beta = 0.9  # 2.1 weight of the fresh importance weight (1 = no smoothing)
-    c.train.use_gradient_adaptive_weighting = False  # 2.2 per-timestep weights from each step's ||grad_theta log p||
+    v = VariantSettings()
+    c.train.use_ema_smoothing = v.use_ema_smoothing  # 2.1 EMA of per-trajectory importance weights across updates
+    c.train.ema_beta = v.ema_beta  # 2.1 weight of the fresh importance weight (1 = no smoothing)
+    # 2.2 per-timestep weights from each step's ||grad_theta log p||
+    c.train.use_gradient_adaptive_weighting = v.use_gradient_adaptive_weighting
     # 2.2 w_t = m_t^(1/tau) / mean_s m_s^(1/tau) per trajectory (mean 1); inf = neutral, every weight exactly 1
-    c.train.gradient_weighting_temperature = 1.0
+    c.train.gradient_weighting_temperature = v.gradient_weighting_temperature
     # 2.2 how m is computed: 0 = exact, one backward per sample (about one batch forward + backward per step);
     # P > 0 = P Gaussian parameter probes (unbiased m^2, relative spread sqrt(2 / P); slower on ReCam-Tiny)
-    c.train.gradient_weighting_num_probes = 0
-    c.train.use_amic = False  # 2.3 arithmetic-mean sequence importance weight, clipped at sequence level
-    c.train.use_gspo = False  # 2.3 alternative: GSPO's geometric-mean sequence weight (exclusive with AMIC)
-    c.train.use_ptrw = False  # 2.4 Gaussian trust-region gate in place of hard clipping
-    c.train.ptrw_sigma = 2e-3  # 2.4 gate width, on the scale of diffusion ratios (|r - 1| ~ 1e-3)
-    c.train.use_temporal_decay = False  # 2.5 advantage weight gamma^t over the trained steps, t = 0 noisiest
-    c.train.temporal_decay_gamma = 0.9  # 2.5 decay per trained step
-    c.train.temporal_decay_normalize = True  # 2.5 rescale the decay weights to mean 1
-    c.train.use_asymmetric_clipping = False  # 2.6 separate clip ranges for positive / negative advantages
-    c.train.clip_ratio_pos = 1.4e-3  # 2.6 upper clip for A > 0 (clip-higher proportion at diffusion scale)
-    c.train.clip_ratio_neg = 1e-3  # 2.6 lower clip for A < 0
+    c.train.gradient_weighting_num_probes = v.gradient_weighting_num_probes
+    c.train.use_amic = v.use_amic  # 2.3 arithmetic-mean sequence importance weight, clipped at sequence level
+    c.train.use_gspo = v.use_gspo  # 2.3 alternative: GSPO's geometric-mean sequence weight (exclusive with AMIC)
+    c.train.use_ptrw = v.use_ptrw  # 2.4 Gaussian trust-region gate in place of hard clipping
+    c.train.ptrw_sigma = v.ptrw_sigma  # 2.4 gate width, on the scale of diffusion ratios (|r - 1| ~ 1e-3)
+    c.train.use_temporal_decay = v.use_temporal_decay  # 2.5 advantage weight gamma^t over trained steps, t = 0 noisiest
+    c.train.temporal_decay_gamma = v.temporal_decay_gamma  # 2.5 decay per trained step
+    c.train.temporal_decay_normalize = v.temporal_decay_normalize  # 2.5 rescale the decay weights to mean 1
+    # 2.6 separate clip ranges for positive / negative advantages
+    c.train.use_asymmetric_clipping = v.use_asymmetric_clipping
+    c.train.clip_ratio_pos = v.clip_ratio_pos  # 2.6 upper clip for A > 0 (clip-higher at diffusion scale)
+    c.train.clip_ratio_neg = v.clip_ratio_neg  # 2.6 lower clip for A < 0
 
     # ---- advantages ----
     c.advantage = ml_collections.ConfigDict()

@@ -1,12 +1,21 @@
 """--config.plugins: modules of the user's own, imported before validation, so that what they register (rewards,
-with rewards.register_reward) is known to validation and to the run without editing the project. The entry points
-(scripts/train_recam.py, scripts/at_base.py) call `import_plugins` first."""
+with rewards.register_reward; policy losses, with recam.engine.losses.register_policy_loss) is known to validation
+and to the run without editing the project. The entry points (scripts/train_recam.py, scripts/at_base.py) call
+`import_plugins` first, then `add_loss_settings`."""
 
 from __future__ import annotations
 
+import difflib
 import importlib
 
+from absl import flags
+
 from config.validate import ConfigError
+
+# How a command-line value becomes a setting of each type; absl's, so a plugin loss's setting reads like the
+# preset's fields (ml_collections parses those with the same parsers).
+_PARSERS = {bool: flags.BooleanParser(), int: flags.IntegerParser(), float: flags.FloatParser(),
+            str: flags.ArgumentParser()}
 
 
 def plugin_modules(config) -> list[str]:
@@ -29,3 +38,35 @@ def import_plugins(config) -> list[str]:
             message = " ".join(str(e).split())
             raise ConfigError(f"plugins: cannot import {name!r}: {type(e).__name__}: {message}{hint}") from e
     return names
+
+
+def add_loss_settings(config, values: dict[str, str] | None = None) -> list[str]:
+    """Add to config.train each setting of the chosen train.policy_loss that it lacks, with the loss's default (a
+    plugin's loss brings settings config/base.py cannot list), then set `values` ({field: command-line text}, parsed
+    as the field's type). The fields added. A value for a field that is neither in config.train nor a setting of the
+    loss, or that does not parse, is a one-line ConfigError naming it."""
+    import recam.engine.variants  # noqa: F401  (registers the "grpo_variants" policy loss)
+    from recam.engine.losses import POLICY_LOSSES
+
+    t, name = config.train, config.train.policy_loss
+    if name not in POLICY_LOSSES:
+        raise ConfigError(f"train.policy_loss={name!r} is not registered (your own losses register in a module named "
+                          f"by --config.plugins); known: {sorted(POLICY_LOSSES)}")
+    settings = POLICY_LOSSES[name].fields()
+    added = [field for field in settings if field not in t]
+    with t.unlocked():
+        for field in added:
+            t[field] = settings[field]
+    for field, raw in (values or {}).items():
+        if field not in t:
+            close = difflib.get_close_matches(field, [*settings, *t.keys()], n=1)
+            raise ConfigError(f"train.{field} is not a config field: train has no {field!r}, and "
+                              f"train.policy_loss={name!r} has no setting of that name (its settings: {list(settings)})"
+                              + (f"; did you mean train.{close[0]}?" if close else ""))
+        kind = type(t[field])
+        try:
+            value = _PARSERS[kind].parse(raw) if kind in _PARSERS else raw
+        except ValueError as e:
+            raise ConfigError(f"train.{field}={raw!r} must be a {kind.__name__}: {' '.join(str(e).split())}") from e
+        t[field] = value
+    return added

@@ -41,7 +41,6 @@ INT_FIELDS = (
     ("data.seed", 0, 2**32 - 1, ""),
     ("model.lora_rank", 0, None, "0 = full fine-tuning"),
     ("sample.eval_num_steps", 1, None, "ODE steps of held-out evaluation"),
-    ("train.gradient_weighting_num_probes", 0, None, "0 = exact per-sample gradients, P > 0 = P probes"),
     ("sample.window_size", 0, None, "0 = the first round(train.timestep_fraction x num_steps) steps"),
     ("sample.window_start", 0, None, "a scheduler step"),
     ("sample.window_max_start", -1, None, "a scheduler step, or -1 = the latest that fits"),
@@ -58,7 +57,8 @@ INT_FIELDS = (
     ("debug.inject_blowup_at_step", None, None, "negative = off"),
     ("debug.sigkill_at_step", None, None, "negative = off"),
 )
-# (field, low, high, low_open, high_open, allow_inf): numbers every domain reads.
+# (field, low, high, low_open, high_open, allow_inf): numbers every domain reads. A policy loss's own settings are
+# checked by the loss (check_policy_loss).
 NUMBER_FIELDS = (
     ("model.lora_alpha", 0, None, True, False, False),
     ("train.learning_rate", 0, None, True, False, False),
@@ -73,12 +73,6 @@ NUMBER_FIELDS = (
     ("train.log_ratio_clamp", 0, None, True, False, True),
     ("train.beta", 0, None, False, False, False),
     ("train.ema_decay", 0, 1, True, True, False),
-    ("train.ema_beta", 0, 1, True, False, False),
-    ("train.gradient_weighting_temperature", 0, None, True, False, True),
-    ("train.ptrw_sigma", 0, None, True, False, False),
-    ("train.temporal_decay_gamma", 0, 1, True, False, False),
-    ("train.clip_ratio_pos", 0, None, True, False, False),
-    ("train.clip_ratio_neg", 0, None, True, False, False),
     ("reward.constraint_slack", 0, None, False, False, False),
     ("reward.constraint_lr", 0, None, False, False, False),
     ("reward.constraint_max_weight", 0, None, False, False, False),
@@ -96,11 +90,8 @@ NUMBER_FIELDS = (
     ("eval.every_seconds", 0, None, False, False, False),
     ("max_train_seconds", 0, None, False, False, False),
 )
-BOOL_FIELDS = ("resume", "model.gradient_checkpointing", "train.ema", "train.use_ema_smoothing",
-               "train.use_gradient_adaptive_weighting", "train.use_amic", "train.use_gspo", "train.use_ptrw",
-               "train.use_temporal_decay", "train.temporal_decay_normalize", "train.use_asymmetric_clipping",
-               "advantage.filter_zero_std", "train.guard_dt_weighting",
-               "sample.same_initial_noise", "train.log_gradient_cosine")
+BOOL_FIELDS = ("resume", "model.gradient_checkpointing", "train.ema", "advantage.filter_zero_std",
+               "train.guard_dt_weighting", "sample.same_initial_noise", "train.log_gradient_cosine")
 
 # Free-form strings ('' allowed); their contents are checked where they are read (domains, validate_files).
 STR_FIELDS = ("data.root", "model.vae", "model.lora_targets", "eval.report_rewards", "eval.select_by",
@@ -258,6 +249,28 @@ def check_window_and_objective(config: ml_collections.ConfigDict) -> None:
                  f"(here {latest}; a progressive window slides from the one to the other)")
 
 
+def check_policy_loss(config: ml_collections.ConfigDict) -> None:
+    """The settings of the chosen train.policy_loss, as its registration states them (recam.engine.losses.
+    register_policy_loss): each is in config.train with its default's type, in the range its `check` states; and
+    no switch (a bool setting named use_*) of another loss is on, since the chosen one would not read it."""
+    import recam.engine.variants  # noqa: F401  (registers the "grpo_variants" policy loss)
+    from recam.engine.losses import policy_loss_switches, registered_policy_loss
+
+    t = config.train
+    entry = registered_policy_loss(t.policy_loss)
+    for name, default in entry.fields().items():
+        _require(name in t, f"train.{name} is not in the config, and train.policy_loss={t.policy_loss!r} reads it: "
+                 "config.plugins.add_loss_settings adds a loss's settings once its plugin is imported")
+        value, kind = t[name], type(default)
+        ok = isinstance(value, kind) if kind in (bool, str) else _is_int(value) if kind is int else _is_number(value)
+        _require(ok, f"train.{name} must be a {kind.__name__} like its default {default!r}, got {value!r}")
+    if entry.check is not None:
+        entry.check(FieldChecks(config))
+    for switch, readers in policy_loss_switches().items():
+        _require(switch not in t or not t[switch] or switch in entry.fields(),
+                 f"train.{switch} needs train.policy_loss in {sorted(readers)}, got {t.policy_loss!r}")
+
+
 def validate(config: ml_collections.ConfigDict, num_processes: int) -> RunNumbers:
     """Check `config` for a launch with `num_processes` processes; return `derived_numbers`.
 
@@ -269,7 +282,6 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> RunNumber
     from recam.engine.losses import KL_ESTIMATORS, POLICY_LOSSES
     from recam.engine.objective import OBJECTIVES, STEP_WEIGHTINGS, known_objectives
     from recam.engine.reward_runner import FailurePolicy
-    from recam.engine.variants import VARIANT_SWITCHES  # (importing it registers the "grpo_variants" policy loss)
 
     s, t, a = config.sample, config.train, config.advantage
     _require(_is_int(num_processes) and num_processes >= 1, f"num_processes must be >= 1, got {num_processes}")
@@ -313,6 +325,7 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> RunNumber
     )
     _require(t.policy_loss in POLICY_LOSSES,
              f"train.policy_loss={t.policy_loss!r} is not registered; known: {sorted(POLICY_LOSSES)}")
+    check_policy_loss(config)
     _require(t.kl_type in KL_ESTIMATORS, f"train.kl_type={t.kl_type!r} unknown; use one of {sorted(KL_ESTIMATORS)}")
     _require(t.step_weighting in STEP_WEIGHTINGS,
              f"train.step_weighting={t.step_weighting!r} unknown; use one of {list(STEP_WEIGHTINGS)}")
@@ -322,20 +335,6 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> RunNumber
     _require(t.objective in known_objectives(),
              f"train.objective={t.objective!r} unknown; use one of {sorted(OBJECTIVES)}")
     check_window_and_objective(config)
-    switched_on = [f for f in VARIANT_SWITCHES if t[f]]
-    readers = sorted(n for n, fn in POLICY_LOSSES.items() if getattr(fn, "reads_variants", False))
-    _require(not switched_on or t.policy_loss in readers,
-             f"train.{switched_on[0] if switched_on else ''} needs train.policy_loss in {readers}, "
-             f"got {t.policy_loss!r}")
-    _require(not (t.use_amic and t.use_gspo),
-             "train.use_amic and train.use_gspo are mutually exclusive: AMIC is the arithmetic-mean alternative "
-             "to GSPO's geometric mean; enable one")
-    _require(not (t.use_ptrw and t.use_asymmetric_clipping),
-             "train.use_ptrw and train.use_asymmetric_clipping are mutually exclusive: PTRW replaces hard "
-             "clipping, so there is no clip range to make asymmetric")
-    _require(not (t.use_ema_smoothing and (t.use_amic or t.use_gspo)),
-             "train.use_ema_smoothing cannot combine with train.use_amic/train.use_gspo: the EMA smooths one "
-             "timestep's weight, the sequence forms are built from all raw weights")
     _require(a.std_mode in STD_MODES, f"advantage.std_mode must be one of {list(STD_MODES)}, got {a.std_mode!r}")
     _require(config.mixed_precision in ("no", "fp16", "bf16"),
              f"mixed_precision must be 'no', 'fp16' or 'bf16', got {config.mixed_precision!r}")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from accelerate import Accelerator
 
-from config.plugins import import_plugins
+from config.plugins import add_loss_settings, import_plugins
 from config.validate import ConfigError, eval_report_rewards, validate
 from recam.domains import build_domain
 from recam.engine.trainer import GRPOTrainer
@@ -21,13 +21,14 @@ from recam.infra.distributed import use_cpu_if_no_accelerator
 
 @contextlib.contextmanager
 def trainer_at_base(config) -> Iterator[GRPOTrainer]:
-    """Import config.plugins and validate `config` (exit with the field's one-line error), build its domain and
-    trainer in a temporary run folder that is removed afterwards, and close the reward runner and log on the way
-    out."""
+    """Import config.plugins (and add the settings of a policy loss they register) and validate `config` (exit with
+    the field's one-line error), build its domain and trainer in a temporary run folder that is removed afterwards,
+    and close the reward runner and log on the way out."""
     with tempfile.TemporaryDirectory() as tmp:
         config.run_dir, config.logging.wandb_mode = tmp, "disabled"
         try:
             import_plugins(config)
+            add_loss_settings(config)
             derived = validate(config, 1)
         except ConfigError as e:
             sys.exit(f"[recam] {e}")

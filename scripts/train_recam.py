@@ -29,7 +29,7 @@ from absl import app, flags  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from config.plugins import import_plugins  # noqa: E402
+from config.plugins import add_loss_settings, import_plugins  # noqa: E402
 from config.validate import ConfigError, eval_report_rewards, validate, validate_files  # noqa: E402
 from recam.domains import build_domain  # noqa: E402
 from recam.engine.reward_runner import RewardServerDown  # noqa: E402
@@ -41,10 +41,14 @@ from recam.infra.distributed import use_cpu_if_no_accelerator  # noqa: E402
 FLAGS = flags.FLAGS
 DEFAULT_PRESET = f"{ROOT / 'config' / 'grpo.py'}:tiny_cpu"  # absolute, so it loads from any working directory
 # The command line ml_collections reads the preset and its --config.* overrides from: parse_flags fills it, without
-# the reward weights (applied by `weigh_rewards`).
+# the reward weights (applied by `weigh_rewards`) and the settings of a plugin's policy loss (LOSS_SETTINGS).
 CONFIG_ARGV: list[str] = []
 config_flags.DEFINE_config_file("config", DEFAULT_PRESET, "Preset file:name plus overrides.", sys_argv=CONFIG_ARGV)
 REWARD_WEIGHT = re.compile(r"^--?config\.reward\.weights\.([^=.]+)=(.*)$")
+TRAIN_FIELD = re.compile(r"^--?config\.train\.([A-Za-z_]\w*)=(.*)$")
+# --config.train.<field>=<value> of fields the preset lacks, {field: value}: set by config.plugins.add_loss_settings
+# once the plugins are imported, when the chosen policy loss has made them fields.
+LOSS_SETTINGS: dict[str, str] = {}
 
 
 def without_traceback(message: str) -> str:
@@ -65,8 +69,9 @@ def config_error(message: str) -> None:
     sys.exit(2)
 
 
-def unknown_override(argv: list[str]) -> str:
-    """The first --config.<path> override whose path the preset does not have, named with what it does have."""
+def load_preset(argv: list[str]):
+    """(the preset argv names, as a string, and its ConfigDict without the overrides); the ConfigDict is the
+    exception when the preset does not load."""
     flag = FLAGS["config"]
     preset = flag.default
     for i, arg in enumerate(argv):  # --config=file:name or --config file:name
@@ -75,9 +80,16 @@ def unknown_override(argv: list[str]) -> str:
         elif re.match(r"^--?config$", arg) and i + 1 < len(argv):
             preset = argv[i + 1]
     try:
-        config = flag.parser.parse(preset) if isinstance(preset, str) else preset
-    except Exception as e:  # the preset itself does not load: say that
-        return f"--config={preset} does not load: {e}"
+        return preset, flag.parser.parse(preset) if isinstance(preset, str) else preset
+    except Exception as e:  # noqa: BLE001 - the caller says the preset does not load, or the flag parser does
+        return preset, e
+
+
+def unknown_override(argv: list[str]) -> str:
+    """The first --config.<path> override whose path the preset does not have, named with what it does have."""
+    preset, config = load_preset(argv)
+    if isinstance(config, Exception):
+        return f"--config={preset} does not load: {config}"
     for arg in argv:
         match = re.match(r"^--?config\.([^=]+)", arg)
         if not match:
@@ -109,6 +121,24 @@ def split_reward_weights(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     return kept, weights
 
 
+def split_loss_settings(argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """argv without its --config.train.<field>=<value> overrides of fields the preset lacks, and those as
+    {field: value}. They may be settings of a policy loss a plugin registers, which become fields only once the
+    plugin is imported (config.plugins.add_loss_settings), and ml_collections would refuse them as unknown now; a
+    field that no loss makes is refused then, in one line."""
+    _, preset = load_preset(argv)
+    if isinstance(preset, Exception) or "train" not in preset:  # the flag parser reports it
+        return argv, {}
+    kept, settings = [], {}
+    for arg in argv:
+        match = TRAIN_FIELD.match(arg)
+        if match and match.group(1) not in preset.train:
+            settings[match.group(1)] = match.group(2)
+        else:
+            kept.append(arg)
+    return kept, settings
+
+
 def weigh_rewards(config, weights: dict[str, str]) -> None:
     """Set reward.weights.<name> for each command-line weight, adding the names the preset does not list."""
     for name, raw in weights.items():
@@ -125,6 +155,9 @@ def parse_flags(argv: list[str]) -> list[str]:
     argv, weights = split_reward_weights(argv)
     if not any(re.match(r"^--?config(=|$)", arg) for arg in argv):  # so that the preset is parsed with CONFIG_ARGV
         argv = [argv[0], f"--config={DEFAULT_PRESET}", *argv[1:]]
+    argv, settings = split_loss_settings(argv)
+    LOSS_SETTINGS.clear()
+    LOSS_SETTINGS.update(settings)
     CONFIG_ARGV[:] = argv
     try:
         rest = FLAGS(argv)
@@ -153,7 +186,8 @@ def main(_):
     # Validation comes first, before the Accelerator or any model: the process count is the launcher's WORLD_SIZE.
     num_processes = int(os.environ.get("WORLD_SIZE", "1") or 1)
     try:
-        import_plugins(config)  # what they register (rewards) is validated and used like the project's own
+        import_plugins(config)  # what they register (rewards, losses) is validated and used like the project's own
+        add_loss_settings(config, LOSS_SETTINGS)  # a plugin loss's settings, and their command-line values
         derived = validate(config, num_processes)
         validate_files(config)  # paths, in_channels and sample shape against the checkpoint's config.json headers
     except ConfigError as e:

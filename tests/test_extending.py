@@ -115,6 +115,52 @@ def test_a_plugin_that_does_not_import_is_one_config_error_naming_it():
         import_plugins(config)
 
 
+def _run(args: list[str], code: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": "1"})
+
+
+def test_recipe_2_a_policy_loss(tmp_path):
+    text = recipe("2. A policy loss")
+    (module_block,) = blocks(text, "python")
+    (command_block,) = blocks(text, "bash")
+    code = tmp_path / "my_code"
+    module = write_module(module_block, code)
+    env, args = command(command_block)
+    assert env.keys() == {"PYTHONPATH"} and f"--config.plugins={module}" in args
+    train = dict(re.findall(r"--config\.train\.(\w+)=(\S+)", command_block))
+    loss = train.pop("policy_loss")
+    ((setting, value),) = train.items()  # the loss's own setting, which the preset does not list
+    run_dir = tmp_path / "run"
+    # the recipe's command, with the run folder moved into tmp_path and two epochs (the preset runs 20)
+    args = [re.sub(r"^--config\.run_dir=.*", f"--config.run_dir={run_dir}", a) for a in args]
+    p = _run([*args, "--config.num_epochs=2"], code)
+    assert p.returncode == 0, f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["train"]["policy_loss"] == loss and config["train"][setting] == float(value)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r["type"] == "step"]
+    assert len(steps) == 4  # two optimizer steps per epoch
+    named = set(re.findall(rf"`({loss}/\w+)`", text))  # the metrics "What you get" names
+    assert named == {f"{loss}/capped", f"{loss}/weight_cap"}
+    for s in steps:  # the loss ran (only it logs these), with the setting from the command line
+        assert named <= set(s) and {"loss", "policy_loss", "kl_penalty", "grad_norm"} <= set(s)
+        assert s[f"{loss}/weight_cap"] == pytest.approx(1 + float(value), rel=1e-6)
+        assert 0 <= s[f"{loss}/capped"] <= 1
+
+    # a value out of range: refused as the recipe shows, one line, before a run folder exists
+    shown = re.search(r"```\n(config error: .*?)```", text, flags=re.S).group(1).strip()
+    field, bad = re.match(r"config error: train\.(\w+) must .* got (\S+)$", shown).groups()
+    assert field == setting
+    bad_dir = tmp_path / "refused"
+    args = [re.sub(rf"^--config\.train\.{field}=.*", f"--config.train.{field}={bad}", a) for a in args]
+    args = [re.sub(r"^--config\.run_dir=.*", f"--config.run_dir={bad_dir}", a) for a in args]
+    p = _run(args, code)
+    assert p.returncode == 2 and p.stderr.strip() == shown, p.stderr[-3000:]
+    assert not bad_dir.exists()
+
+
 def test_recipe_3_a_domain(tmp_path):
     text = recipe("3. A domain")
     (module_block,) = blocks(text, "python")

@@ -1,5 +1,7 @@
 import math
+from dataclasses import dataclass
 
+import ml_collections
 import pytest
 import torch
 from torch.distributions import Normal, kl_divergence
@@ -8,13 +10,15 @@ from recam.engine.losses import (
     K3_LOG_RATIO_CLAMP,
     KL_ESTIMATORS,
     POLICY_LOSSES,
-    LossSettings,
+    ClipSettings,
     StepLossInputs,
     gaussian_log_ratio,
     get_kl_estimator,
     get_policy_loss,
     grpo_clip,
     grpo_policy_loss,
+    loss_settings,
+    policy_loss_switches,
     register_kl_estimator,
     register_policy_loss,
 )
@@ -332,14 +336,15 @@ def test_k3_clamps_before_exp():
 
 
 def test_registries():
-    assert POLICY_LOSSES["grpo_clip"] is grpo_clip and get_policy_loss("grpo_clip") is grpo_clip
+    assert POLICY_LOSSES["grpo_clip"].fn is grpo_clip and get_policy_loss("grpo_clip") is grpo_clip
+    assert POLICY_LOSSES["grpo_clip"].settings is ClipSettings
     assert set(KL_ESTIMATORS) >= {"gaussian_mean", "k1", "k2", "k3"}
     with pytest.raises(KeyError, match="grpo_clip"):
         get_policy_loss("nope")
     with pytest.raises(KeyError, match="gaussian_mean"):
         get_kl_estimator("k4")
 
-    @register_policy_loss("test_only_loss")
+    @register_policy_loss("test_only_loss", settings=ClipSettings)
     def _custom(*args, **kwargs):
         return grpo_policy_loss(*args, **kwargs)
 
@@ -351,12 +356,61 @@ def test_registries():
         assert get_policy_loss("test_only_loss") is _custom
         assert get_kl_estimator("test_only_kl") is _abs_gap
         with pytest.raises(ValueError, match="already registered"):
-            register_policy_loss("grpo_clip")(_custom)
+            register_policy_loss("grpo_clip", settings=ClipSettings)(_custom)
         with pytest.raises(ValueError, match="already registered"):
             register_kl_estimator("k3")(_abs_gap)
     finally:
         POLICY_LOSSES.pop("test_only_loss")
         KL_ESTIMATORS.pop("test_only_kl")
+
+
+@dataclass(frozen=True)
+class _Sharpness:
+    clip_range: float = 1e-3
+    sharpness: float = 2.0
+    use_sharpening: bool = False
+
+
+def test_a_loss_gets_its_settings_from_the_train_config_then_its_defaults_then_the_overrides():
+    @register_policy_loss("test_sharp", settings=_Sharpness)
+    def _sharp(x, s):
+        return x.log_prob.mean() * s.sharpness, {}
+
+    try:
+        train = ml_collections.ConfigDict({"clip_range": 0.2, "beta": 0.5, "use_sharpening": True})
+        assert loss_settings("test_sharp", train) == _Sharpness(0.2, 2.0, True)  # sharpness: the default
+        # an override of a field the loss has wins; one it lacks (beta) is not its business
+        assert loss_settings("test_sharp", train, sharpness=3.0, beta=0.0) == _Sharpness(0.2, 3.0, True)
+        # the switches of every loss, each with the losses that read it
+        assert policy_loss_switches()["use_sharpening"] == ["test_sharp"]
+        assert loss_settings("grpo_clip", train) == ClipSettings(0.2, 5.0, 10.0, 0.5)
+    finally:
+        POLICY_LOSSES.pop("test_sharp")
+
+
+@dataclass
+class _Unfrozen:
+    clip_range: float = 1e-3
+
+
+@dataclass(frozen=True)
+class _NoDefault:
+    clip_range: float
+
+
+@dataclass(frozen=True)
+class _ListDefault:
+    bounds: tuple = (0.1, 0.2)
+
+
+@pytest.mark.parametrize(("settings", "match"), [
+    (_Unfrozen, "frozen dataclass"), (dict, "frozen dataclass"), (_NoDefault, "'clip_range' needs a default"),
+    (_ListDefault, "'bounds' needs a default of type bool, int, float or str"),
+])
+def test_a_loss_whose_settings_cannot_come_from_the_config_is_refused_at_registration(settings, match):
+    with pytest.raises(TypeError, match=match):
+        register_policy_loss("test_bad_settings", settings=settings)
+    assert "test_bad_settings" not in POLICY_LOSSES
 
 
 @pytest.mark.parametrize("name", ["gaussian_mean", "k1", "k2", "k3"])
@@ -383,7 +437,7 @@ def test_sample_weights_make_the_loss_a_weighted_sum_by_hand():
     adv = torch.tensor([1.0, -0.5, 2.0, -1.0])
     kl = torch.tensor([0.01, 0.02, 0.03, 0.04])
     w = torch.tensor([0.5, 0.0, 0.5, 0.0])
-    settings = LossSettings(clip_range=1e-3, adv_clip_max=5.0, log_ratio_clamp=10.0, beta=0.1)
+    settings = ClipSettings(clip_range=1e-3, adv_clip_max=5.0, log_ratio_clamp=10.0, beta=0.1)
     loss, m = get_policy_loss("grpo_clip")(StepLossInputs(logp, old, adv, w, kl, 0, 1), settings)
     per = []
     for i in (0, 2):  # the kept samples, by hand

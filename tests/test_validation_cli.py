@@ -50,7 +50,16 @@ BAD = [
     ({"reward.discriminator.steps_per_epoch": -1}, "reward.discriminator.steps_per_epoch"),
     ({"debug.fail_reward_slots": "8"}, "debug.fail_reward_slots"),  # smoke: 1 process x 8 samples = slots 0..7
     ({"debug.fail_reward_slots": "a,b"}, "debug.fail_reward_slots"),
-    ({"train.gradient_weighting_num_probes": -1}, "train.gradient_weighting_num_probes"),
+    # the settings of the chosen policy loss, checked by the loss (recam.engine.variants.check_variant_settings)
+    ({"train.policy_loss": "grpo_variants", "train.gradient_weighting_num_probes": -1},
+     "train.gradient_weighting_num_probes"),
+    ({"train.policy_loss": "grpo_variants", "train.ptrw_sigma": 0.0}, "train.ptrw_sigma"),
+    ({"train.policy_loss": "grpo_variants", "train.temporal_decay_gamma": 1.5}, "train.temporal_decay_gamma"),
+    ({"train.policy_loss": "grpo_variants", "train.ema_beta": 0.0}, "train.ema_beta"),
+    ({"train.policy_loss": "grpo_variants", "train.clip_ratio_neg": -1e-3}, "train.clip_ratio_neg"),
+    ({"train.policy_loss": "grpo_variants", "train.use_amic": True, "train.use_gspo": True}, "train.use_gspo"),
+    ({"train.policy_loss": "grpo_variants", "train.use_ptrw": True, "train.use_asymmetric_clipping": True},
+     "train.use_asymmetric_clipping"),
     ({"train.adam_beta1": 1.0}, "train.adam_beta1"),
     ({"train.adam_beta2": -0.1}, "train.adam_beta2"),
     ({"train.adam_epsilon": 0.0}, "train.adam_epsilon"),
@@ -103,7 +112,7 @@ def test_bad_override_is_refused_in_one_line_naming_the_field(overrides, field):
     msg = str(err.value)
     assert "\n" not in msg
     assert re.search(rf"(?<![\w.]){re.escape(field)}(?![\w])", msg), msg  # the field itself, not a longer one
-    assert re.search(r"must|use one of|known", msg), msg  # and what it may be
+    assert re.search(r"must|use one of|known|exclusive", msg), msg  # and what it may be
 
 
 CAMERA_REWARDS = ["cam_score", "discriminator", "fidelity", "unifiedscore"]
@@ -132,6 +141,55 @@ def test_a_reward_of_another_sample_kind_is_refused_naming_the_domains_rewards(p
     assert msg.endswith(f"instead, {scorable}"), msg
 
 
+@pytest.mark.parametrize("switch", ["use_ema_smoothing", "use_gradient_adaptive_weighting", "use_amic", "use_gspo",
+                                    "use_ptrw", "use_temporal_decay", "use_asymmetric_clipping"])
+def test_a_variant_switch_needs_the_loss_that_reads_it(switch):
+    c = grpo.get_config("smoke")
+    c.train[switch] = True
+    with pytest.raises(ConfigError) as err:
+        validate(c, 1)
+    assert str(err.value) == f"train.{switch} needs train.policy_loss in ['grpo_variants'], got 'grpo_clip'"
+    c.train.policy_loss = "grpo_variants"
+    validate(c, 1)
+
+
+def test_a_plugin_loss_gets_its_settings_added_with_their_defaults_then_set_from_the_command_line():
+    from dataclasses import dataclass
+
+    from config.plugins import add_loss_settings
+    from recam.engine.losses import POLICY_LOSSES, ClipSettings, register_policy_loss
+
+    @dataclass(frozen=True)
+    class Sharp(ClipSettings):
+        sharpness: float = 2.0
+        use_sharpening: bool = False
+
+    register_policy_loss("test_sharp", settings=Sharp)(lambda x, s: (x.log_prob.mean(), {}))
+    try:
+        c = grpo.get_config("smoke")
+        assert add_loss_settings(c) == []  # the built-in losses' settings are every preset's fields
+        c.train.policy_loss = "test_sharp"
+        assert add_loss_settings(c, {"sharpness": "0.5", "use_sharpening": "true"}) == ["sharpness", "use_sharpening"]
+        assert c.train.sharpness == 0.5 and c.train.use_sharpening is True
+        validate(c, 1)
+        for values, message in [
+            ({"sharpnes": "1"}, "train.sharpnes is not a config field: train has no 'sharpnes', and "
+                                "train.policy_loss='test_sharp' has no setting of that name"),
+            ({"sharpness": "a lot"}, "train.sharpness='a lot' must be a float"),
+        ]:
+            with pytest.raises(ConfigError, match=re.escape(message)):
+                add_loss_settings(c, values)
+        c.train.policy_loss = "grpo_clip"  # its own switch left on: the loss chosen now would not read it
+        with pytest.raises(ConfigError, match=re.escape("train.use_sharpening needs train.policy_loss in "
+                                                        "['test_sharp'], got 'grpo_clip'")):
+            validate(c, 1)
+        c.train.policy_loss = "nope"
+        with pytest.raises(ConfigError, match=r"^train.policy_loss='nope' is not registered \(your own"):
+            add_loss_settings(c)
+    finally:
+        POLICY_LOSSES.pop("test_sharp")
+
+
 def test_advantage_eps_message_says_why():
     c = grpo.get_config("smoke")
     c.advantage.eps = -1.0
@@ -150,7 +208,8 @@ def test_fail_reward_slots_bound_grows_with_processes():
 def test_edges_of_the_ranges_pass():
     c = grpo.get_config("smoke")
     for path, value in {"advantage.eps": 1e-12, "keep_checkpoints": 0, "num_threads": 0, "seed": 0,
-                        "eval.num_videos": 0, "train.gradient_weighting_num_probes": 0,
+                        "eval.num_videos": 0, "train.policy_loss": "grpo_variants", "train.ema_beta": 1.0,
+                        "train.gradient_weighting_num_probes": 0, "train.temporal_decay_gamma": 1.0,
                         "train.gradient_weighting_temperature": float("inf"), "sample.sde_type": "cps",
                         "sample.noise_level": 1.0, "debug.fail_reward_slots": "0,7", "debug.sigkill_at_step": -1,
                         "eval.freq": 1, "save_freq": 1}.items():

@@ -7,12 +7,18 @@ from torch.func import functional_call
 
 from recam.domains.camera.model import ReCamTransformer3DModel, tiny_config
 from recam.domains.camera.world import SyntheticWorld, collate_conditions
-from recam.engine.losses import POLICY_LOSSES, LossSettings, StepLossInputs, get_policy_loss, grpo_policy_loss
+from recam.engine.losses import (
+    POLICY_LOSSES,
+    ClipSettings,
+    StepLossInputs,
+    get_policy_loss,
+    grpo_policy_loss,
+    registered_policy_loss,
+)
 from recam.engine.sde import cps_step, flow_sde_step, flow_sigmas
 from recam.engine.variants import (
-    DEFAULTS,
-    LOSS_FLAGS,
     EMAImportanceState,
+    VariantSettings,
     amic_token_weight,
     ema_weight_metrics,
     gradient_adaptive_weights,
@@ -50,17 +56,27 @@ def _all_scalar_detached(metrics):
 
 
 def test_defaults_are_on_the_diffusion_ratio_scale():
-    assert DEFAULTS["ema_beta"] == 0.9
-    assert DEFAULTS["gradient_weighting_temperature"] == 1.0
-    assert DEFAULTS["gradient_weighting_num_probes"] == 0
-    assert DEFAULTS["temporal_decay_gamma"] == 0.9
-    assert 1e-3 <= DEFAULTS["ptrw_sigma"] <= 1e-2
-    assert 1e-3 <= DEFAULTS["clip_ratio_neg"] <= DEFAULTS["clip_ratio_pos"] <= 2e-3
+    d = VariantSettings()
+    assert d.ema_beta == 0.9
+    assert d.gradient_weighting_temperature == 1.0
+    assert d.gradient_weighting_num_probes == 0
+    assert d.temporal_decay_gamma == 0.9
+    assert 1e-3 <= d.ptrw_sigma <= 1e-2
+    assert 1e-3 <= d.clip_ratio_neg <= d.clip_ratio_pos <= 2e-3
+    assert not any(getattr(d, f) for f in registered_policy_loss("grpo_variants").fields() if f.startswith("use_"))
 
 
 def test_registered_under_grpo_variants():
-    assert get_policy_loss("grpo_variants") is grpo_variants and grpo_variants.reads_variants
+    assert get_policy_loss("grpo_variants") is grpo_variants
+    assert registered_policy_loss("grpo_variants").settings is VariantSettings
     assert "grpo_clip" in POLICY_LOSSES
+
+
+def test_the_presets_defaults_are_the_settings_defaults():
+    from config import grpo
+
+    train, defaults = grpo.get_config("tiny_cpu").train, registered_policy_loss("grpo_variants").fields()
+    assert {f: train[f] for f in defaults} == defaults and defaults["clip_ratio_pos"] == VariantSettings.clip_ratio_pos
 
 
 # -------------------------------------------------------------------------------------------------- EMA
@@ -753,9 +769,9 @@ def test_all_flags_off_equals_grpo_policy_loss_exactly():
     assert torch.equal(loss, ref_loss)
     # the registered forms (the trainer's one signature, with per-sample weights) agree too, flags all off
     weight = torch.rand(32, generator=g)
-    settings = LossSettings(1e-3, 2.0, 10.0, 0.04, {k: DEFAULTS.get(k, False) for k in LOSS_FLAGS})
-    reg_clip, _ = get_policy_loss("grpo_clip")(StepLossInputs(logp_a, old, adv, weight, kl, 1, 4), settings)
-    reg_var, _ = get_policy_loss("grpo_variants")(StepLossInputs(logp_b, old, adv, weight, kl, 1, 4), settings)
+    clip, variants = ClipSettings(1e-3, 2.0, 10.0, 0.04), VariantSettings(1e-3, 2.0, 10.0, 0.04)
+    reg_clip, _ = get_policy_loss("grpo_clip")(StepLossInputs(logp_a, old, adv, weight, kl, 1, 4), clip)
+    reg_var, _ = get_policy_loss("grpo_variants")(StepLossInputs(logp_b, old, adv, weight, kl, 1, 4), variants)
     assert torch.equal(reg_clip, reg_var)
     assert set(m) == GRPO_KEYS == set(ref_m)
     assert all(torch.equal(m[k], ref_m[k]) for k in GRPO_KEYS)

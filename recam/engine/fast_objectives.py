@@ -21,18 +21,17 @@ import torch
 from torch import Tensor
 
 from recam.engine.losses import (
-    LossSettings,
     StepLossInputs,
     get_kl_estimator,
     get_policy_loss,
     grpo_policy_loss,
+    loss_settings,
     weighted_terms,
 )
 from recam.engine.objective import MicroBatch, Objective, register_objective
 from recam.engine.old_policy import KeepsOldPolicy
 from recam.engine.rollout import rescore
 from recam.engine.sde import checked_std, reduce_elements
-from recam.engine.variants import LOSS_FLAGS
 
 __all__ = [
     "AWMObjective",
@@ -127,8 +126,7 @@ class GRPOGuardObjective(Objective):
         self.t, self.scheduler = t, scheduler
         self.policy_loss = get_policy_loss(t.policy_loss)
         # beta 0 here: the KL is added outside the policy loss so that only the policy term is dt-weighted
-        self.settings = LossSettings(t.clip_range, t.adv_clip_max, t.log_ratio_clamp, 0.0,
-                                     {k: t[k] for k in LOSS_FLAGS})
+        self.settings = loss_settings(t.policy_loss, t, beta=0.0)
         self.kl_estimator = get_kl_estimator(t.kl_type)
 
     def step_weights(self, start: int, num_steps: int) -> Tensor:

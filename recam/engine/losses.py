@@ -4,12 +4,18 @@ Shapes: N = B * K samples (B conditions, K copies each). Log-probs, advantages a
 tensors for one trained timestep (any shape works as long as they match; means run over all elements).
 KL estimators take the transition's (N, ...) means, its std and the stored (N, ...) next state, and return
 (N,) per-element KL estimates.
+
+A policy loss is registered with the settings it reads (register_policy_loss): a frozen dataclass whose fields are
+config train.<field> names with their defaults. The objectives build it from config.train (loss_settings) and the
+validation runs its `check`, so a new loss is written in one place and no other module names its settings.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -21,7 +27,8 @@ __all__ = [
     "K3_LOG_RATIO_CLAMP",
     "KL_ESTIMATORS",
     "POLICY_LOSSES",
-    "LossSettings",
+    "ClipSettings",
+    "RegisteredPolicyLoss",
     "StepLossInputs",
     "weighted_terms",
     "gaussian_log_ratio",
@@ -32,10 +39,12 @@ __all__ = [
     "kl_k1",
     "kl_k2",
     "kl_k3",
+    "loss_settings",
+    "policy_loss_switches",
     "register_kl_estimator",
     "register_policy_loss",
+    "registered_policy_loss",
 ]
-
 
 
 @dataclass
@@ -63,41 +72,109 @@ class StepLossInputs:
 
 
 @dataclass(frozen=True)
-class LossSettings:
-    """Hyperparameters of the policy losses (config train.*); `variants` holds the grpo_variants flags."""
+class ClipSettings:
+    """The clipped surrogate's settings (config train.*), whose defaults config/base.py takes from here. Other
+    objectives read them too (beta decides whether a reference is kept), so config/validate.py checks their ranges
+    for every run."""
 
-    clip_range: float
-    adv_clip_max: float
-    log_ratio_clamp: float
-    beta: float
-    variants: dict = field(default_factory=dict)
+    # PPO clip epsilon on r = exp(logp - logp_old): diffusion ratios sit within ~1e-3 of 1
+    clip_range: float = 1e-3
+    adv_clip_max: float = 5.0  # advantages are clamped to +-this
+    log_ratio_clamp: float = 10.0  # log-ratio clamped to +-this before exp, so one outlier cannot overflow
+    beta: float = 0.02  # KL coefficient toward the frozen reference (0 disables the reference)
 
 
-# Every registered policy loss: fn(StepLossInputs, LossSettings) -> (loss scalar, metrics of detached 0-dim tensors)
-PolicyLoss = Callable[[StepLossInputs, LossSettings], tuple[Tensor, dict[str, Tensor]]]
+# Every registered policy loss: fn(StepLossInputs, its settings) -> (loss scalar, metrics of detached 0-dim tensors)
+PolicyLoss = Callable[[StepLossInputs, Any], tuple[Tensor, dict[str, Tensor]]]
 # fn(cur_mean, ref_mean, std, sample, mask=None) -> (N,), mask: the elements averaged over; see "KL estimators".
 KLEstimator = Callable[[Tensor, Tensor, "float | Tensor", Tensor], Tensor]
 
 K3_LOG_RATIO_CLAMP = 20.0
+# A setting arrives from the command line as text and is parsed as its default's type, so only these are allowed.
+SETTING_TYPES = (bool, int, float, str)
 
-POLICY_LOSSES: dict[str, PolicyLoss] = {}
+
+@dataclass(frozen=True)
+class RegisteredPolicyLoss:
+    """One entry of POLICY_LOSSES: the loss, the dataclass of the settings it reads, and the check of their ranges."""
+
+    fn: PolicyLoss
+    settings: type
+    check: Callable[[Any], None] | None = None
+
+    def fields(self) -> dict[str, bool | int | float | str]:
+        """train.<field> -> default, in the dataclass's order."""
+        return {f.name: f.default for f in dataclasses.fields(self.settings)}
+
+
+POLICY_LOSSES: dict[str, RegisteredPolicyLoss] = {}
 KL_ESTIMATORS: dict[str, KLEstimator] = {}
 
 
-def _lookup(table: dict, kind: str, name: str) -> Callable:
+def _lookup(table: dict, kind: str, name: str) -> Any:
     if name not in table:
         raise KeyError(f"unknown {kind} {name!r}; known: {sorted(table)}")
     return table[name]
 
 
-def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
-    """Decorator adding a policy loss to POLICY_LOSSES under `name` (duplicates are an error)."""
-    return registrar(POLICY_LOSSES, "policy loss", name)
+def _check_settings_type(name: str, settings: Any) -> None:
+    """A frozen dataclass whose every field has a default of SETTING_TYPES: the defaults are what a config without
+    the field runs with (config.plugins.add_loss_settings adds them), frozen so a loss cannot change them mid-run."""
+    if not (isinstance(settings, type) and dataclasses.is_dataclass(settings)
+            and settings.__dataclass_params__.frozen):
+        raise TypeError(f"policy loss {name!r}: settings must be a frozen dataclass, got {settings!r}")
+    for f in dataclasses.fields(settings):
+        if f.default is dataclasses.MISSING or type(f.default) not in SETTING_TYPES:
+            raise TypeError(f"policy loss {name!r}: setting {f.name!r} needs a default of type bool, int, float or "
+                            f"str (a command-line value is parsed as that type), got {f.default!r}")
+
+
+def register_policy_loss(name: str, *, settings: type, check: Callable[[Any], None] | None = None
+                         ) -> Callable[[PolicyLoss], PolicyLoss]:
+    """Decorator registering `fn(inputs: StepLossInputs, settings) -> (loss, metrics)` under `name` (duplicates are
+    an error). settings: a frozen dataclass whose fields are the config train.<field> names the loss reads, each with
+    its default; fn receives an instance built from config.train (loss_settings). check(checks), optional: their
+    ranges, stated with recam/infra/config_checks.py's FieldChecks on the fields "train.<field>", run when the
+    loss is the chosen train.policy_loss. A bool setting named use_* is a switch: validation refuses it switched on
+    unless the chosen loss has it."""
+    _check_settings_type(name, settings)
+    add = registrar(POLICY_LOSSES, "policy loss", name)
+
+    def decorator(fn: PolicyLoss) -> PolicyLoss:
+        add(RegisteredPolicyLoss(fn, settings, check))
+        return fn
+
+    return decorator
+
+
+def registered_policy_loss(name: str) -> RegisteredPolicyLoss:
+    """The entry of the policy loss registered as `name`; KeyError listing the known names otherwise."""
+    return _lookup(POLICY_LOSSES, "policy loss", name)
 
 
 def get_policy_loss(name: str) -> PolicyLoss:
     """The policy loss registered as `name`; KeyError listing the known names otherwise."""
-    return _lookup(POLICY_LOSSES, "policy loss", name)
+    return registered_policy_loss(name).fn
+
+
+def loss_settings(name: str, train_config: Mapping, **overrides) -> Any:
+    """The settings of policy loss `name`: each field from train_config (config.train), its default where
+    train_config lacks it, and `overrides` (field=value) over both. An override of a field the loss does not have is
+    dropped: the loss would not read it (GRPO-Guard's beta=0 for a loss without a KL term)."""
+    entry = registered_policy_loss(name)
+    values = {f: train_config[f] if f in train_config else default for f, default in entry.fields().items()}
+    values.update({f: v for f, v in overrides.items() if f in values})
+    return entry.settings(**values)
+
+
+def policy_loss_switches() -> dict[str, list[str]]:
+    """Every switch (a bool setting named use_*) of the registered losses -> the losses that have it, in order."""
+    out: dict[str, list[str]] = {}
+    for name, entry in POLICY_LOSSES.items():
+        for f, default in entry.fields().items():
+            if f.startswith("use_") and isinstance(default, bool):
+                out.setdefault(f, []).append(name)
+    return out
 
 
 def register_kl_estimator(name: str) -> Callable[[KLEstimator], KLEstimator]:
@@ -226,8 +303,8 @@ def weighted_terms(per_sample: Tensor, sample_weight: Tensor | None) -> tuple[Te
     return total, (total / w.sum().clamp_min(torch.finfo(w.dtype).tiny)).detach()
 
 
-@register_policy_loss("grpo_clip")
-def grpo_clip(x: StepLossInputs, s: LossSettings) -> tuple[Tensor, dict[str, Tensor]]:
+@register_policy_loss("grpo_clip", settings=ClipSettings)
+def grpo_clip(x: StepLossInputs, s: ClipSettings) -> tuple[Tensor, dict[str, Tensor]]:
     return grpo_policy_loss(x.log_prob, x.old_log_prob, x.advantages, s.clip_range, s.adv_clip_max,
                             s.log_ratio_clamp, x.kl, s.beta, sample_weight=x.sample_weight)
 

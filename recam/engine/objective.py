@@ -25,10 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
-from recam.engine.losses import LossSettings, StepLossInputs, get_kl_estimator, get_policy_loss
+from recam.engine.losses import StepLossInputs, get_kl_estimator, get_policy_loss, loss_settings
 from recam.engine.rollout import rescore
 from recam.engine.variants import (
-    LOSS_FLAGS,
     EMAImportanceState,
     gradient_adaptive_weights,
     importance_weights,
@@ -182,8 +181,7 @@ class GRPOObjective(Objective):
         t = train_config
         self.t, self.scheduler = t, scheduler
         self.policy_loss = get_policy_loss(t.policy_loss)
-        self.settings = LossSettings(t.clip_range, t.adv_clip_max, t.log_ratio_clamp, t.beta,
-                                     {k: t[k] for k in LOSS_FLAGS})
+        self.settings = loss_settings(t.policy_loss, t)
         self.kl_estimator = get_kl_estimator(t.kl_type)
         self.variants = VariantInputs(t, scheduler)  # inert unless a variant is switched on
         self._step_weights: dict[tuple[int, int], torch.Tensor] = {}

@@ -13,23 +13,26 @@ Variants (research plan numbering):
     2.5 temporal decay of the advantage over denoising steps -> temporal_decay_weights
     2.6 asymmetric clipping (clip-higher) -> grpo_variants_policy_loss(use_asymmetric_clipping=True)
 
-Importing this module registers grpo_variants_policy_loss in recam.engine.losses.POLICY_LOSSES as "grpo_variants".
+Importing this module registers grpo_variants_policy_loss in recam.engine.losses.POLICY_LOSSES as "grpo_variants",
+with its settings (VariantSettings: config train.use_* and their parameters) and their checks.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from recam.engine.losses import LossSettings, StepLossInputs, register_policy_loss, weighted_terms
+from recam.engine.losses import ClipSettings, StepLossInputs, register_policy_loss, weighted_terms
 
 __all__ = [
-    "DEFAULTS",
     "EMAImportanceState",
+    "VariantSettings",
     "amic_token_weight",
+    "check_variant_settings",
     "ema_weight_metrics",
     "gradient_adaptive_weights",
     "grpo_variants_policy_loss",
@@ -43,33 +46,60 @@ __all__ = [
     "temporal_decay_weights",
 ]
 
-# Diffusion importance ratios sit within ~1e-3 of 1 (Flow-GRPO clips at 1e-4..1e-3), far tighter than the
-# 0.2 of language models, so every ratio-scale default below lives on that scale.
-# The loss's switches and settings (config train.<name>), read from LossSettings.variants; the one list of them.
-LOSS_FLAGS = ("use_amic", "use_gspo", "use_ptrw", "ptrw_sigma", "use_temporal_decay", "temporal_decay_gamma",
-              "temporal_decay_normalize", "use_asymmetric_clipping", "clip_ratio_pos", "clip_ratio_neg")
-# Every switch of a variant (config train.<name>); any of them on needs train.policy_loss = "grpo_variants".
-VARIANT_SWITCHES = ("use_ema_smoothing", "use_gradient_adaptive_weighting", "use_amic", "use_gspo", "use_ptrw",
-                    "use_temporal_decay", "use_asymmetric_clipping")
+@dataclass(frozen=True)
+class VariantSettings(ClipSettings):
+    """The settings of the "grpo_variants" loss: config train.<field>, whose defaults config/base.py takes from here.
+    The EMA and gradient-adaptive ones are read by the GRPO objective, which hands the loss the weights they make;
+    they are the loss's because only it uses those weights, so their switches need it too.
 
-DEFAULTS: dict[str, float | int | bool] = {
+    Diffusion importance ratios sit within ~1e-3 of 1 (Flow-GRPO clips at 1e-4..1e-3), far tighter than the 0.2 of
+    language models, so every ratio-scale default below lives on that scale."""
+
+    use_ema_smoothing: bool = False  # 2.1
     # 2.1: the value the published EMA variant recommends; keeps 90% of the fresh weight per update.
-    "ema_beta": 0.9,
+    ema_beta: float = 0.9
+    use_gradient_adaptive_weighting: bool = False  # 2.2
     # 2.2: on log-magnitudes tau = 1 makes timestep weights proportional to the per-token gradient norm.
-    "gradient_weighting_temperature": 1.0,
+    gradient_weighting_temperature: float = 1.0
     # 2.2: 0 = exact per-sample gradient norms, which on ReCam-Tiny cost less than even a few probes.
-    "gradient_weighting_num_probes": 0,
+    gradient_weighting_num_probes: int = 0
+    use_amic: bool = False  # 2.3
+    use_gspo: bool = False  # 2.3
+    use_ptrw: bool = False  # 2.4
     # 2.4: gate ~0.88 where a 1e-3 hard clip would cut and ~0.14 at |r - 1| = 4e-3.
-    "ptrw_sigma": 2e-3,
+    ptrw_sigma: float = 2e-3
+    use_temporal_decay: bool = False  # 2.5
     # 2.5: with T ~ 10 trained steps the last weight is ~0.39 of the first, favouring the high-noise steps.
-    "temporal_decay_gamma": 0.9,
+    temporal_decay_gamma: float = 0.9
     # 2.5: mean-1 weights keep the loss scale (and hence the tuned learning rate) unchanged.
-    "temporal_decay_normalize": True,
+    temporal_decay_normalize: bool = True
+    use_asymmetric_clipping: bool = False  # 2.6
     # 2.6: DAPO's 0.28 / 0.2 clip-higher proportion moved to Wan's 1e-3 clip scale.
-    "clip_ratio_pos": 1.4e-3,
+    clip_ratio_pos: float = 1.4e-3
     # 2.6: Wan's symmetric Flow-GRPO clip range, kept for the negative-advantage side.
-    "clip_ratio_neg": 1e-3,
-}
+    clip_ratio_neg: float = 1e-3
+
+
+def check_variant_settings(checks) -> None:
+    """The ranges of VariantSettings' own fields (recam/infra/config_checks.py's FieldChecks; their types and
+    ClipSettings' ranges are checked for every run) and the variants that exclude each other."""
+    checks.number("train.ema_beta", 0, 1, low_open=True)
+    checks.number("train.gradient_weighting_temperature", 0, None, low_open=True, allow_inf=True)
+    checks.integer("train.gradient_weighting_num_probes", 0, None, "0 = exact per-sample gradients, P > 0 = P probes")
+    checks.number("train.ptrw_sigma", 0, None, low_open=True)
+    checks.number("train.temporal_decay_gamma", 0, 1, low_open=True)
+    checks.number("train.clip_ratio_pos", 0, None, low_open=True)
+    checks.number("train.clip_ratio_neg", 0, None, low_open=True)
+    t = checks.config.train
+    checks.require(not (t.use_amic and t.use_gspo),
+                   "train.use_amic and train.use_gspo are mutually exclusive: AMIC is the arithmetic-mean alternative "
+                   "to GSPO's geometric mean; enable one")
+    checks.require(not (t.use_ptrw and t.use_asymmetric_clipping),
+                   "train.use_ptrw and train.use_asymmetric_clipping are mutually exclusive: PTRW replaces hard "
+                   "clipping, so there is no clip range to make asymmetric")
+    checks.require(not (t.use_ema_smoothing and (t.use_amic or t.use_gspo)),
+                   "train.use_ema_smoothing cannot combine with train.use_amic/train.use_gspo: the EMA smooths one "
+                   "timestep's weight, the sequence forms are built from all raw weights")
 
 
 def _population_var(x: Tensor) -> Tensor:
@@ -152,7 +182,7 @@ class EMAImportanceState:
     the epoch when their samples are dropped (or retire_all()).
     """
 
-    def __init__(self, beta: float = DEFAULTS["ema_beta"]):
+    def __init__(self, beta: float = VariantSettings.ema_beta):
         if not 0.0 < beta <= 1.0:
             raise ValueError(f"ema beta must be in (0, 1], got {beta!r}")
         self.beta = float(beta)
@@ -359,7 +389,7 @@ def policy_gradient_norms(
     output_fn: OutputFn,
     params: ParamDict,
     output_grad: Tensor,
-    num_probes: int = DEFAULTS["gradient_weighting_num_probes"],
+    num_probes: int = VariantSettings.gradient_weighting_num_probes,
     generator: torch.Generator | None = None,
     step_size: float | None = None,
 ) -> Tensor:
@@ -391,7 +421,7 @@ def policy_gradient_norms(
 
 
 def gradient_adaptive_weights(
-    grad_norms: Tensor, temperature: float = DEFAULTS["gradient_weighting_temperature"]
+    grad_norms: Tensor, temperature: float = VariantSettings.gradient_weighting_temperature
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Per-timestep weights w_t = T * softmax_t(log m_t / temperature), mean 1 within each trajectory.
 
@@ -529,8 +559,8 @@ def ptrw_trust_weight(ratio: Tensor, sigma: float) -> Tensor:
 
 def temporal_decay_weights(
     num_timesteps: int,
-    gamma: float = DEFAULTS["temporal_decay_gamma"],
-    normalize: bool = DEFAULTS["temporal_decay_normalize"],
+    gamma: float = VariantSettings.temporal_decay_gamma,
+    normalize: bool = VariantSettings.temporal_decay_normalize,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Advantage weights w_t = gamma^t over the T trained steps, t = 0 the noisiest; float32 (T,).
 
@@ -586,17 +616,18 @@ def _sign_frac(hit: Tensor, mask: Tensor) -> Tensor:
     return (hit & mask).float().sum() / mask.float().sum().clamp_min(1.0)
 
 
-@register_policy_loss("grpo_variants")
-def grpo_variants(x: StepLossInputs, s: LossSettings) -> tuple[Tensor, dict[str, Tensor]]:
-    """The registered form: the plan's variants switched by s.variants (config train.use_* and their settings)."""
+@register_policy_loss("grpo_variants", settings=VariantSettings, check=check_variant_settings)
+def grpo_variants(x: StepLossInputs, s: VariantSettings) -> tuple[Tensor, dict[str, Tensor]]:
+    """The registered form: the plan's variants switched by config train.use_* (the EMA and gradient-adaptive
+    weights arrive in x, made by the GRPO objective)."""
     return grpo_variants_policy_loss(
         x.log_prob, x.old_log_prob, x.advantages, s.clip_range, s.adv_clip_max, s.log_ratio_clamp, x.kl, s.beta,
         timestep_index=x.timestep_index, num_timesteps=x.num_timesteps, seq_log_prob=x.seq_log_prob,
         seq_old_log_prob=x.seq_old_log_prob, ema_weight=x.ema_weight, grad_weight=x.grad_weight,
-        sample_weight=x.sample_weight, **{k: s.variants[k] for k in LOSS_FLAGS if k in s.variants})
-
-
-grpo_variants.reads_variants = True  # validation: the train.use_* switches need a loss that reads them
+        sample_weight=x.sample_weight, use_amic=s.use_amic, use_gspo=s.use_gspo, use_ptrw=s.use_ptrw,
+        ptrw_sigma=s.ptrw_sigma, use_temporal_decay=s.use_temporal_decay, temporal_decay_gamma=s.temporal_decay_gamma,
+        temporal_decay_normalize=s.temporal_decay_normalize, use_asymmetric_clipping=s.use_asymmetric_clipping,
+        clip_ratio_pos=s.clip_ratio_pos, clip_ratio_neg=s.clip_ratio_neg)
 
 
 def _check_variant_inputs(log_prob, old_log_prob, advantages, clip_range, adv_clip_max, log_ratio_clamp, kl, beta, *,
@@ -658,13 +689,13 @@ def grpo_variants_policy_loss(
     use_amic: bool = False,
     use_gspo: bool = False,
     use_ptrw: bool = False,
-    ptrw_sigma: float = DEFAULTS["ptrw_sigma"],
+    ptrw_sigma: float = VariantSettings.ptrw_sigma,
     use_temporal_decay: bool = False,
-    temporal_decay_gamma: float = DEFAULTS["temporal_decay_gamma"],
-    temporal_decay_normalize: bool = DEFAULTS["temporal_decay_normalize"],
+    temporal_decay_gamma: float = VariantSettings.temporal_decay_gamma,
+    temporal_decay_normalize: bool = VariantSettings.temporal_decay_normalize,
     use_asymmetric_clipping: bool = False,
-    clip_ratio_pos: float = DEFAULTS["clip_ratio_pos"],
-    clip_ratio_neg: float = DEFAULTS["clip_ratio_neg"],
+    clip_ratio_pos: float = VariantSettings.clip_ratio_pos,
+    clip_ratio_neg: float = VariantSettings.clip_ratio_neg,
     sample_weight: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GRPO loss for timestep j of n trajectories with the plan's variants; all off == grpo_policy_loss.
