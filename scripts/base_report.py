@@ -35,7 +35,7 @@ import torch  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from recam.infra.runlog import eval_change  # noqa: E402
+from recam.infra.reports import eval_change  # noqa: E402
 
 config_flags.DEFINE_config_file("config", "config/grpo.py:tiny_cpu", "preset (config/grpo.py:<name>[+method])")
 flags.DEFINE_integer("repeats", 4, "independent epochs for the signal share (0: skip it; otherwise >= 3)")

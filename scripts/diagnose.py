@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from recam import verify  # noqa: E402
-from recam.engine import health  # noqa: E402
+from recam.engine import diagnosis  # noqa: E402
 
 
 def load_records(path: Path) -> tuple[verify.ParsedLog, Path]:
@@ -59,7 +59,7 @@ def _last_step_line(records: list[dict]) -> str:
 
 def _exclusions(records: list[dict]) -> tuple[int, int, int]:
     """(excluded samples, samples, epochs with an exclusion) over the epoch records that say."""
-    counts = [c for r in records if r.get("type") == "epoch" and (c := health.excluded_count(r)) is not None]
+    counts = [c for r in records if r.get("type") == "epoch" and (c := diagnosis.excluded_count(r)) is not None]
     return sum(e for e, _ in counts), sum(n for _, n in counts), sum(1 for e, _ in counts if e)
 
 
@@ -73,7 +73,7 @@ def _lost(kind: str | None, epoch: int | None) -> str:
 def verdict(findings: list, unreadable: list) -> tuple[str, int]:
     """(verdict, exit status): CRITICAL / 2 when a readable record shows something critical; INCOMPLETE / 1 when
     nothing readable does but some lines could not be read; HEALTHY / 0 otherwise."""
-    if not health.is_healthy(findings):
+    if not diagnosis.is_healthy(findings):
         return "CRITICAL", 2
     if unreadable:
         return "INCOMPLETE", 1
@@ -93,10 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     records, unreadable, recovered = parsed.records, parsed.unreadable, parsed.recovered
     lost = {line: (kind, epoch) for line, kind, epoch in parsed.lost}
     try:
-        findings = health.diagnose_run(records, run_dir=_run_dir(source))
+        findings = diagnosis.diagnose_run(records, run_dir=_run_dir(source))
     except Exception as e:
         # The rules are written against well-formed metrics; a record they trip on is itself the finding.
-        findings = [health.Finding("diagnosis_error", "critical", {"error": f"{type(e).__name__}: {e}"},
+        findings = [diagnosis.Finding("diagnosis_error", "critical", {"error": f"{type(e).__name__}: {e}"},
                                    "The metrics could not be diagnosed; some record is malformed.",
                                    ["inspect the records named in the error"])]
     excluded, samples, epochs_hit = _exclusions(records)
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"source": str(source), "verdict": word, "unreadable_lines": [u.line for u in unreadable],
                           "recovered_lines": [u.line for u in recovered],
                           "excluded_samples": excluded, "samples": samples,
-                          "healthy": status == 0, "worst": health.worst_severity(findings),
+                          "healthy": status == 0, "worst": diagnosis.worst_severity(findings),
                           "findings": [f.__dict__ for f in findings]}, indent=1, default=str))
     else:
         n_steps = sum(1 for r in records if r.get("type", "step") == "step")
@@ -120,9 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         for u in unreadable:
             print(f"could not read line {u.line}: {u.reason}; it held {_lost(*lost.get(u.line, (None, None)))}")
         why = (f"nothing critical in the readable records, but {len(unreadable)} line(s) could not be read and were "
-               "not diagnosed" if word == "INCOMPLETE" else f"worst: {health.worst_severity(findings) or 'none'}")
+               "not diagnosed" if word == "INCOMPLETE" else f"worst: {diagnosis.worst_severity(findings) or 'none'}")
         print(f"\nverdict: {word} ({why})\n")
-        print(health.format_findings(findings), end="")
+        print(diagnosis.format_findings(findings), end="")
     if not records:
         print("no metric records found")
         return 1

@@ -19,7 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from recam.infra.runlog import eval_change, read_records  # noqa: E402
+from recam.infra.reports import eval_change  # noqa: E402
+from recam.infra.runlog import read_records  # noqa: E402
 from recam.infra.stats import mean_interval  # noqa: E402
 
 

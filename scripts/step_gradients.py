@@ -25,7 +25,7 @@ import torch  # noqa: E402
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from recam.engine.evaluation import element_mask  # noqa: E402
+from recam.engine.domain import element_mask  # noqa: E402
 from recam.engine.objective import step_weights  # noqa: E402
 from recam.engine.rollout import per_sample_noise, rescore, rollout  # noqa: E402
 from scripts.at_base import trainer_at_base  # noqa: E402

@@ -177,7 +177,7 @@ def test_sums_match_cami2v_written_out_on_random_trajectories():
 
 
 def test_a_checkpoint_that_breaks_the_estimator_shows_larger_sums_not_smaller_errors():
-    from recam.infra.runlog import summarise_eval
+    from recam.infra.reports import summarise_eval
 
     gt = trajectory(step=(1.0, 0, 0))
     good, wrong = estimate(gt), estimate(trajectory(step=(1.0, 0, 0), yaw_deg=5.0))  # 5 deg more turn per frame

@@ -3,7 +3,8 @@ import importlib.util
 import pytest
 import torch
 
-from recam.infra.distributed import local_slice, npu_available, select_device
+from recam.engine.advantages import local_slice
+from recam.infra.distributed import npu_available, select_device
 
 
 def test_device_selection_prefers_npu_then_cuda_then_cpu():

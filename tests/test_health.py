@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from recam.engine import health
+from recam.engine import diagnosis, health
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("diagnose", ROOT / "scripts" / "diagnose.py")
@@ -34,14 +34,14 @@ def rules(findings, severity=None):
 
 def test_blown_up_run_is_critical_naming_ratio_drift_and_missing_signal():
     findings = health.diagnose_step(BLOWN_UP, [])
-    assert health.worst_severity(findings) == "critical" and not health.is_healthy(findings)
+    assert diagnosis.worst_severity(findings) == "critical" and not diagnosis.is_healthy(findings)
     critical = rules(findings, "critical")
     assert {"ratio_explosion", "reference_drift", "no_advantage_signal", "loss_blowup", "kl_growth"} <= critical
     by_rule = {f.rule: f for f in findings}
     assert by_rule["ratio_explosion"].numbers["mean_ratio"] == 4.8517e8
     assert by_rule["reference_drift"].numbers["drift_per_element"] == pytest.approx(1.976e5, rel=1e-3)
     assert "policy_loss" in by_rule["no_advantage_signal"].explanation  # a loss with all-zero advantages
-    text = health.format_findings(findings)
+    text = diagnosis.format_findings(findings)
     assert text.startswith("- **CRITICAL**")
     for field in ("train.learning_rate", "train.beta", "train.log_ratio_clamp", "sample.noise_level",
                   "reward.weights", "checkpoints/latest"):
@@ -53,8 +53,8 @@ def test_healthy_metrics_give_no_findings():
     history = [healthy(s) for s in range(1, 40)]
     assert health.diagnose_step(healthy(40), history) == []
     assert health.diagnose_step(healthy(1), []) == []
-    assert health.is_healthy([]) and health.worst_severity([]) is None
-    assert "healthy" in health.format_findings([])
+    assert diagnosis.is_healthy([]) and diagnosis.worst_severity([]) is None
+    assert "healthy" in diagnosis.format_findings([])
 
 
 @pytest.mark.parametrize("key,value", [("loss", math.nan), ("grad_norm", math.inf), ("mean_ratio", math.nan)])
@@ -176,21 +176,21 @@ def test_diagnose_run_merges_epoch_signal_and_reports_each_rule_once():
             del m["zero_std_ratio"]  # as the trainer logs steps: the ratio lives in the epoch record
             records.append({"type": "step", **m})
         records.append(_epoch(e, e * 2, 0.5, zero_std=1.0 if e == 2 else 0.0625))
-    findings = health.diagnose_run(records, run_dir="runs/x")
+    findings = diagnosis.diagnose_run(records, run_dir="runs/x")
     signal = [f for f in findings if f.rule == "no_advantage_signal"]
     assert len(signal) == 1 and signal[0].severity == "critical"
     assert signal[0].numbers["first_step"] == 5 and signal[0].numbers["epochs"] == [2]
-    assert "runs/x/checkpoints" not in health.format_findings(signal)  # no rollback advice for a dead signal
+    assert "runs/x/checkpoints" not in diagnosis.format_findings(signal)  # no rollback advice for a dead signal
 
 
 def test_diagnose_run_reward_drop_over_epochs():
     records = [_epoch(0, 0, 0.5), _epoch(1, 2, 0.6), _epoch(2, 4, 0.2)]
-    findings = health.diagnose_run(records, run_dir="runs/x")
+    findings = diagnosis.diagnose_run(records, run_dir="runs/x")
     f = next(f for f in findings if f.rule == "reward_collapse")
     assert f.severity == "critical" and f.numbers["best_mean_reward"] == 0.6 and f.numbers["epochs"] == [2]
     assert "runs/x/checkpoints/latest" in " ".join(f.actions)
     flat = [_epoch(0, 0, 0.5), _epoch(1, 2, 0.5, rewards=[[0.5, 0.5]] * 8)]
-    assert rules(health.diagnose_run(flat), "critical") == {"reward_collapse"}
+    assert rules(diagnosis.diagnose_run(flat), "critical") == {"reward_collapse"}
 
 
 def test_diagnose_script_exit_codes_and_torn_file(tmp_path, capsys):
@@ -256,14 +256,14 @@ def test_binary_noise_in_the_log_never_hides_what_its_records_show(tmp_path, cap
 
 
 def test_the_run_s_reports_are_written_in_process_and_say_what_the_tools_said(tmp_path):
-    from recam.infra import runlog
+    from recam.infra import reports
 
-    code, out = runlog.run_script("diagnose", [str(tmp_path / "missing")])
+    code, out = reports.run_script("diagnose", [str(tmp_path / "missing")])
     assert code == 1 and "cannot read" in out
     run = tmp_path / "run"
     run.mkdir()
     (run / "metrics.jsonl").write_bytes(_collapsing_run(run))
-    paths = runlog.write_reports(run)
+    paths = reports.write_reports(run)
     assert paths["diagnosis"] == f"{run / 'diagnosis.md'} (NOT healthy)"
     assert "reward_collapse" in (run / "diagnosis.md").read_text()
     assert (run / "grpo_verification.md").exists() and paths["verification"].startswith(str(run))
@@ -320,34 +320,34 @@ def _flaky_epoch(e, step, failed=(), all_excluded=False):
 
 def test_reward_std_ignores_failed_rewards_and_reports_the_excluded_count():
     rec = _flaky_epoch(0, 0, failed=(1, 6))
-    m = health.epoch_metrics(rec)  # statistics.pstdev over a NaN used to raise AttributeError ('numerator')
+    m = diagnosis.epoch_metrics(rec)  # statistics.pstdev over a NaN used to raise AttributeError ('numerator')
     finite = [0.3 + 0.05 * (i % 4) for i in range(8) if i not in (1, 6)]
     mean = sum(finite) / len(finite)
     assert m["std_reward"] == pytest.approx(math.sqrt(sum((x - mean) ** 2 for x in finite) / len(finite)))
     assert (m["excluded_samples"], m["samples"], m["failed_samples"]) == (2, 8, 2)
-    findings = health.diagnose_epoch(rec)
-    assert health.is_healthy(findings) and rules(findings) == {"excluded_samples"}
+    findings = diagnosis.diagnose_epoch(rec)
+    assert diagnosis.is_healthy(findings) and rules(findings) == {"excluded_samples"}
     f = findings[0]
     assert f.severity == "info" and f.numbers["excluded_samples"] == 2 and "2 of 8 samples" in f.explanation
 
 
 def test_epoch_that_kept_nothing_is_a_warning_not_a_nan_blowup():
     rec = _flaky_epoch(1, 2, failed=(0, 5), all_excluded=True)
-    findings = health.diagnose_epoch(rec, [_flaky_epoch(0, 0)])
-    assert health.is_healthy(findings)
+    findings = diagnosis.diagnose_epoch(rec, [_flaky_epoch(0, 0)])
+    assert diagnosis.is_healthy(findings)
     assert [(f.rule, f.severity) for f in findings] == [("excluded_samples", "warn")]
     # every sample's reward failed: the means are over nothing, missing rather than a numerical blow-up
     dead = _flaky_epoch(1, 2, failed=tuple(range(8)), all_excluded=True)
-    assert [(f.rule, f.severity) for f in health.diagnose_epoch(dead)] == [("excluded_samples", "warn")]
+    assert [(f.rule, f.severity) for f in diagnosis.diagnose_epoch(dead)] == [("excluded_samples", "warn")]
 
 
 def test_nan_that_exclusions_do_not_explain_is_still_critical():
     rec = _flaky_epoch(0, 0, failed=(1,))
     rec["zero_std_ratio"] = math.nan  # groups were kept, so this NaN is a bug, not a missing value
-    assert rules(health.diagnose_epoch(rec), "critical") == {"non_finite"}
+    assert rules(diagnosis.diagnose_epoch(rec), "critical") == {"non_finite"}
     rec = _flaky_epoch(0, 0)
     rec["reward_unifiedscore"] = math.nan  # every sample has a finite score, yet the mean is NaN
-    assert rules(health.diagnose_epoch(rec), "critical") == {"non_finite"}
+    assert rules(diagnosis.diagnose_epoch(rec), "critical") == {"non_finite"}
 
 
 def test_diagnose_script_on_a_run_with_excluded_samples_is_healthy(tmp_path, capsys):

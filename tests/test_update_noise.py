@@ -13,8 +13,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from recam.engine.gradient_cosine import flat_cosine  # noqa: E402
-from recam.engine.health import Thresholds, diagnose_run, rule_update_noise  # noqa: E402
+from recam.engine.diagnosis import diagnose_run, rule_update_noise  # noqa: E402
+from recam.engine.health import (
+    Thresholds,  # noqa: E402
+    flat_cosine,  # noqa: E402
+)
 from recam.infra.stats import mean_interval, t975  # noqa: E402
 from scripts.gradient_agreement import agreement, epoch_gradients, samples_for_half, share_interval  # noqa: E402
 

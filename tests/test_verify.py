@@ -12,7 +12,7 @@ from recam import verify
 from recam.engine.advantages import broadcast_over_timesteps, group_advantages
 from recam.engine.reward_runner import exclusion_mask, masked_group_advantages
 from recam.engine.sampler import global_batch_indices
-from recam.infra import runlog
+from recam.infra import reports, runlog
 
 P, BS, NB, K, T = 2, 4, 2, 4, 3  # 16 samples = 4 conditions x k=4 per epoch
 N = P * BS * NB
@@ -830,9 +830,9 @@ def test_unparsable_line_about_sampling_keeps_its_epoch_from_passing():
     assert status(report, "count_per_condition", 0).status == verify.PASS
 
 
-def test_readme_table_lists_every_form():
-    readme = (ROOT / "README.md").read_text()
-    assert verify.debug_log_forms_markdown() in readme
+def test_the_guide_s_table_lists_every_form():
+    guide = (ROOT / "docs" / "guide.md").read_text()
+    assert verify.debug_log_forms_markdown() in guide
 
 
 def test_issue_example_log_is_read(tmp_path):
@@ -1015,11 +1015,11 @@ def test_summarise_eval_leaves_missing_values_out_and_summary_prints_na(tmp_path
     rows = [{"index": 0, "reward_cam_score": 0.5, "reward_unifiedscore": float("nan")},
             {"index": 1, "reward_cam_score": 0.7, "reward_unifiedscore": 0.25},
             {"index": 2, "reward_cam_score": None, "reward_unifiedscore": float("nan")}]
-    out = runlog.summarise_eval(rows, "eval")
+    out = reports.summarise_eval(rows, "eval")
     assert out["eval/num_conditions"] == 3
     assert out["eval/cam_score"] == pytest.approx(0.6) and out["eval/unifiedscore"] == pytest.approx(0.25)
     assert out["rows/eval/cam_score"] == [0.5, 0.7, None] and out["rows/eval/unifiedscore"] == [None, 0.25, None]
-    none = runlog.summarise_eval([{"index": 0, "reward_unifiedscore": float("nan")}], "val")
+    none = reports.summarise_eval([{"index": 0, "reward_unifiedscore": float("nan")}], "val")
     assert none["val/unifiedscore"] != none["val/unifiedscore"]  # NaN: no value at all
     log = runlog.RunLog(tmp_path, get_config(), enabled=False)
     log.run_dir = tmp_path
@@ -1034,8 +1034,8 @@ def test_summary_change_carries_the_paired_interval_over_conditions(tmp_path):
     """Per-condition rows in both evaluations: the change column is the mean paired difference +- its 95% t
     half-width, by hand; a metric over the whole split (no rows) keeps its plain difference; a selected checkpoint
     is paired with the base the same way."""
-    base = runlog.summarise_eval([{"index": i, "reward_cam_score": v} for i, v in enumerate([0.1, 0.2, 0.4, 0.3])])
-    late = runlog.summarise_eval([{"index": i, "reward_cam_score": v} for i, v in enumerate([0.2, 0.2, 0.7, None])])
+    base = reports.summarise_eval([{"index": i, "reward_cam_score": v} for i, v in enumerate([0.1, 0.2, 0.4, 0.3])])
+    late = reports.summarise_eval([{"index": i, "reward_cam_score": v} for i, v in enumerate([0.2, 0.2, 0.7, None])])
     base["eval/r_precision_top3"], late["eval/r_precision_top3"] = 0.5, 0.625
     diffs = np.array([0.1, 0.0, 0.3])  # the third condition's after is missing: only pairs scored twice count
     half = 4.302652729911275 * diffs.std(ddof=1) / np.sqrt(3)  # t_{0.975, 2}

@@ -103,3 +103,12 @@ def trajectory_ids(g_index: torch.Tensor) -> torch.Tensor:
         copies.append(seen.get(i, 0))
         seen[i] = copies[-1] + 1
     return torch.stack([g_index.long(), torch.tensor(copies, dtype=torch.long)], 1)
+
+
+def local_slice(gathered: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """This rank's (n, ...) block of a tensor gathered from every process in rank order (equal sizes): the
+    advantages are normalised over every process's samples, and each process trains on its own."""
+    if gathered.shape[0] % world_size:
+        raise ValueError(f"gathered size {gathered.shape[0]} is not divisible by world size {world_size}")
+    n = gathered.shape[0] // world_size
+    return gathered[rank * n:(rank + 1) * n]

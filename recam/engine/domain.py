@@ -90,3 +90,18 @@ class Domain(Protocol):
     # within pools of conditions or a distance between generated and real distributions.
     # Optional: principal_channels(n) -> (C, n) orthonormal directions over the channels (every sample axis but the
     # last), the ones the data varies in most; sample.noise_channels confines exploration noise to them.
+
+
+def decode(domain, final: torch.Tensor, batch):
+    """What the rewards see: the domain's optional decode_batch when decoding needs the batch (a padded motion is
+    cut at its condition's length), else its decode."""
+    fn = getattr(domain, "decode_batch", None)
+    return fn(final, batch) if fn is not None else domain.decode(final)
+
+
+def element_mask(domain, batch, device):
+    """The elements of the batch's samples that log-probs and KLs average over (the domain's optional
+    element_mask: padded motion frames are not real), on `device`; None = all."""
+    fn = getattr(domain, "element_mask", None)
+    mask = fn(batch) if fn is not None else None
+    return None if mask is None else mask.to(device)

@@ -13,9 +13,10 @@ import torch
 from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 
+from recam.engine.domain import decode
 from recam.engine.rollout import deterministic_sample, per_sample_noise
 from recam.engine.selection import select_checkpoint
-from recam.infra import runlog
+from recam.infra import reports
 from recam.infra.checkpoint import SELECTED, point
 
 TRAIN_PROBE_PREFIX = "train_eval"  # metrics of eval.num_train_conditions training conditions (not "train/": wandb's)
@@ -40,21 +41,6 @@ class FirstConditions(Sequence):
         if name == "dataset":  # not set yet (copy, unpickling): without this the lookup below would recurse
             raise AttributeError(name)
         return getattr(self.dataset, name)
-
-
-def decode(domain, final: torch.Tensor, batch):
-    """What the rewards see: the domain's optional decode_batch when decoding needs the batch (a padded motion is
-    cut at its condition's length), else its decode."""
-    fn = getattr(domain, "decode_batch", None)
-    return fn(final, batch) if fn is not None else domain.decode(final)
-
-
-def element_mask(domain, batch, device):
-    """The elements of the batch's samples that log-probs and KLs average over (the domain's optional
-    element_mask: padded motion frames are not real), on `device`; None = all."""
-    fn = getattr(domain, "element_mask", None)
-    mask = fn(batch) if fn is not None else None
-    return None if mask is None else mask.to(device)
 
 
 class Evaluator:
@@ -122,7 +108,7 @@ class Evaluator:
         """Per-condition means of the rows, plus the domain's optional evaluation_metrics(items) over the whole split
         (every process's items in index order): metrics a mean over conditions cannot express, e.g. retrieval
         precision within pools of conditions, or a distance between the distributions of generated and real samples."""
-        out = runlog.summarise_eval(sorted(gather_object(rows), key=lambda r: r["index"]), prefix)
+        out = reports.summarise_eval(sorted(gather_object(rows), key=lambda r: r["index"]), prefix)
         fn = getattr(self.domain, "evaluation_metrics", None)
         if fn is not None:
             every = [item for _, item in sorted(gather_object(items), key=lambda r: r[0])]
@@ -192,12 +178,12 @@ class Evaluator:
         one (pointed to by checkpoints/selected) or the end's."""
         if selected is not None:
             point(checkpoints, SELECTED, selected["checkpoint"])
-        reports = runlog.write_reports(self.run_dir)
-        self.log.summary(eval_before, eval_after, extra_paths=reports,
-                         note=None if budget_stop else stopped_by and f"stopped early: {stopped_by}",
-                         budget=stopped_by if budget_stop else None, rollbacks=rollbacks, selected=selected,
-                         selection=self.selection_rule() if selected else None, rows=self.domain.summary_rows,
-                         rewards=self.reward_names, examples=self.run_dir / self.domain.examples_dir)
+        paths = reports.write_reports(self.run_dir)
+        reports.write_summary(self.log, eval_before, eval_after, extra_paths=paths,
+                              note=None if budget_stop else stopped_by and f"stopped early: {stopped_by}",
+                              budget=stopped_by if budget_stop else None, rollbacks=rollbacks, selected=selected,
+                              selection=self.selection_rule() if selected else None, rows=self.domain.summary_rows,
+                              rewards=self.reward_names, examples=self.run_dir / self.domain.examples_dir)
 
     def selection_rule(self) -> str:
         e = self.e

@@ -53,6 +53,7 @@ from typing import Any
 
 import torch
 
+from recam.engine import containers
 from recam.engine.advantages import group_advantages
 
 logger = logging.getLogger(__name__)
@@ -238,6 +239,13 @@ class AsyncRewardRunner:
         pending, self._pending = self._pending, []
         wait([f for _, f in pending])
         return [f.result() for _, f in pending]
+
+    def collect_scores(self, accelerator) -> containers.Scores:
+        """Every submitted batch's rewards on this process, in submission order (collect_everywhere)."""
+        results = self.collect_everywhere(accelerator)
+        rewards, valid = concat_results(results)
+        return containers.Scores({k: v.float() for k, v in rewards.items()}, valid,
+                                 sum(sum(r.call_seconds) for r in results), concat_details(results))
 
     def collect_everywhere(self, accelerator) -> list[RewardResult]:
         """collect(), with a reward server found down on any process raised on every process (the others would

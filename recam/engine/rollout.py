@@ -11,6 +11,8 @@ nothing about models, domains or configs.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -47,6 +49,47 @@ def window_start(mode: str, epoch: int, seed: int, start: int, max_start: int, s
             raise ValueError(f"a progressive window needs start <= max_start, got {start!r} > {max_start!r}")
         return int(start) + (int(epoch) // int(shift_every)) % (int(max_start) - int(start) + 1)
     raise ValueError(f"window mode must be one of {WINDOW_MODES}, got {mode!r}")
+
+
+def num_train_timesteps(num_steps: int, timestep_fraction: float) -> int:
+    """Trained denoising steps by the timestep_fraction rule: that fraction of the rollout's first steps, never the
+    final (too peaked) step."""
+    return max(1, min(num_steps - 1, int(num_steps * timestep_fraction)))
+
+
+def trained_steps(needs_log_probs: bool, num_steps: int, window_size: int, timestep_fraction: float) -> int:
+    """T, the steps a rollout samples stochastically, stores and trains: the window's size when a window is set,
+    else the timestep_fraction rule; 0 for an objective that needs no log-probs (it samples deterministically and
+    trains on the final samples)."""
+    if not needs_log_probs:
+        return 0
+    return window_size if window_size > 0 else num_train_timesteps(num_steps, timestep_fraction)
+
+
+def latest_window_start(num_steps: int, window_size: int, window_max_start: int) -> int:
+    """window_max_start, with -1 read as the latest start whose window ends before the last step (so a preset that
+    changes num_steps keeps a window that slides to the end)."""
+    return window_max_start if window_max_start >= 0 else num_steps - 1 - window_size
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Which denoising steps a run trains, resolved once from its config (config.validate.step_plan) and passed
+    down: the trainer, the domains' schedulers and the reports read these numbers, none recomputes them."""
+
+    trained_steps: int  # T: stochastic, stored and trained steps per rollout (0: an objective without log-probs)
+    window_size: int  # 0: no window (the T noisiest steps are trained)
+    window_mode: str  # WINDOW_MODES
+    window_start: int
+    latest_window_start: int
+    window_shift_every: int
+
+    def start(self, epoch: int, seed: int) -> int:
+        """The scheduler step where epoch `epoch`'s stochastic window starts (0 without a window)."""
+        if self.window_size == 0 or self.trained_steps == 0:
+            return 0
+        return window_start(self.window_mode, epoch, seed, self.window_start, self.latest_window_start,
+                            self.window_shift_every)
 
 
 def per_sample_noise(keys: list[tuple[int, ...]], num_draws: int, shape: tuple[int, ...]) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """The GRPO loop: one epoch is sample -> score -> advantages -> update -> guard -> checkpoint -> evaluate, each
 phase a method over the typed containers of recam.engine.containers. The trainer knows a domain only through
 recam.engine.domain.Domain, an algorithm only through its objective (recam.engine.objective), and side concerns
-through hooks and its components: budget, evaluation (and selection), run_checkpoints (and resume), gradient_cosine.
+through hooks and its components: budget, evaluation (and selection), run_checkpoints (and resume), and
+health (the guard's rules and the gradient cosine).
 """
 
 from __future__ import annotations
@@ -14,22 +15,25 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from recam.engine.advantages import broadcast_over_timesteps, nonzero_group_mask, step_sample_weights, trajectory_ids
+from recam.engine.advantages import (
+    broadcast_over_timesteps,
+    local_slice,
+    nonzero_group_mask,
+    step_sample_weights,
+    trajectory_ids,
+)
 from recam.engine.budget import RunBudget
-from recam.engine.containers import EpochResult, Groups, Rollouts, Scores, StepStats
-from recam.engine.evaluation import Evaluator, decode, element_mask
-from recam.engine.gradient_cosine import GradientCosine
-from recam.engine.health import diagnose_step, nonfinite_findings, reward_signal
+from recam.engine.containers import EpochResult, Groups, Rollouts, RunNumbers, Scores, StepStats
+from recam.engine.domain import decode, element_mask
+from recam.engine.evaluation import Evaluator
+from recam.engine.health import GradientCosine, diagnose_step, nonfinite_findings, reward_signal
 from recam.engine.hooks import run_hooks
 from recam.engine.noise_subspace import exploration_scheduler
 from recam.engine.objective import MicroBatch, accumulating_backward, build_objective
-from recam.engine.plan import RunNumbers
 from recam.engine.policy import build_policy
 from recam.engine.reward_runner import (
     AsyncRewardRunner,
     RewardServerDown,
-    concat_details,
-    concat_results,
     exclusion_mask,
     gather_details,
     masked_group_advantages,
@@ -39,7 +43,6 @@ from recam.engine.run_checkpoints import RunCheckpoints
 from recam.engine.sampler import KRepeatBatchSampler
 from recam.infra import runlog
 from recam.infra.checkpoint import latest_checkpoint, nonfinite_tensors
-from recam.infra.distributed import local_slice
 
 INITIAL_NOISE_STREAM = 0x494E4954  # keeps sample.same_initial_noise's draws apart from the per-sample streams
 
@@ -205,10 +208,7 @@ class GRPOTrainer:
     def score(self) -> Scores:
         """This process's rewards. A reward server found down on any process stops every process (the others
         would otherwise wait for it in the next gather)."""
-        results = self.runner.collect_everywhere(self.accelerator)
-        rewards, valid = concat_results(results)
-        scores = Scores({k: v.float() for k, v in rewards.items()}, valid, sum(sum(r.call_seconds) for r in results),
-                        concat_details(results))
+        scores = self.runner.collect_scores(self.accelerator)
         for h in self.hooks:
             scores = h.adjust_scores(scores, self.rank, self.config.sample.batch_size)
         return scores

@@ -39,14 +39,6 @@ def gather_in_rank_order(tensor: torch.Tensor, accelerator) -> torch.Tensor:
     return accelerator.gather(tensor.contiguous())
 
 
-def local_slice(gathered: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
-    """Inverse of `gather_in_rank_order` for equal per-rank sizes: this rank's (n, ...) block."""
-    if gathered.shape[0] % world_size:
-        raise ValueError(f"gathered size {gathered.shape[0]} is not divisible by world size {world_size}")
-    n = gathered.shape[0] // world_size
-    return gathered[rank * n:(rank + 1) * n]
-
-
 def use_cpu_if_no_accelerator() -> None:
     """Under a multi-process launch on a machine without GPU/NPU, put accelerate in multi-CPU (gloo) mode.
 

@@ -13,7 +13,6 @@ import json
 import logging
 import math
 import os
-import re
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +20,6 @@ import torch
 from tqdm.auto import tqdm
 
 from recam.infra.schema import reward_terms
-from recam.infra.stats import paired_change, per_group_stats
 
 LOG_FILE = "run.log"  # everything logged at INFO and above: the run's own lines, per-batch reward timings, retries
 _file_log = logging.getLogger("recam.run")
@@ -180,63 +178,11 @@ class RunLog:
     def archive_after(self, epoch: int, reason: str) -> None:
         self.truncate_after(epoch, archive_reason=reason)
 
-    def summary(self, before: dict, after: dict, extra_paths: dict | None = None, note: str | None = None,
-                rollbacks: int = 0, selected: dict | None = None, selection: str | None = None,
-                rows: tuple[tuple[str, str], ...] = (), examples: Path | None = None, budget: str | None = None,
-                rewards: tuple[str, ...] = ()) -> str:
-        """The before/after table. With `selected` (the evaluation record of the checkpoint chosen on validation
-        conditions) the run reports that checkpoint, and the last epoch stays beside it for comparison.
-        rows: the domain's (label, metric key) pairs, e.g. ("cam_score", "eval/cam_score"). rewards: the rewards
-        scored at evaluation; one whose eval/<name> no row shows gets a row of its own, so a new reward is reported
-        without a domain listing it. budget: how the run's wall-clock budget (max_train_seconds) ended it, when it
-        did."""
-        shown = {key for _, key in rows}
-        rows = (*rows, *((name, f"eval/{name}") for name in rewards if f"eval/{name}" not in shown))
+    def summary(self, before: dict, after: dict, **kwargs) -> str:
+        """summary.md's before/after table (recam.infra.reports.write_summary), printed and written."""
+        from recam.infra.reports import write_summary
 
-        def f4(x):  # a missing value (absent, None, NaN) prints as "n/a"
-            return fmt_or_na(x, ".4f")
-
-        def diff(key, late, x, y):
-            """late - base: paired over the conditions with its 95% interval where the metric is per condition."""
-            if "n/a" in (f4(x), f4(y)):
-                return "n/a"
-            mean, half, _ = eval_change(before, late, key)
-            return f"{mean:+.4f} ± {half:.4f}" if math.isfinite(half) else fmt_or_na(mean, "+.4f")
-
-        if selected is None:
-            lines = ["| held-out metric | base | after GRPO | change |", "|---|---|---|---|"]
-            for name, key in rows:
-                if key in before or key in after:
-                    b, a = before.get(key), after.get(key)
-                    lines.append(f"| {name} | {f4(b)} | {f4(a)} | {diff(key, after, a, b)} |")
-        else:
-            sel = selected["checkpoint"]
-            lines = [f"| held-out metric | base | last epoch | selected ({sel}) | change (selected) | change (last) |",
-                     "|---|---|---|---|---|---|"]
-            for name, key in rows:
-                if key in before or key in after or key in selected:
-                    b, a, s = before.get(key), after.get(key), selected.get(key)
-                    lines.append(f"| {name} | {f4(b)} | {f4(a)} | {f4(s)} | {diff(key, selected, s, b)} | "
-                                 f"{diff(key, after, a, b)} |")
-        lines.append("")
-        lines.append(f"conditions evaluated: {after.get('eval/num_conditions')} (held-out, ODE sampling, fixed noise)")
-        lines.append("change: a ± b is the mean change over the held-out conditions with its paired 95% t-interval (a "
-                     "change whose interval contains 0 is inside the noise); a change without ± is of a metric over "
-                     "the whole split, which has no per-condition values")
-        if selected is not None:
-            lines.append(f"selected checkpoint: {self.run_dir / 'checkpoints' / selected['checkpoint']} ({selection}; "
-                         "the held-out conditions play no part in the choice)")
-        lines.append(f"health guard: {note or 'ran to the end'}; rollbacks: {rollbacks}")
-        if budget:
-            lines.append(f"budget: {budget}")
-        paths = {"metrics": self.path, "examples": examples or self.run_dir / "videos",
-                 "checkpoints": self.run_dir / "checkpoints"}
-        paths.update(extra_paths or {})
-        lines += [f"{k}: {v}" for k, v in paths.items()]
-        text = "\n".join(lines)
-        (self.run_dir / "summary.md").write_text(text + "\n")
-        print("\n" + text, flush=True)
-        return text
+        return write_summary(self, before, after, **kwargs)
 
     def close(self) -> None:
         if self.wandb:
@@ -247,45 +193,6 @@ class RunLog:
             self._file_handler = None
             for handler, level in self._console_levels:  # the console as it was before capture_logs
                 handler.setLevel(level)
-
-
-def run_script(name: str, argv: list[str]) -> tuple[int, str]:
-    """scripts/<name>.py's main(argv) in this process, with what it prints captured: the run's interpreter already
-    holds what the tools import, so no second one starts. A tool that crashes gives exit 1 and its traceback."""
-    import contextlib
-    import importlib.util
-    import io
-    import traceback
-
-    path = Path(__file__).resolve().parents[2] / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"recam_tool_{name}", path)
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
-        try:
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            code = module.main(argv)
-        except SystemExit as e:  # argparse and friends
-            code = e.code if isinstance(e.code, int) else 1
-        except Exception:  # noqa: BLE001 - the report says the tool failed; the run's results stand
-            code = 1
-            printed.write(traceback.format_exc())
-    return int(code or 0), printed.getvalue()
-
-
-def write_reports(run_dir: Path) -> dict:
-    """Run the project's GRPO verification and diagnosis tools on this run; returns their report paths."""
-    verification, diagnosis = run_dir / "grpo_verification.md", run_dir / "diagnosis.md"
-    v_code, v_out = run_script("verify_grpo_log", [str(run_dir), "--out", str(verification)])
-    d_code, d_out = run_script("diagnose", [str(run_dir)])
-    diagnosis.write_text(d_out)
-    headline = v_out.strip().splitlines()[0] if v_out.strip() else ""
-    print(headline or v_out[-2000:], flush=True)
-    # The verifier exits 0 on PASS and on WARN alike: the word in its headline is what the summary must repeat.
-    status = re.search(r": (PASS|WARN|FAIL) \(", headline)
-    status = status.group(1) if status else ("FAIL" if v_code else "unknown")
-    word = {0: "healthy", 1: "not diagnosed in full: unreadable lines", 2: "NOT healthy"}.get(d_code, "failed")
-    return {"verification": f"{verification} ({status})", "diagnosis": f"{diagnosis} ({word})"}
 
 
 def read_records(path: Path, unreadable: list[bytes] | None = None) -> list[dict]:
@@ -305,6 +212,15 @@ def read_records(path: Path, unreadable: list[bytes] | None = None) -> list[dict
             out.append(rec)
         elif unreadable is not None:
             unreadable.append(line)
+    return out
+
+
+def per_group_stats(values: torch.Tensor, group_ids: torch.Tensor) -> dict[int, tuple[int, float, float]]:
+    """{group id: (count, mean, population std)} of (N,) values; for logs and verification, not hot paths."""
+    out = {}
+    for g in torch.unique(group_ids).tolist():
+        v = values[group_ids == g].double()
+        out[int(g)] = (v.numel(), float(v.mean()), float(v.std(unbiased=False)))
     return out
 
 
@@ -393,52 +309,3 @@ def mean_over_processes(metrics: dict, accelerator) -> dict:
     if "ratio_min" in out:
         out["ratio_min"] = float(g[:, keys.index("ratio_min")].min())
     return out
-
-
-def eval_change(before: dict, after: dict, key: str) -> tuple[float, float, int]:
-    """after - before for one metric of two evaluation records: paired over the conditions both scored, with its 95%
-    t half-width and their count, when both carry the metric's per-condition values (rows/<key>); otherwise the
-    difference of the means, with a NaN half-width and 0 conditions (a metric over the whole split)."""
-    b, a = before.get(f"rows/{key}"), after.get(f"rows/{key}")
-    if b and a and len(a) == len(b):
-        return paired_change(b, a)
-    x, y = after.get(key), before.get(key)
-    return (x - y if x is not None and y is not None else math.nan), math.nan, 0
-
-
-def summarise_eval(rows: list[dict], prefix: str = "eval") -> dict:
-    """Mean metrics (<prefix>/<name>, eval/ for held-out, val/ for validation) from per-condition rows, and each
-    metric's per-condition values as rows/<prefix>/<name> (paired intervals between two evaluations).
-
-    A missing value (None or NaN: a reward that failed on that condition) is left out of its mean, never averaged
-    as a number; a metric with no value at all is NaN."""
-    out = {f"{prefix}/num_conditions": len(rows)}
-    for key in dict.fromkeys(k for r in rows for k in r):
-        if key == "index":
-            continue
-        vals = np.array([np.nan if r.get(key) is None else r[key] for r in rows], dtype=np.float64)
-        # reward_<name> -> <name> (reward_avg keeps its prefix); details keep their last path part
-        short = key.removeprefix("reward_") if key.startswith("reward_") and key != "reward_avg" else key
-        name = f"{prefix}/{short.split('/')[-1]}"
-        finite = vals[np.isfinite(vals)]
-        out[name] = float(finite.mean()) if finite.size else float("nan")
-        # per condition, in index order (None: no value), so that two evaluations compare condition by condition
-        out[f"rows/{name}"] = [float(v) if math.isfinite(v) else None for v in vals]
-    return out
-
-
-def write_comparison_videos(out_dir: Path, batch: dict, videos: torch.Tensor, n: int, scale: int = 4) -> list[Path]:
-    """GIFs of source | ground truth | generated, side by side, for the first n conditions of a batch."""
-    import imageio.v2 as imageio
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for i in range(min(n, videos.shape[0])):
-        panels = [batch["source_video"][i], batch["target_video"][i], videos[i]]
-        strip = torch.cat([p.clamp(-1, 1) for p in panels], dim=-1)  # (3, F, H, 3W)
-        frames = ((strip + 1) * 127.5).round().to(torch.uint8).permute(1, 2, 3, 0).numpy()
-        frames = frames.repeat(scale, axis=1).repeat(scale, axis=2)
-        path = out_dir / f"{batch['condition_ids'][i].replace('/', '_')}.gif"
-        imageio.mimsave(path, list(frames), duration=0.25, loop=0)
-        paths.append(path)
-    return paths

@@ -1,5 +1,5 @@
 """Intervals the reports share: the Student t quantile of a two-sided 95% interval, a mean with its t-interval, and
-a paired change between two evaluations of the same conditions; per-group counts, means and stds for logs.
+a paired change between two evaluations of the same conditions.
 
 Every report that states a mean over seeds, repeats or steps with a 95% interval takes its quantile from here, so a
 3-seed interval is 4.303 standard errors wide everywhere (the normal's 1.96 would understate it by half); large
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 
-import torch
 from scipy import stats
 
 
@@ -43,12 +42,3 @@ def paired_change(before, after) -> tuple[float, float, int]:
     diffs = [float(a) - float(b) for b, a in zip(before, after, strict=True) if ok(b) and ok(a)]
     mean, half = mean_interval(diffs)
     return mean, half, len(diffs)
-
-
-def per_group_stats(values: torch.Tensor, group_ids: torch.Tensor) -> dict[int, tuple[int, float, float]]:
-    """{group id: (count, mean, population std)} of (N,) values; for logs and verification, not hot paths."""
-    out = {}
-    for g in torch.unique(group_ids).tolist():
-        v = values[group_ids == g].double()
-        out[int(g)] = (v.numel(), float(v.mean()), float(v.std(unbiased=False)))
-    return out

@@ -3,7 +3,7 @@
 Two sources are understood:
   * `metrics.jsonl` written by `recam.infra.runlog` (step / epoch / eval records);
   * plain-text training logs carrying `[GRPO Debug]` lines, as earlier GRPO codebases print them (the forms read
-    are listed, with an example each, in `DEBUG_LOG_FORMS`; the README table is built from it).
+    are listed, with an example each, in `DEBUG_LOG_FORMS`; the table in docs/guide.md is built from it).
 
 A check that could not be evaluated is never a pass. Every line that could not be read is listed with the reason;
 an epoch whose sampling facts (gathered dataset indices, or counts per condition) were not read fails "could not
@@ -24,7 +24,7 @@ The verifier shares no code with the trainer it checks: it imports no torch and 
   checks_shared   whole-run checks both sources share (unreadable lines, missing epochs) and the check guard
   checks_metrics  checks of metrics.jsonl records (`EPOCH_CHECKS`, step records) and `verify_metrics`
   checks_text     checks of [GRPO Debug] epochs and `verify_debug_log`
-  report          `render_markdown` and the README table of text-log forms (`debug_log_forms_markdown`)
+  report          `render_markdown` and the table of text-log forms (docs/guide.md) (`debug_log_forms_markdown`)
   plots           `write_plots`, PNG plots of a metrics.jsonl (matplotlib imported only when called)
 
 Everything public is re-exported here: `from recam import verify; verify.parse_debug_log(text)`.

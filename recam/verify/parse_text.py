@@ -3,7 +3,7 @@
 Logs are read as earlier GRPO codebases print them: numpy and torch reprs with or without commas, values spanning
 several lines, dicts / Counter / defaultdict with str or int keys, rank and timestamp prefixes, several ranks
 printing the same epoch, per-condition lines in their common phrasings. `DEBUG_LOG_FORMS` lists every form read,
-with an example (the README table is built from it).
+with an example (the table in docs/guide.md is built from it).
 
 Reading goes through three small layers, each of which says why it gave up instead of guessing:
   lines -> records  a tagged line's text after the tag, plus the untagged lines that continue a value it left
@@ -28,7 +28,7 @@ from recam.verify.text_grammar import _Elided, _norm_key, _open, _read_items, _T
 TAG = "[GRPO Debug]"
 _TAG_RE = re.compile(r"\[\s*GRPO[ _-]?Debug\s*\]", re.I)
 
-# What the text-log reader accepts, with an example of each; the README table and a test are built on this.
+# What the text-log reader accepts, with an example of each; the table in docs/guide.md and a test are built on this.
 DEBUG_LOG_FORMS: tuple[tuple[str, str], ...] = (
     ("tag anywhere in the line, after any prefix (timestamp, logger fields, rank)",
      "2025-06-01 12:00:01,123 - INFO - [GRPO Debug] Unique conditions: 16"),

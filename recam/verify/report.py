@@ -1,5 +1,5 @@
-"""The Markdown report of a verification (`render_markdown`) and the README table of the text-log forms read
-(`debug_log_forms_markdown`). Both return text; nothing here writes files."""
+"""The Markdown report of a verification (`render_markdown`) and the table of the text-log forms read
+(`debug_log_forms_markdown`, in docs/guide.md). Both return text; nothing here writes files."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from recam.verify.parse_text import DEBUG_LOG_FORMS
 
 
 def debug_log_forms_markdown() -> str:
-    """DEBUG_LOG_FORMS as the Markdown table the README carries (a test keeps the two the same)."""
+    """DEBUG_LOG_FORMS as the Markdown table docs/guide.md carries (a test keeps the two the same)."""
     rows = ["| form read | example |", "|---|---|"]
     for what, example in DEBUG_LOG_FORMS:
         shown = "<br>".join(f"`{line}`" for line in example.split("\n")) if example else "-"

@@ -20,7 +20,7 @@ from recam.engine.containers import Batch
 from recam.engine.domain import Splits, register_domain
 from recam.engine.hooks import Hook
 from recam.engine.scheduler import FlowMatchScheduler
-from recam.infra import runlog
+from recam.infra import reports
 from recam.infra.lora import adapter_disabled
 from rewards import MultiReward
 
@@ -127,7 +127,7 @@ class CameraDomain:
         return self.codec.latent_shape(tuple(self.datasets().train[0].target_video.shape))
 
     def scheduler(self, device) -> FlowMatchScheduler:
-        from recam.engine.plan import num_train_timesteps
+        from recam.engine.rollout import num_train_timesteps
 
         s = self.config.sample
         return FlowMatchScheduler(s.num_steps, s.shift, s.noise_level, s.sde_type,
@@ -170,7 +170,7 @@ class CameraDomain:
         return self._camera_rewards
 
     def write_examples(self, out_dir: Path, batch: Batch, decoded: torch.Tensor, n: int) -> None:
-        runlog.write_comparison_videos(out_dir, batch.inputs.raw, decoded, n,
+        reports.write_comparison_videos(out_dir, batch.inputs.raw, decoded, n,
                                        scale=max(1, 128 // decoded.shape[-2]))  # 4x for 32 px, 1x at real size
 
 
