@@ -11,7 +11,8 @@ import math
 
 import ml_collections
 
-from recam.engine.plan import RunNumbers, StepPlan, latest_window_start, trained_steps
+from recam.engine.containers import RunNumbers
+from recam.engine.rollout import StepPlan, latest_window_start, trained_steps
 from recam.infra.config_checks import (  # noqa: F401  (ConfigError, eval_report_rewards: re-exported for callers)
     ConfigError,
     FieldChecks,
