@@ -32,7 +32,7 @@ LEARNING = ("samples_per_update", "epochs", "seconds", "base", "final", "gain", 
 def tiny(tmp_path_factory):
     out = tmp_path_factory.mktemp("device_check")
     p = subprocess.run([sys.executable, "scripts/device_check.py", "--tiny", "--out", str(out)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr[-3000:]
     return out, json.loads((out / "device_check.json").read_text())
 

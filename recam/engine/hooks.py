@@ -111,12 +111,13 @@ def inject_blowup(model) -> None:
 
 
 def run_hooks(domain_hooks, weights: dict, reward_config, debug_config) -> list[Hook]:
-    """A run's hooks in calling order: the domain's, the reward constraint's (reward.constraint), the fault
-    injection's (debug.*, inert unless a fault is asked for)."""
+    """A run's hooks in calling order: the domain's, the reward constraint's (reward.constraint), and the fault
+    injection's when a debug.* fault is asked for (a run without one carries no test machinery)."""
     hooks, r, d = list(domain_hooks), reward_config, debug_config
     if r.constraint:
         hooks.append(ConstraintHook(r.constraint, weights, r.constraint_slack, r.constraint_lr,
                                     r.constraint_max_weight))
-    hooks.append(FaultInjectionHook(d.inject_blowup_at_step, d.sigkill_at_step,
-                                    tuple(int(x) for x in d.fail_reward_slots.split(",") if x.strip())))
+    slots = tuple(int(x) for x in d.fail_reward_slots.split(",") if x.strip())
+    if d.inject_blowup_at_step >= 0 or d.sigkill_at_step >= 0 or slots:
+        hooks.append(FaultInjectionHook(d.inject_blowup_at_step, d.sigkill_at_step, slots))
     return hooks
