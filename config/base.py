@@ -2,13 +2,13 @@
 
 Presets in config/grpo.py start from `get_config()` and change only what differs. The built-in policy losses'
 settings take their defaults from the loss that reads them (recam.engine.losses.ClipSettings,
-recam.engine.variants.VariantSettings, where each default's reason is), so a loss's defaults are stated once.
+recam.engine.extensions.variants.VariantSettings, where each default's reason is), so a loss's defaults are stated once.
 """
 
 import ml_collections
 
+from recam.engine.extensions.variants import VariantSettings
 from recam.engine.losses import ClipSettings
-from recam.engine.variants import VariantSettings
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -107,8 +107,8 @@ def get_config() -> ml_collections.ConfigDict:
     # made would enter the advantage while no trained step is responsible for it (DanceGRPO's shared noise)
     c.sample.same_initial_noise = False
     # 0: the stochastic steps draw noise in every element; m > 0: only in the m lowest-frequency cosine components
-    # along the sample's last axis (a motion's frames; recam.engine.noise_subspace). Meant to lower the policy
-    # gradient's variance; on the motion job it did not (docs/results.md)
+    # along the sample's last axis (a motion's frames; recam.engine.extensions.noise_subspace). Meant to lower the
+    # policy gradient's variance; on the motion job it did not (docs/results.md)
     c.sample.noise_frequencies = 0
     # 0: in every channel (the axes between the batch and the last); c > 0: only in the c principal directions of the
     # domain's training data over its channels (needs sample.noise_frequencies > 0 and a domain that gives them)
@@ -136,7 +136,7 @@ def get_config() -> ml_collections.ConfigDict:
     # how stored samples become a loss (recam.engine.objective.OBJECTIVES): "grpo" (clipped ratio per trained step),
     # "grpo_guard" (GRPO-Guard: ratio normalisation and |dt| weighting; flow SDE only), "nft" (DiffusionNFT) and
     # "awm" (advantage weighted matching) train on re-noised final samples without log-probs
-    # (recam/engine/fast_objectives.py)
+    # (recam/engine/extensions/fast_objectives.py)
     c.train.objective = "grpo"
     c.train.policy_loss = "grpo_clip"  # registered policy loss (recam.engine.losses.POLICY_LOSSES)
     # PPO clip epsilon on r = exp(logp - logp_old), logp the exact Gaussian log-density averaged over elements, as in
@@ -157,7 +157,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.ema = False  # keep an EMA of the policy weights, used for evaluation
     c.train.ema_decay = 0.95  # EMA decay per optimizer step
 
-    # ---- forward-process and guarded objectives (recam/engine/fast_objectives.py) ----
+    # ---- forward-process and guarded objectives (recam/engine/extensions/fast_objectives.py) ----
     # the old policy ("nft" samples with it, "awm" keeps it as a KL anchor): after each epoch's update
     # old = d x old + (1 - d) x policy, d = min(old_policy_decay_ramp x optimizer steps so far, old_policy_decay), as
     # DiffusionNFT's and AWM's scripts ramp it (0.001 per step; caps 0.5 and 0.3): early on, old = policy.
@@ -174,7 +174,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.awm_old_kl_weight = 0.1  # AWM: weight of the velocity MSE to the old policy (>= 0)
     c.train.guard_dt_weighting = True  # GRPO-Guard: divide each step's loss by its |dt|
 
-    # ---- policy-optimization variants (recam/engine/variants.py; need train.policy_loss = "grpo_variants") ----
+    # ---- policy-optimization variants (recam/engine/extensions/variants.py; train.policy_loss = "grpo_variants") ----
     v = VariantSettings()
     c.train.use_ema_smoothing = v.use_ema_smoothing  # 2.1 EMA of per-trajectory importance weights across updates
     c.train.ema_beta = v.ema_beta  # 2.1 weight of the fresh importance weight (1 = no smoothing)

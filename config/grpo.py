@@ -316,7 +316,7 @@ def mdm_humanml3d_8npu():
 
 
 def _variants(c, name, **flags):
-    """tiny_cpu with policy-optimization variants switched on (see config/base.py, recam/engine/variants.py)."""
+    """tiny_cpu with policy-optimization variants switched on (config/base.py, recam/engine/extensions/variants.py)."""
     c.run_name = name
     c.run_dir = f"runs/{name}"
     c.train.policy_loss = "grpo_variants"

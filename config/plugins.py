@@ -45,13 +45,12 @@ def add_loss_settings(config, values: dict[str, str] | None = None) -> list[str]
     plugin's loss brings settings config/base.py cannot list), then set `values` ({field: command-line text}, parsed
     as the field's type). The fields added. A value for a field that is neither in config.train nor a setting of the
     loss, or that does not parse, is a one-line ConfigError naming it."""
-    import recam.engine.variants  # noqa: F401  (registers the "grpo_variants" policy loss)
-    from recam.engine.losses import POLICY_LOSSES
+    from recam.engine.losses import POLICY_LOSSES, known_policy_losses
 
-    t, name = config.train, config.train.policy_loss
-    if name not in POLICY_LOSSES:
+    t, name, known = config.train, config.train.policy_loss, known_policy_losses()
+    if name not in known:
         raise ConfigError(f"train.policy_loss={name!r} is not registered (your own losses register in a module named "
-                          f"by --config.plugins); known: {sorted(POLICY_LOSSES)}")
+                          f"by --config.plugins); known: {known}")
     settings = POLICY_LOSSES[name].fields()
     added = [field for field in settings if field not in t]
     with t.unlocked():

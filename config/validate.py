@@ -254,7 +254,6 @@ def check_policy_loss(config: ml_collections.ConfigDict) -> None:
     """The settings of the chosen train.policy_loss, as its registration states them (recam.engine.losses.
     register_policy_loss): each is in config.train with its default's type, in the range its `check` states; and
     no switch (a bool setting named use_*) of another loss is on, since the chosen one would not read it."""
-    import recam.engine.variants  # noqa: F401  (registers the "grpo_variants" policy loss)
     from recam.engine.losses import policy_loss_switches, registered_policy_loss
 
     t = config.train
@@ -280,7 +279,7 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> RunNumber
     may be."""
     from recam.domains import domain_class, known_domains
     from recam.engine.advantages import STD_MODES
-    from recam.engine.losses import KL_ESTIMATORS, POLICY_LOSSES
+    from recam.engine.losses import KL_ESTIMATORS, known_policy_losses
     from recam.engine.objective import OBJECTIVES, STEP_WEIGHTINGS, known_objectives
     from recam.engine.reward_runner import FailurePolicy
 
@@ -324,8 +323,8 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> RunNumber
         s.batch_size % t.batch_size == 0,
         f"train.batch_size={t.batch_size} must divide sample.batch_size={s.batch_size}",
     )
-    _require(t.policy_loss in POLICY_LOSSES,
-             f"train.policy_loss={t.policy_loss!r} is not registered; known: {sorted(POLICY_LOSSES)}")
+    _require(t.policy_loss in known_policy_losses(),
+             f"train.policy_loss={t.policy_loss!r} is not registered; known: {known_policy_losses()}")
     check_policy_loss(config)
     _require(t.kl_type in KL_ESTIMATORS, f"train.kl_type={t.kl_type!r} unknown; use one of {sorted(KL_ESTIMATORS)}")
     _require(t.step_weighting in STEP_WEIGHTINGS,

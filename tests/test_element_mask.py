@@ -7,11 +7,11 @@ import pytest
 import torch
 from torch.distributions import Normal
 
+from recam.engine.extensions.variants import log_prob_output_gradient
 from recam.engine.losses import KL_ESTIMATORS
 from recam.engine.rollout import rescore, rollout
 from recam.engine.scheduler import DDIMScheduler, FlowMatchScheduler
 from recam.engine.sde import ddim_step_with_logprob, reduce_elements
-from recam.engine.variants import log_prob_output_gradient
 
 SHAPE = (3, 5, 1, 8)  # (B, features, 1, frames): motion's layout, small
 

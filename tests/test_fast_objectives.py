@@ -7,7 +7,7 @@ from torch.distributions import Normal
 
 from config.base import get_config
 from config.validate import ConfigError, validate
-from recam.engine.fast_objectives import (
+from recam.engine.extensions.fast_objectives import (
     AWMObjective,
     GRPOGuardObjective,
     NFTObjective,
@@ -191,7 +191,7 @@ def test_ratio_norm_with_subspace_noise_centres_the_log_ratio():
     the KL there. Independent computation: the normalised log-ratio equals mean over coordinates of
     z_old * B^T (mu_theta - mu_old), with z_old the draw's standard normal coordinates, and its mean over many
     draws is ~0 (the bias averaged over every element left it at about -0.04 on the motion job)."""
-    from recam.engine.noise_subspace import SubspaceNoise, cosine_basis
+    from recam.engine.extensions.noise_subspace import SubspaceNoise, cosine_basis
 
     frames, m, n = 8, 3, 4000
     sched = SubspaceNoise(FlowMatchScheduler(4, 1.0, 0.7), m)

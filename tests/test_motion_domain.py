@@ -31,7 +31,7 @@ from recam.domains.motion.domain import (
 from recam.domains.motion.model import MotionDiffusionModel, tiny_config
 from recam.domains.motion.skeleton import MAX_FRAMES, NUM_FEATURES, NUM_JOINTS
 from recam.domains.motion.world import MotionWorld, reference_mean_std
-from recam.engine.noise_subspace import SubspaceNoise
+from recam.engine.extensions.noise_subspace import SubspaceNoise
 from recam.engine.rollout import per_sample_noise, rescore, rollout
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from config import grpo  # noqa: E402
 from config.validate import validate  # noqa: E402
 from recam.domains.motion.domain import cosine_alphas_cumprod  # noqa: E402
-from recam.engine.noise_subspace import SubspaceNoise, cosine_basis, frame_lengths  # noqa: E402
+from recam.engine.extensions.noise_subspace import SubspaceNoise, cosine_basis, frame_lengths  # noqa: E402
 from recam.engine.scheduler import DDIMScheduler  # noqa: E402
 
 
@@ -124,6 +124,7 @@ def test_validation_names_the_field_for_objectives_and_variants_it_does_not_fit(
         validate(c, 1)
     c = grpo.get_config("toy")
     c.sample.noise_frequencies, c.train.use_gradient_adaptive_weighting = 1, True
+    c.train.policy_loss = "grpo_variants"  # the loss that has the switch, else validation refuses the switch itself
     with pytest.raises(ValueError, match="sample.noise_frequencies=1 .*use_gradient_adaptive_weighting"):
         validate(c, 1)
     c = grpo.get_config("toy")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from recam.engine.old_policy import old_policy_decay_at
+from recam.engine.extensions.old_policy import old_policy_decay_at
 from recam.engine.rollout import deterministic_sample, per_sample_noise
 from recam.engine.trainer import GRPOTrainer
 from tests.toy_trainer import toy_trainer

@@ -20,9 +20,9 @@ from config import grpo
 from recam.engine.budget import time_eval_tag
 from recam.engine.containers import EpochResult, StepStats
 from recam.engine.diagnosis import diagnose_epoch
+from recam.engine.extensions.old_policy import KeepsOldPolicy, decode_tensors, encode_tensors
 from recam.engine.health import diagnose_step
 from recam.engine.objective import OBJECTIVES, register_objective
-from recam.engine.old_policy import KeepsOldPolicy, decode_tensors, encode_tensors
 from recam.infra import runlog
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -50,7 +50,7 @@ BAD = [
     ({"reward.discriminator.steps_per_epoch": -1}, "reward.discriminator.steps_per_epoch"),
     ({"debug.fail_reward_slots": "8"}, "debug.fail_reward_slots"),  # smoke: 1 process x 8 samples = slots 0..7
     ({"debug.fail_reward_slots": "a,b"}, "debug.fail_reward_slots"),
-    # the settings of the chosen policy loss, checked by the loss (recam.engine.variants.check_variant_settings)
+    # the settings of the chosen policy loss, checked by the loss (recam/engine/extensions/variants.py's check)
     ({"train.policy_loss": "grpo_variants", "train.gradient_weighting_num_probes": -1},
      "train.gradient_weighting_num_probes"),
     ({"train.policy_loss": "grpo_variants", "train.ptrw_sigma": 0.0}, "train.ptrw_sigma"),

@@ -7,16 +7,7 @@ from torch.func import functional_call
 
 from recam.domains.camera.model import ReCamTransformer3DModel, tiny_config
 from recam.domains.camera.world import SyntheticWorld, collate_conditions
-from recam.engine.losses import (
-    POLICY_LOSSES,
-    ClipSettings,
-    StepLossInputs,
-    get_policy_loss,
-    grpo_policy_loss,
-    registered_policy_loss,
-)
-from recam.engine.sde import cps_step, flow_sde_step, flow_sigmas
-from recam.engine.variants import (
+from recam.engine.extensions.variants import (
     EMAImportanceState,
     VariantSettings,
     amic_token_weight,
@@ -33,6 +24,15 @@ from recam.engine.variants import (
     ptrw_trust_weight,
     temporal_decay_weights,
 )
+from recam.engine.losses import (
+    POLICY_LOSSES,
+    ClipSettings,
+    StepLossInputs,
+    get_policy_loss,
+    grpo_policy_loss,
+    registered_policy_loss,
+)
+from recam.engine.sde import cps_step, flow_sde_step, flow_sigmas
 from recam.infra.lora import add_lora
 
 GRPO_KEYS = {

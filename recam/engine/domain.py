@@ -8,6 +8,7 @@ sequences of conditions with stable string ids (`condition_id`).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,9 @@ from recam.engine.containers import Batch
 from recam.infra.registry import registrar
 
 DOMAINS: dict[str, Callable[..., Domain]] = {}
+# Exploration in a subspace (sample.noise_frequencies > 0), a research extension: named here and imported only when a
+# run asks for it, so the core's code never depends on it.
+_SUBSPACE_EXPLORATION = "recam.engine.extensions.noise_subspace"
 
 
 def register_domain(name: str):
@@ -105,3 +109,13 @@ def element_mask(domain, batch, device):
     fn = getattr(domain, "element_mask", None)
     mask = fn(batch) if fn is not None else None
     return None if mask is None else mask.to(device)
+
+
+def exploration_scheduler(domain, domain_name: str, noise_frequencies: int, noise_channels: int, device):
+    """The domain's scheduler, its stochastic steps' noise confined to a subspace when sample.noise_frequencies
+    (and sample.noise_channels) ask for one."""
+    scheduler = domain.scheduler(device)
+    if not noise_frequencies:
+        return scheduler
+    subspace = importlib.import_module(_SUBSPACE_EXPLORATION)
+    return subspace.subspace_scheduler(scheduler, domain, domain_name, noise_frequencies, noise_channels)

@@ -7,12 +7,15 @@ KL estimators take the transition's (N, ...) means, its std and the stored (N, .
 
 A policy loss is registered with the settings it reads (register_policy_loss): a frozen dataclass whose fields are
 config train.<field> names with their defaults. The objectives build it from config.train (loss_settings) and the
-validation runs its `check`, so a new loss is written in one place and no other module names its settings.
+validation runs its `check`, so a new loss is written in one place and no other module names its settings. A loss
+that needs more than one timestep's tensors (every timestep's log-probs, weights kept across micro-batches) registers
+an `inputs` class that computes them, so the objective runs it without knowing the loss.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +38,7 @@ __all__ = [
     "get_kl_estimator",
     "get_policy_loss",
     "grpo_policy_loss",
+    "known_policy_losses",
     "kl_gaussian_mean",
     "kl_k1",
     "kl_k2",
@@ -96,11 +100,13 @@ SETTING_TYPES = (bool, int, float, str)
 
 @dataclass(frozen=True)
 class RegisteredPolicyLoss:
-    """One entry of POLICY_LOSSES: the loss, the dataclass of the settings it reads, and the check of their ranges."""
+    """One entry of POLICY_LOSSES: the loss, the dataclass of the settings it reads, the check of their ranges, and
+    the class that computes its extra StepLossInputs fields (None: it reads only the timestep's own)."""
 
     fn: PolicyLoss
     settings: type
     check: Callable[[Any], None] | None = None
+    inputs: type | None = None
 
     def fields(self) -> dict[str, bool | int | float | str]:
         """train.<field> -> default, in the dataclass's order."""
@@ -109,6 +115,17 @@ class RegisteredPolicyLoss:
 
 POLICY_LOSSES: dict[str, RegisteredPolicyLoss] = {}
 KL_ESTIMATORS: dict[str, KLEstimator] = {}
+
+# The built-in losses registered outside this module (research extensions), named here and imported only when the
+# registry is asked what it holds: the core's code never depends on them.
+_POLICY_LOSS_MODULES = ("recam.engine.extensions.variants",)
+
+
+def known_policy_losses() -> list[str]:
+    """Registered policy loss names, after importing the built-in modules that register more than this one does."""
+    for module in _POLICY_LOSS_MODULES:
+        importlib.import_module(module)
+    return sorted(POLICY_LOSSES)
 
 
 def _lookup(table: dict, kind: str, name: str) -> Any:
@@ -129,19 +146,21 @@ def _check_settings_type(name: str, settings: Any) -> None:
                             f"str (a command-line value is parsed as that type), got {f.default!r}")
 
 
-def register_policy_loss(name: str, *, settings: type, check: Callable[[Any], None] | None = None
-                         ) -> Callable[[PolicyLoss], PolicyLoss]:
+def register_policy_loss(name: str, *, settings: type, check: Callable[[Any], None] | None = None,
+                         inputs: type | None = None) -> Callable[[PolicyLoss], PolicyLoss]:
     """Decorator registering `fn(inputs: StepLossInputs, settings) -> (loss, metrics)` under `name` (duplicates are
     an error). settings: a frozen dataclass whose fields are the config train.<field> names the loss reads, each with
     its default; fn receives an instance built from config.train (loss_settings). check(checks), optional: their
     ranges, stated with recam/infra/config_checks.py's FieldChecks on the fields "train.<field>", run when the
     loss is the chosen train.policy_loss. A bool setting named use_* is a switch: validation refuses it switched on
-    unless the chosen loss has it."""
+    unless the chosen loss has it. inputs, optional: a class built as inputs(train_config, scheduler) by the GRPO
+    objective for the fields of StepLossInputs that one timestep's tensors cannot give (recam.engine.objective.
+    NoStepInputs states its methods)."""
     _check_settings_type(name, settings)
     add = registrar(POLICY_LOSSES, "policy loss", name)
 
     def decorator(fn: PolicyLoss) -> PolicyLoss:
-        add(RegisteredPolicyLoss(fn, settings, check))
+        add(RegisteredPolicyLoss(fn, settings, check, inputs))
         return fn
 
     return decorator
@@ -149,6 +168,7 @@ def register_policy_loss(name: str, *, settings: type, check: Callable[[Any], No
 
 def registered_policy_loss(name: str) -> RegisteredPolicyLoss:
     """The entry of the policy loss registered as `name`; KeyError listing the known names otherwise."""
+    known_policy_losses()
     return _lookup(POLICY_LOSSES, "policy loss", name)
 
 
@@ -169,6 +189,7 @@ def loss_settings(name: str, train_config: Mapping, **overrides) -> Any:
 
 def policy_loss_switches() -> dict[str, list[str]]:
     """Every switch (a bool setting named use_*) of the registered losses -> the losses that have it, in order."""
+    known_policy_losses()
     out: dict[str, list[str]] = {}
     for name, entry in POLICY_LOSSES.items():
         for f, default in entry.fields().items():

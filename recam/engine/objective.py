@@ -14,26 +14,21 @@ Class attributes tell the trainer what to collect (absent means False unless sai
   samples_with_old_policy: rollouts are drawn by that old policy, not the policy (DiffusionNFT);
   needs_sampling_policy: the weights that drew the epoch's samples stay available, frozen, while the update moves the
       policy (MicroBatch.sampling_policy; the old policy itself when it samples).
-Objectives outside this module (recam/engine/fast_objectives.py) register when `known_objectives()` is called.
+Objectives outside this module (recam/engine/extensions/fast_objectives.py) register when `known_objectives()` is
+called.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from recam.engine.losses import StepLossInputs, get_kl_estimator, get_policy_loss, loss_settings
+from recam.engine.losses import StepLossInputs, get_kl_estimator, loss_settings, registered_policy_loss
 from recam.engine.rollout import rescore
-from recam.engine.variants import (
-    EMAImportanceState,
-    gradient_adaptive_weights,
-    importance_weights,
-    log_prob_output_gradient,
-    policy_gradient_norms,
-)
 from recam.infra.registry import registrar
 
 OBJECTIVES: dict[str, type] = {}
@@ -56,8 +51,6 @@ def register_objective(name: str):
 
 def known_objectives() -> list[str]:
     """Registered objective names, after importing the modules that register more than this one does."""
-    import importlib
-
     for module in _OBJECTIVE_MODULES:
         importlib.import_module(module)
     return sorted(OBJECTIVES)
@@ -87,7 +80,9 @@ def objective_needs(name: str, attribute: str) -> bool:
     return bool(getattr(OBJECTIVES[name], attribute, attribute == "needs_log_probs"))
 
 
-_OBJECTIVE_MODULES = ("recam.engine.fast_objectives",)
+# The built-in objectives registered outside this module (research extensions), named here and imported only when
+# the registry is asked what it holds: the core's code never depends on them.
+_OBJECTIVE_MODULES = ("recam.engine.extensions.fast_objectives",)
 
 
 @dataclass
@@ -125,8 +120,8 @@ class MicroBatch:
 
 class Objective:
     """What every objective shares: the collection flags' defaults and no weights of its own. An objective whose
-    method keeps extra weights (an old policy: recam.engine.old_policy) overrides the methods below; the trainer
-    calls them at the same points for every objective and never asks which one it runs."""
+    method keeps extra weights (an old policy: recam.engine.extensions.old_policy) overrides the methods below; the
+    trainer calls them at the same points for every objective and never asks which one it runs."""
 
     needs_log_probs = True
 
@@ -180,10 +175,11 @@ class GRPOObjective(Objective):
     def __init__(self, train_config, scheduler):
         t = train_config
         self.t, self.scheduler = t, scheduler
-        self.policy_loss = get_policy_loss(t.policy_loss)
+        entry = registered_policy_loss(t.policy_loss)
+        self.policy_loss = entry.fn
         self.settings = loss_settings(t.policy_loss, t)
         self.kl_estimator = get_kl_estimator(t.kl_type)
-        self.variants = VariantInputs(t, scheduler)  # inert unless a variant is switched on
+        self.step_inputs = (entry.inputs or NoStepInputs)(t, scheduler)
         self._step_weights: dict[tuple[int, int], torch.Tensor] = {}
 
     def step_weights(self, start: int, T: int) -> torch.Tensor:
@@ -199,7 +195,7 @@ class GRPOObjective(Objective):
         each timestep (detached)."""
         t, sched, T, k0 = self.t, self.scheduler, mb.old_log_probs.shape[1], mb.step_offset
         device = mb.states.device
-        prepared = self.variants.prepare(mb)
+        prepared = self.step_inputs.prepare(mb)
         weights = self.step_weights(k0, T).tolist()
         out = []
         for j in range(T):
@@ -211,7 +207,7 @@ class GRPOObjective(Objective):
                 kl = self.kl_estimator(cur.mean, ref.mean, cur.std, mb.states[:, j + 1], mb.element_mask)
             old = mb.old_log_probs[:, j].contiguous().to(device)
             inputs = StepLossInputs(cur.log_prob, old, mb.advantages[:, j].to(device), mb.sample_weight.to(device),
-                                    kl, j, T, **self.variants.step_tensors(prepared, j))
+                                    kl, j, T, **self.step_inputs.step_tensors(prepared, j))
             loss, metrics = self.policy_loss(inputs, self.settings)
             metrics.update(prepared["metrics"])
             if mb.reference is not None:
@@ -224,78 +220,24 @@ class GRPOObjective(Objective):
         return out
 
     def end_epoch(self) -> None:
-        self.variants.retire_epoch()  # this epoch's samples are retired with it
+        self.step_inputs.retire_epoch()  # this epoch's samples are retired with it
 
 
-class VariantInputs:
-    """Glue between GRPO and recam.engine.variants: the no-grad all-timestep pass and per-timestep kwargs."""
+class NoStepInputs:
+    """The extra inputs of a policy loss that reads only its timestep's own tensors: none. A loss registered with
+    `inputs` (recam.engine.losses.register_policy_loss) gives a class with these methods, built once per run."""
 
     def __init__(self, train_config, scheduler):
-        self.t, self.scheduler = train_config, scheduler
-        self.ema = EMAImportanceState(train_config.ema_beta) if train_config.use_ema_smoothing else None
-        self.needs_pass = (train_config.use_ema_smoothing or train_config.use_gradient_adaptive_weighting
-                           or train_config.use_amic or train_config.use_gspo)
+        pass
 
-    @torch.no_grad()
     def prepare(self, mb: MicroBatch) -> dict:
-        out = {"metrics": {}}
-        if not self.needs_pass:
-            return out
-        states, T = mb.states, mb.old_log_probs.shape[1]
-        steps = [rescore(mb.policy, states, self.scheduler, j, mb.element_mask, mb.step_offset) for j in range(T)]
-        seq = torch.stack([o.log_prob for o in steps], 1)
-        out["seq_log_prob"], out["seq_old_log_prob"] = seq, mb.old_log_probs.to(seq.device)
-        keys = [tuple(r) for r in mb.traj_ids.tolist()]
-        if self.ema is not None:
-            raw = importance_weights(seq, out["seq_old_log_prob"], self.t.log_ratio_clamp)
-            out["ema"] = self.ema.update(keys, raw, expect_state=mb.inner_epoch > 0)
-            out["metrics"].update(self.ema.metrics(raw, out["ema"]))
-        if self.t.use_gradient_adaptive_weighting:
-            norms = torch.stack([self.gradient_norms(mb, j, o) for j, o in enumerate(steps)], 1)
-            out["grad"], metrics = gradient_adaptive_weights(norms, self.t.gradient_weighting_temperature)
-            out["metrics"].update(metrics)
-        return out
-
-    def gradient_norms(self, mb: MicroBatch, j: int, step) -> torch.Tensor:
-        """||grad_theta log p|| of each sample's transition j (recam.engine.variants.policy_gradient_norms): the
-        model is
-        evaluated with the given parameters by binding them into the policy for the duration of one call."""
-        states, sched, module, k = mb.states, self.scheduler, mb.module, mb.step_offset + j
-        x, t = states[:, j], sched.model_time(k, states.shape[0])
-        u = log_prob_output_gradient(states[:, j + 1], step.mean, step.std, sched.output_coefficient(k),
-                                     mb.element_mask)
-        params = {k: p.detach() for k, p in module.named_parameters() if p.requires_grad}
-
-        def output_fn(p, rows):
-            bound = _Bound(module, mb.policy_rows(rows))
-            return torch.func.functional_call(bound, {f"module.{k}": v for k, v in p.items()}, (x[rows], t[rows]))
-
-        gen = torch.Generator().manual_seed(int(mb.traj_ids[0, 0]) * 1009 + j)  # probes only (num_probes > 0)
-        return policy_gradient_norms(output_fn, params, u, self.t.gradient_weighting_num_probes, gen)
+        """Once per micro-batch, before its timesteps: what step_tensors reads; its "metrics" are logged with each
+        timestep's."""
+        return {"metrics": {}}
 
     def step_tensors(self, prepared: dict, j: int) -> dict:
-        """The variant tensors of timestep j (StepLossInputs fields)."""
-        kw = {}
-        if self.t.use_amic or self.t.use_gspo:
-            kw["seq_log_prob"], kw["seq_old_log_prob"] = prepared["seq_log_prob"], prepared["seq_old_log_prob"]
-        if "ema" in prepared:
-            kw["ema_weight"] = prepared["ema"][:, j]
-        if "grad" in prepared:
-            kw["grad_weight"] = prepared["grad"][:, j]
-        return kw
+        """The StepLossInputs fields of timestep j, by name."""
+        return {}
 
     def retire_epoch(self) -> None:
-        if self.ema is not None:
-            self.ema.retire_all()
-
-
-class _Bound(torch.nn.Module):
-    """A denoise closure as a module whose parameters are the policy's, so torch.func.functional_call can swap
-    them in for one evaluation."""
-
-    def __init__(self, module: torch.nn.Module, denoise: Callable):
-        super().__init__()
-        self.module, self.denoise = module, denoise
-
-    def forward(self, x, t):
-        return self.denoise(x, t)
+        """After the epoch's last optimizer step: state kept per sample ends with the samples."""

@@ -7,7 +7,7 @@ transitions: a window of consecutive steps that starts where the rollout says (r
 noisiest, unless a window is configured). The engine knows nothing else about a scheduler, so flow matching
 (SDE / CPS / ODE) and DDPM/DDIM models (epsilon or x0 prediction) share one loop.
 
-Objectives that train on re-noised final samples (recam.engine.fast_objectives) use the forward process:
+Objectives that train on re-noised final samples (recam.engine.extensions.fast_objectives) use the forward process:
 `noise_to(x0, noise, u)` puts a clean sample at noise level u in (0, 1) and gives the time the model is called
 with there, `output_target` is what the model is trained to output, `x0_from_output` inverts it.
 

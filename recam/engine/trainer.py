@@ -24,11 +24,10 @@ from recam.engine.advantages import (
 )
 from recam.engine.budget import RunBudget
 from recam.engine.containers import EpochResult, Groups, Rollouts, RunNumbers, Scores, StepStats
-from recam.engine.domain import decode, element_mask
+from recam.engine.domain import decode, element_mask, exploration_scheduler
 from recam.engine.evaluation import Evaluator
 from recam.engine.health import GradientCosine, diagnose_step, nonfinite_findings, reward_signal
 from recam.engine.hooks import run_hooks
-from recam.engine.noise_subspace import exploration_scheduler
 from recam.engine.objective import MicroBatch, accumulating_backward, build_objective
 from recam.engine.policy import build_policy
 from recam.engine.reward_runner import (

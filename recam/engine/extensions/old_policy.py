@@ -1,8 +1,8 @@
 """The extra weights of forward-process objectives (DiffusionNFT, advantage-weighted matching): an old policy, a
 frozen copy of the policy averaged toward it after each epoch, and, for AWM, a snapshot of the weights that drew
 the epoch's samples, frozen while the update moves the policy. They belong to the objective that needs them
-(recam.engine.fast_objectives); the trainer only asks its objective which weights sample and which frozen models
-its micro-batches carry, and saves what the objective hands it with each checkpoint.
+(recam.engine.extensions.fast_objectives); the trainer only asks its objective which weights sample and which frozen
+models its micro-batches carry, and saves what the objective hands it with each checkpoint.
 """
 
 from __future__ import annotations

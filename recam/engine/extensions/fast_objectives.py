@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from recam.engine.extensions.old_policy import KeepsOldPolicy
 from recam.engine.losses import (
     StepLossInputs,
     get_kl_estimator,
@@ -29,7 +30,6 @@ from recam.engine.losses import (
     weighted_terms,
 )
 from recam.engine.objective import MicroBatch, Objective, register_objective
-from recam.engine.old_policy import KeepsOldPolicy
 from recam.engine.rollout import rescore
 from recam.engine.sde import checked_std, reduce_elements
 
@@ -210,7 +210,7 @@ def output_mse(output: Tensor, target: Tensor, mask: Tensor | None = None) -> Te
 
 class _ForwardProcess(KeepsOldPolicy):
     """What "nft" and "awm" share: train.fp_*, the re-noising of a micro-batch's final samples, and the old policy
-    (recam.engine.old_policy), which is this method's own state."""
+    (recam.engine.extensions.old_policy), which is this method's own state."""
 
     def __init__(self, train_config, scheduler):
         t = train_config

@@ -165,12 +165,9 @@ class SubspaceNoise:
         return SubspaceNoise(self.inner.with_train_steps(num_train_steps), self.num_components, self.channels)
 
 
-def exploration_scheduler(domain, domain_name: str, noise_frequencies: int, noise_channels: int, device):
-    """The domain's scheduler, its stochastic steps' noise confined to a subspace when sample.noise_frequencies
-    (and sample.noise_channels) ask for one."""
-    scheduler = domain.scheduler(device)
-    if not noise_frequencies:
-        return scheduler
+def subspace_scheduler(scheduler, domain, domain_name: str, noise_frequencies: int, noise_channels: int):
+    """`scheduler` (the domain's) with its stochastic steps' noise confined to the subspace sample.noise_frequencies
+    (and sample.noise_channels) ask for; recam.engine.domain.exploration_scheduler calls it when they ask for one."""
     frames = domain.sample_shape()[-1]
     if noise_frequencies > frames:
         raise ValueError(f"sample.noise_frequencies={noise_frequencies} exceeds the {frames} positions on the last "

@@ -14,7 +14,9 @@ Variants (research plan numbering):
     2.6 asymmetric clipping (clip-higher) -> grpo_variants_policy_loss(use_asymmetric_clipping=True)
 
 Importing this module registers grpo_variants_policy_loss in recam.engine.losses.POLICY_LOSSES as "grpo_variants",
-with its settings (VariantSettings: config train.use_* and their parameters) and their checks.
+with its settings (VariantSettings: config train.use_* and their parameters), their checks, and VariantInputs, which
+computes for the GRPO objective what 2.1-2.3 read beyond one timestep. The registry imports this module by name
+(recam.engine.losses.known_policy_losses); the core never imports it.
 """
 
 from __future__ import annotations
@@ -22,14 +24,20 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from recam.engine.losses import ClipSettings, StepLossInputs, register_policy_loss, weighted_terms
+from recam.engine.rollout import rescore
+
+if TYPE_CHECKING:
+    from recam.engine.objective import MicroBatch
 
 __all__ = [
     "EMAImportanceState",
+    "VariantInputs",
     "VariantSettings",
     "amic_token_weight",
     "check_variant_settings",
@@ -49,8 +57,8 @@ __all__ = [
 @dataclass(frozen=True)
 class VariantSettings(ClipSettings):
     """The settings of the "grpo_variants" loss: config train.<field>, whose defaults config/base.py takes from here.
-    The EMA and gradient-adaptive ones are read by the GRPO objective, which hands the loss the weights they make;
-    they are the loss's because only it uses those weights, so their switches need it too.
+    The EMA and gradient-adaptive ones are read by VariantInputs, which makes the weights the GRPO objective hands the
+    loss; they are the loss's because only it uses those weights, so their switches need it too.
 
     Diffusion importance ratios sit within ~1e-3 of 1 (Flow-GRPO clips at 1e-4..1e-3), far tighter than the 0.2 of
     language models, so every ratio-scale default below lives on that scale."""
@@ -616,10 +624,88 @@ def _sign_frac(hit: Tensor, mask: Tensor) -> Tensor:
     return (hit & mask).float().sum() / mask.float().sum().clamp_min(1.0)
 
 
-@register_policy_loss("grpo_variants", settings=VariantSettings, check=check_variant_settings)
+class VariantInputs:
+    """What "grpo_variants" reads beyond one timestep's tensors, made for the GRPO objective (the `inputs` of its
+    registration): a no-grad pass over all the micro-batch's timesteps (sequence log-probs for AMIC / GSPO, EMA-smoothed
+    importance weights, gradient-adaptive weights), then each timestep's StepLossInputs fields. Inert (no pass) unless
+    one of those variants is switched on."""
+
+    def __init__(self, train_config, scheduler):
+        self.t, self.scheduler = train_config, scheduler
+        self.ema = EMAImportanceState(train_config.ema_beta) if train_config.use_ema_smoothing else None
+        self.needs_pass = (train_config.use_ema_smoothing or train_config.use_gradient_adaptive_weighting
+                           or train_config.use_amic or train_config.use_gspo)
+
+    @torch.no_grad()
+    def prepare(self, mb: MicroBatch) -> dict:
+        out = {"metrics": {}}
+        if not self.needs_pass:
+            return out
+        states, T = mb.states, mb.old_log_probs.shape[1]
+        steps = [rescore(mb.policy, states, self.scheduler, j, mb.element_mask, mb.step_offset) for j in range(T)]
+        seq = torch.stack([o.log_prob for o in steps], 1)
+        out["seq_log_prob"], out["seq_old_log_prob"] = seq, mb.old_log_probs.to(seq.device)
+        keys = [tuple(r) for r in mb.traj_ids.tolist()]
+        if self.ema is not None:
+            raw = importance_weights(seq, out["seq_old_log_prob"], self.t.log_ratio_clamp)
+            out["ema"] = self.ema.update(keys, raw, expect_state=mb.inner_epoch > 0)
+            out["metrics"].update(self.ema.metrics(raw, out["ema"]))
+        if self.t.use_gradient_adaptive_weighting:
+            norms = torch.stack([self.gradient_norms(mb, j, o) for j, o in enumerate(steps)], 1)
+            out["grad"], metrics = gradient_adaptive_weights(norms, self.t.gradient_weighting_temperature)
+            out["metrics"].update(metrics)
+        return out
+
+    def gradient_norms(self, mb: MicroBatch, j: int, step) -> torch.Tensor:
+        """||grad_theta log p|| of each sample's transition j (policy_gradient_norms): the model is evaluated with the
+        given parameters by binding them into the policy for the duration of one call."""
+        states, sched, module, k = mb.states, self.scheduler, mb.module, mb.step_offset + j
+        x, t = states[:, j], sched.model_time(k, states.shape[0])
+        u = log_prob_output_gradient(states[:, j + 1], step.mean, step.std, sched.output_coefficient(k),
+                                     mb.element_mask)
+        params = {k: p.detach() for k, p in module.named_parameters() if p.requires_grad}
+
+        def output_fn(p, rows):
+            bound = _Bound(module, mb.policy_rows(rows))
+            return torch.func.functional_call(bound, {f"module.{k}": v for k, v in p.items()}, (x[rows], t[rows]))
+
+        gen = torch.Generator().manual_seed(int(mb.traj_ids[0, 0]) * 1009 + j)  # probes only (num_probes > 0)
+        return policy_gradient_norms(output_fn, params, u, self.t.gradient_weighting_num_probes, gen)
+
+    def step_tensors(self, prepared: dict, j: int) -> dict:
+        """The variant tensors of timestep j (StepLossInputs fields)."""
+        kw = {}
+        if self.t.use_amic or self.t.use_gspo:
+            kw["seq_log_prob"], kw["seq_old_log_prob"] = prepared["seq_log_prob"], prepared["seq_old_log_prob"]
+        if "ema" in prepared:
+            kw["ema_weight"] = prepared["ema"][:, j]
+        if "grad" in prepared:
+            kw["grad_weight"] = prepared["grad"][:, j]
+        return kw
+
+    def retire_epoch(self) -> None:
+        # the EMA state is kept per sample, and an epoch's samples are not seen again
+        if self.ema is not None:
+            self.ema.retire_all()
+
+
+class _Bound(torch.nn.Module):
+    """A denoise closure as a module whose parameters are the policy's, so torch.func.functional_call can swap
+    them in for one evaluation."""
+
+    def __init__(self, module: torch.nn.Module, denoise: Callable):
+        super().__init__()
+        self.module, self.denoise = module, denoise
+
+    def forward(self, x, t):
+        return self.denoise(x, t)
+
+
+@register_policy_loss("grpo_variants", settings=VariantSettings, check=check_variant_settings,
+                      inputs=VariantInputs)
 def grpo_variants(x: StepLossInputs, s: VariantSettings) -> tuple[Tensor, dict[str, Tensor]]:
     """The registered form: the plan's variants switched by config train.use_* (the EMA and gradient-adaptive
-    weights arrive in x, made by the GRPO objective)."""
+    weights arrive in x, made by VariantInputs for the GRPO objective)."""
     return grpo_variants_policy_loss(
         x.log_prob, x.old_log_prob, x.advantages, s.clip_range, s.adv_clip_max, s.log_ratio_clamp, x.kl, s.beta,
         timestep_index=x.timestep_index, num_timesteps=x.num_timesteps, seq_log_prob=x.seq_log_prob,
