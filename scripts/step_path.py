@@ -4,8 +4,9 @@ read to follow the algorithm, measured rather than claimed.
     python scripts/step_path.py --config config/grpo.py:toy              # the core path: sampling -> first step
     python scripts/step_path.py --config config/grpo.py:toy --from-start  # from the entry point on
 
-It runs scripts/train_recam.py in this process with a profiler that notes every project function called (module
-and class bodies, i.e. imports, do not count), and stops the run at the policy's first optimizer step. The core
+It runs scripts/train_recam.py in this process with a profiler that notes every project function called, on the
+main thread and on the threads that score rewards (module and class bodies, i.e. imports, do not count), and stops
+the run at the policy's first optimizer step. The core
 path starts at the first call of GRPOTrainer.sample (setup, validation, the base's evaluation and checkpoint are
 left out) and leaves out the chosen domain's own files (recam/domains/<domain>/: what a sample is, behind the
 Domain interface); --from-start counts everything from the entry point. Config overrides pass through.
@@ -17,6 +18,7 @@ import argparse
 import os
 import runpy
 import sys
+import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,6 +58,7 @@ def trace_to_first_step(train_args: list[str], from_start: bool) -> dict[str, in
     handle = register_optimizer_step_pre_hook(stop)
     argv, sys.argv = sys.argv, [str(ROOT / "scripts" / "train_recam.py"), *train_args]
     sys.setprofile(profile)
+    threading.setprofile(profile)  # rewards are scored on worker threads: they are on the path too
     try:
         runpy.run_path(str(ROOT / "scripts" / "train_recam.py"), run_name="__main__")
     except _Reached:
@@ -64,6 +67,7 @@ def trace_to_first_step(train_args: list[str], from_start: bool) -> dict[str, in
         raise SystemExit(f"the run ended (exit {e.code}) before its first optimizer step") from e
     finally:
         sys.setprofile(None)
+        threading.setprofile(None)
         sys.argv = argv
         handle.remove()
     return calls

@@ -111,7 +111,7 @@ def _loaded(*statements: str) -> tuple[list[str], list[str]]:
 
 def test_the_engine_and_the_reward_registry_load_no_domain_and_no_reward():
     assert _loaded("import recam.engine.trainer, recam.engine.objective, recam.engine.hooks, recam.engine.domain",
-                   "import rewards") == ([], ["rewards"])
+                   "import rewards") == ([], ["rewards", "rewards.registry"])
 
 
 def test_one_domain_never_loads_another():

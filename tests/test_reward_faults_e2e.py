@@ -81,6 +81,9 @@ def train(run_dir, url, *extra, epochs=1):
            "--config.eval.num_videos=0",
            "--config.reward.weights.unifiedscore=1.0", f"--config.reward.unified.base_url={url}",
            "--config.reward.unified.max_retries=0", "--config.reward.unified.timeout_s=5",
+           # one request at a time: the judge fails every 5th POST, so which samples fail is the same in every run
+           # (with requests in flight together it depends on the machine's load, and so would the run's numbers)
+           "--config.reward.unified.max_concurrency=1",
            "--config.reward.retry_backoff_s=0.05", *extra]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=400)
 

@@ -85,8 +85,8 @@ def test_registry_and_weighted_average(heldout):
 
 
 def test_built_in_rewards_are_found_by_their_decorators_and_load_by_kind():
-    # builtin_rewards reads rewards/*.py and the motion domain's rewards module (declared by recam.domains) without
-    # importing them; what it reads must be what they register
+    # builtin_rewards reads rewards/*.py and the motion and toy domains' rewards modules (declared by recam.domains)
+    # without importing them; what it reads must be what they register
     import importlib
 
     import recam.domains  # noqa: F401  (declares recam/domains/motion/rewards.py)
@@ -95,7 +95,8 @@ def test_built_in_rewards_are_found_by_their_decorators_and_load_by_kind():
     found = builtin_rewards()
     assert {n: k for n, (k, _) in found.items()} == {
         "cam_score": "video", "fidelity": "video", "unifiedscore": "video", "discriminator": "video",
-        "motion_alignment": "motion", "motion_retrieval": "motion", "motion_physics": "motion"}
+        "motion_alignment": "motion", "motion_retrieval": "motion", "motion_physics": "motion",
+        "target": "points", "near": "points"}
     for name, (kind, module) in found.items():
         importlib.import_module(module)
         assert REWARDS[name].scores == kind == reward_kind(name)

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from recam.infra.schema import REWARD_BOOKKEEPING, reward_terms
+from recam.infra.runlog import reward_terms
+from recam.infra.schema import REWARD_BOOKKEEPING
 
 SEVERITIES = ("info", "warn", "critical")
 _RANK = {s: i for i, s in enumerate(SEVERITIES)}

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from recam.infra.schema import reward_terms
+from recam.infra.schema import REWARD_BOOKKEEPING
 
 LOG_FILE = "run.log"  # everything logged at INFO and above: the run's own lines, per-batch reward timings, retries
 _file_log = logging.getLogger("recam.run")
@@ -213,6 +213,14 @@ def read_records(path: Path, unreadable: list[bytes] | None = None) -> list[dict
         elif unreadable is not None:
             unreadable.append(line)
     return out
+
+
+def reward_terms(record: dict, include_avg: bool = False) -> dict[str, float]:
+    """reward_<name> -> mean of that reward over the epoch's scored samples, for every reward that was computed
+    (reward_avg, the weighted one that drives training, only with include_avg)."""
+    return {k: v for k, v in record.items()
+            if k.startswith("reward_") and k not in REWARD_BOOKKEEPING and isinstance(v, float)
+            and (include_avg or k != "reward_avg")}
 
 
 def per_group_stats(values: torch.Tensor, group_ids: torch.Tensor) -> dict[int, tuple[int, float, float]]:
