@@ -85,7 +85,7 @@ class Domain(Protocol):
     # Optional: element_mask(batch) -> (b, ...) bool broadcastable to the samples, the elements that are real (a
     # motion padded to 196 frames is not real after its length); log-probs and KLs average over those only.
     # Optional: references(batch) -> {name: samples in decoded space}, reference samples scored once per run by the
-    # evaluation rewards (trainer.evaluate_references), e.g. the ground truth, whose score is the reward's ceiling.
+    # evaluation rewards (Evaluator.evaluate_references), e.g. the ground truth, whose score is the reward's ceiling.
     # Optional: decode_batch(samples, batch) -> what the rewards see, used instead of decode when decoding needs the
     # batch (a motion padded to 196 frames is cut at its condition's length).
     # Optional: evaluation_items(decoded, batch) -> one picklable item per sample, and evaluation_metrics(items) ->

@@ -112,7 +112,7 @@ class RunLog:
             self.wandb.log({k: v for k, v in summary.items() if k.startswith(("eval/", "val/"))}, step=step)
 
     def reference_record(self, step: int, summary: dict) -> None:
-        """The rewards of reference samples (trainer.evaluate_references), once per run."""
+        """The rewards of reference samples (recam.engine.evaluation.Evaluator.evaluate_references), once per run."""
         if not self.enabled or not summary:
             return
         self._append({"type": "reference", "step": step, **summary})
