@@ -28,6 +28,9 @@ from rewards.pose import to_uint8_frames
 from rewards.pose.sfm import SfMSettings
 from scripts.bench_cam_still import standing_still
 
+# module-scoped fixtures: the file's tests share one worker (pyproject: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_cam_score_sfm")
+
 ROOT = Path(__file__).resolve().parents[1]
 TRANSLATING = ("orbit", "dolly", "truck", "zoom", "orbit+truck", "orbit+dolly")
 ROTATING = ("pan", "tilt", "static")

@@ -32,6 +32,9 @@ from recam.infra.checkpoint import (
 from recam.infra.lora import add_lora
 from recam.infra.runlog import RunLog, read_records
 
+# module-scoped fixtures: the file's tests share one worker (pyproject: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_checkpoint_integrity")
+
 ROOT = Path(__file__).resolve().parents[1]
 WEIGHTS = "model/diffusion_pytorch_model.safetensors"
 BASE = {"type": "eval", "tag": "start", "step": 0, "epoch": -1, "checkpoint": "epoch_0000", "eval/cam_score": 0.25}

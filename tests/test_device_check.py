@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+# module-scoped fixtures: the file's tests share one worker (pyproject: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_device_check")
+
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("device_check", ROOT / "scripts" / "device_check.py")
 device_check = importlib.util.module_from_spec(_spec)

@@ -47,23 +47,34 @@ def command(block: str) -> tuple[dict[str, str], list[str]]:
     return env, words[words.index("python") + 1:]
 
 
-def test_recipe_1_a_reward(tmp_path):
-    text = recipe("1. A reward")
+def run_recipe(title: str, tmp_path: Path) -> tuple[str, str, Path, list[dict], list[str], Path]:
+    """Do what the recipe says: write its module into a folder of the user's own, run its command with that folder
+    on PYTHONPATH, the run folder moved into tmp_path and two epochs (the preset runs 20). Returns (the recipe's
+    text, its command, the run folder, the run's metrics.jsonl records, the command's arguments as run less the
+    epochs, the user's folder)."""
+    text = recipe(title)
     (module_block,) = blocks(text, "python")
     (command_block,) = blocks(text, "bash")
     code = tmp_path / "my_code"
     module = write_module(module_block, code)
     env, args = command(command_block)
     assert env.keys() == {"PYTHONPATH"} and f"--config.plugins={module}" in args
-    name, weight = re.search(r"--config\.reward\.weights\.(\w+)=([\d.]+)", command_block).groups()
     run_dir = tmp_path / "run"
-    # the recipe's command, with the run folder moved into tmp_path and two epochs (the preset runs 20)
     args = [re.sub(r"^--config\.run_dir=.*", f"--config.run_dir={run_dir}", a) for a in args]
-    p = subprocess.run([sys.executable, *args, "--config.num_epochs=2"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300, env={**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": "1"})
+    p = _run([*args, "--config.num_epochs=2"], code)
     assert p.returncode == 0, f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return text, command_block, run_dir, records, args, code
+
+
+def _run(args: list[str], code: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": "1"})
+
+
+def test_recipe_1_a_reward(tmp_path):
+    text, command_block, run_dir, records, _, _ = run_recipe("1. A reward", tmp_path)
+    name, weight = re.search(r"--config\.reward\.weights\.(\w+)=([\d.]+)", command_block).groups()
     epochs = [r for r in records if r["type"] == "epoch"]
     assert len(epochs) == 2
     preset = dict(grpo.get_config("toy").reward.weights)
@@ -115,31 +126,15 @@ def test_a_plugin_that_does_not_import_is_one_config_error_naming_it():
         import_plugins(config)
 
 
-def _run(args: list[str], code: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": "1"})
-
 
 def test_recipe_2_a_policy_loss(tmp_path):
-    text = recipe("2. A policy loss")
-    (module_block,) = blocks(text, "python")
-    (command_block,) = blocks(text, "bash")
-    code = tmp_path / "my_code"
-    module = write_module(module_block, code)
-    env, args = command(command_block)
-    assert env.keys() == {"PYTHONPATH"} and f"--config.plugins={module}" in args
+    text, command_block, run_dir, records, args, code = run_recipe("2. A policy loss", tmp_path)
     train = dict(re.findall(r"--config\.train\.(\w+)=(\S+)", command_block))
     loss = train.pop("policy_loss")
     ((setting, value),) = train.items()  # the loss's own setting, which the preset does not list
-    run_dir = tmp_path / "run"
-    # the recipe's command, with the run folder moved into tmp_path and two epochs (the preset runs 20)
-    args = [re.sub(r"^--config\.run_dir=.*", f"--config.run_dir={run_dir}", a) for a in args]
-    p = _run([*args, "--config.num_epochs=2"], code)
-    assert p.returncode == 0, f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
 
     config = json.loads((run_dir / "config.json").read_text())
     assert config["train"]["policy_loss"] == loss and config["train"][setting] == float(value)
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["type"] == "step"]
     assert len(steps) == 4  # two optimizer steps per epoch
     named = set(re.findall(rf"`({loss}/\w+)`", text))  # the metrics "What you get" names
@@ -162,21 +157,8 @@ def test_recipe_2_a_policy_loss(tmp_path):
 
 
 def test_recipe_3_a_domain(tmp_path):
-    text = recipe("3. A domain")
-    (module_block,) = blocks(text, "python")
-    (command_block,) = blocks(text, "bash")
-    code = tmp_path / "my_code"
-    module = write_module(module_block, code)
-    env, args = command(command_block)
-    assert env.keys() == {"PYTHONPATH"} and f"--config.plugins={module}" in args
+    _, command_block, run_dir, records, _, _ = run_recipe("3. A domain", tmp_path)
     domain = re.search(r"--config\.domain=(\w+)", command_block).group(1)
-    run_dir = tmp_path / "run"
-    args = [re.sub(r"^--config\.run_dir=.*", f"--config.run_dir={run_dir}", a) for a in args]
-    p = subprocess.run([sys.executable, *args, "--config.num_epochs=2"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300, env={**os.environ, "PYTHONPATH": str(code), "OMP_NUM_THREADS": "1"})
-    assert p.returncode == 0, f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert json.loads((run_dir / "config.json").read_text())["domain"] == domain
     epochs = [r for r in records if r["type"] == "epoch"]
     assert len(epochs) == 2

@@ -18,6 +18,9 @@ import pytest
 from config import grpo
 from config.validate import ConfigError, validate, validate_files
 
+# module-scoped fixtures: the file's tests share one worker (pyproject: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_validation_cli")
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # (overrides, field the one-line message must name); applied to the smoke preset.
