@@ -37,7 +37,7 @@ ROTATING = ("pan", "tilt", "static")
 FRAMES, H, W = 8, 256, 448
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # built once per worker: the worker may interleave other files' tests
 def sweep():
     """Estimates of one textured scene's renders, and the ground truths: every family clean and under one
     degradation, the degradations taken in turn, so each is met by three families (every family under every
@@ -114,7 +114,7 @@ def test_a_camera_asked_to_stand_still_is_punished_for_translating_and_not_for_t
 # --------------------------------------------------------------------------------------- exported, loaded, trained
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # built once per worker: the worker may interleave other files' tests
 def exported(tmp_path_factory):
     out = tmp_path_factory.mktemp("textured")
     world = textured.TexturedWorld("train", 9, seed=0, num_frames=9, height=128, width=224, conditions_per_scene=3)

@@ -285,7 +285,7 @@ def _base_column(run_dir):
     return {r.split("|")[1].strip(): float(r.split("|")[2]) for r in rows[2:] if r.startswith("| ")}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # built once per worker: the worker may interleave other files' tests
 def finished(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("finished")
     p = _run(run_dir)

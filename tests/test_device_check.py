@@ -31,7 +31,7 @@ KEYS = {
 LEARNING = ("samples_per_update", "epochs", "seconds", "base", "final", "gain", "ci95")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # built once per worker: the worker may interleave other files' tests
 def tiny(tmp_path_factory):
     out = tmp_path_factory.mktemp("device_check")
     p = subprocess.run([sys.executable, "scripts/device_check.py", "--tiny", "--out", str(out)], cwd=ROOT,

@@ -263,7 +263,7 @@ def _launch(override: str, run_dir: Path) -> tuple[int, str, float, float, str]:
         return os.waitstatus_to_exitcode(status), err.read(), wall, usage.ru_utime + usage.ru_stime, out.read()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # built once per worker: the worker may interleave other files' tests
 def launched(tmp_path_factory):
     """Each CLI case run once, two at a time (each start is mostly importing torch, diffusers and peft)."""
     root = tmp_path_factory.mktemp("cli")
