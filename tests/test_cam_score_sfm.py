@@ -28,16 +28,13 @@ from rewards.pose import to_uint8_frames
 from rewards.pose.sfm import SfMSettings
 from scripts.bench_cam_still import standing_still
 
-# module-scoped fixtures: the file's tests share one worker (pyproject: --dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_cam_score_sfm")
-
 ROOT = Path(__file__).resolve().parents[1]
 TRANSLATING = ("orbit", "dolly", "truck", "zoom", "orbit+truck", "orbit+dolly")
 ROTATING = ("pan", "tilt", "static")
 FRAMES, H, W = 8, 256, 448
 
 
-@pytest.fixture(scope="session")  # built once per worker: the worker may interleave other files' tests
+@pytest.fixture(scope="module")
 def sweep():
     """Estimates of one textured scene's renders, and the ground truths: every family clean and under one
     degradation, the degradations taken in turn, so each is met by three families (every family under every
@@ -114,7 +111,7 @@ def test_a_camera_asked_to_stand_still_is_punished_for_translating_and_not_for_t
 # --------------------------------------------------------------------------------------- exported, loaded, trained
 
 
-@pytest.fixture(scope="session")  # built once per worker: the worker may interleave other files' tests
+@pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     out = tmp_path_factory.mktemp("textured")
     world = textured.TexturedWorld("train", 9, seed=0, num_frames=9, height=128, width=224, conditions_per_scene=3)

@@ -32,9 +32,6 @@ from recam.infra.checkpoint import (
 from recam.infra.lora import add_lora
 from recam.infra.runlog import RunLog, read_records
 
-# module-scoped fixtures: the file's tests share one worker (pyproject: --dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_checkpoint_integrity")
-
 ROOT = Path(__file__).resolve().parents[1]
 WEIGHTS = "model/diffusion_pytorch_model.safetensors"
 BASE = {"type": "eval", "tag": "start", "step": 0, "epoch": -1, "checkpoint": "epoch_0000", "eval/cam_score": 0.25}
@@ -285,7 +282,7 @@ def _base_column(run_dir):
     return {r.split("|")[1].strip(): float(r.split("|")[2]) for r in rows[2:] if r.startswith("| ")}
 
 
-@pytest.fixture(scope="session")  # built once per worker: the worker may interleave other files' tests
+@pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("finished")
     p = _run(run_dir)

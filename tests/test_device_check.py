@@ -13,9 +13,6 @@ from pathlib import Path
 
 import pytest
 
-# module-scoped fixtures: the file's tests share one worker (pyproject: --dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_device_check")
-
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("device_check", ROOT / "scripts" / "device_check.py")
 device_check = importlib.util.module_from_spec(_spec)
@@ -31,7 +28,7 @@ KEYS = {
 LEARNING = ("samples_per_update", "epochs", "seconds", "base", "final", "gain", "ci95")
 
 
-@pytest.fixture(scope="session")  # built once per worker: the worker may interleave other files' tests
+@pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     out = tmp_path_factory.mktemp("device_check")
     p = subprocess.run([sys.executable, "scripts/device_check.py", "--tiny", "--out", str(out)], cwd=ROOT,

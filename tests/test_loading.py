@@ -28,9 +28,6 @@ from recam.domains.camera.loading import (
 )
 from recam.domains.camera.model import ReCamTransformer3DModel, tiny_config
 
-# module-scoped fixtures: the file's tests share one worker (pyproject: --dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_loading")
-
 WAN_KEYS = [k for k in tiny_config() if k != "null_text_len"]
 
 

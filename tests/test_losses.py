@@ -23,9 +23,6 @@ from recam.engine.losses import (
     register_policy_loss,
 )
 
-# module-scoped fixtures: the file's tests share one worker (pyproject: --dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_losses")
-
 METRIC_KEYS = {
     "loss",
     "policy_loss",

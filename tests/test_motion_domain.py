@@ -34,9 +34,6 @@ from recam.domains.motion.world import MotionWorld, reference_mean_std
 from recam.engine.extensions.noise_subspace import SubspaceNoise
 from recam.engine.rollout import per_sample_noise, rescore, rollout
 
-# module-scoped fixtures: the file's tests share one worker (pyproject: --dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_motion_domain")
-
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -28,9 +28,6 @@ from recam.domains.motion.loading import (
 )
 from recam.domains.motion.model import MotionDiffusionModel
 
-# module-scoped fixtures: the file's tests share one worker (pyproject: --dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_motion_loading")
-
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():

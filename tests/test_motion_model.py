@@ -24,9 +24,6 @@ from recam.domains.motion.model import (
     to_mdm_layout,
 )
 
-# module-scoped fixtures: the file's tests share one worker (pyproject: --dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_motion_model")
-
 J = 263
 
 

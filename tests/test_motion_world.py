@@ -16,9 +16,6 @@ from recam.domains.motion import synth as S
 from recam.domains.motion import world as W
 from recam.domains.motion.synth import MotionSpec
 
-# module-scoped fixtures: the file's tests share one worker (pyproject: --dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_motion_world")
-
 # One short clip of every kind (and both sides where there are sides), with a non-trivial heading.
 ALL_KINDS = [
     MotionSpec("walk", 80, speed=1.3, heading_deg=30.0),

@@ -29,9 +29,6 @@ from recam.domains.camera.model import ReCamTransformer3DModel
 from recam.domains.camera.recammaster_io import export_world
 from recam.domains.camera.world import SyntheticWorld, collate_conditions
 
-# module-scoped fixtures: the file's tests share one worker (pyproject: --dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_real_data")
-
 ROOT = Path(__file__).resolve().parents[1]
 FRAMES, SIZE, PER_SCENE, SCENES = 5, 32, 2, 3  # 5 = 1 + 4 frames: one Wan VAE step in time
 Z_DIM = 4

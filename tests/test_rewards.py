@@ -7,9 +7,6 @@ from rewards import REWARDS, MultiReward, RegisteredReward, build_reward, build_
 from rewards.cam_score import CamScore, cam_score, geodesic_deg
 from rewards.fidelity import fidelity
 
-# module-scoped fixtures: the file's tests share one worker (pyproject: --dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_rewards")
-
 
 @pytest.fixture(scope="module")
 def heldout():

@@ -26,9 +26,6 @@ from recam.domains.camera.world import (
     trajectory_c2w,
 )
 
-# module-scoped fixtures: the file's tests share one worker (pyproject: --dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_textured_world")
-
 FAMILIES = ["static", *TRAJECTORY_KINDS, *(f"{r}+{t}" for r in _ROTATION_KINDS for t in _TRANSLATION_KINDS)]
 
 

@@ -120,8 +120,6 @@ def test_sigkill_mid_epoch_then_resume_matches_uninterrupted(tmp_path):
     assert [e["rewards/avg"] for e in ea] == [e["rewards/avg"] for e in eb]
 
 
-# the two-process launches share config/accelerate/cpu_2proc.yaml's port: one worker runs them, one at a time
-@pytest.mark.xdist_group("two_processes")
 def test_two_processes_gather_the_same_groups_and_advantages_as_one(tmp_path):
     one = ("--config.num_epochs=1", "--config.eval.freq=100", *SHORT)
     run(tmp_path / "one", *one)
@@ -272,7 +270,6 @@ def _update(run_dir):
     return flat("epoch_0001") - flat("epoch_0000")
 
 
-@pytest.mark.xdist_group("two_processes")
 def test_reward_failing_on_one_process_is_masked_and_the_update_equals_one_process(tmp_path):
     """Slots 5 and 6 of every batch fail scoring: with 2 processes x 4 samples both are rank 1's. Rank 1 keeps 2
     samples, rank 0 keeps 4. Dropping them per process would give rank 1 one micro-batch of 2 weighted like rank

@@ -18,9 +18,6 @@ import pytest
 from config import grpo
 from config.validate import ConfigError, validate, validate_files
 
-# module-scoped fixtures: the file's tests share one worker (pyproject: --dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_validation_cli")
-
 ROOT = Path(__file__).resolve().parents[1]
 
 # (overrides, field the one-line message must name); applied to the smoke preset.
@@ -263,7 +260,7 @@ def _launch(override: str, run_dir: Path) -> tuple[int, str, float, float, str]:
         return os.waitstatus_to_exitcode(status), err.read(), wall, usage.ru_utime + usage.ru_stime, out.read()
 
 
-@pytest.fixture(scope="session")  # built once per worker: the worker may interleave other files' tests
+@pytest.fixture(scope="module")
 def launched(tmp_path_factory):
     """Each CLI case run once, two at a time (each start is mostly importing torch, diffusers and peft)."""
     root = tmp_path_factory.mktemp("cli")
