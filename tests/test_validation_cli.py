@@ -278,7 +278,7 @@ def test_entry_point_exits_2_with_one_line_and_builds_nothing(override, field, l
     assert len(lines) == 1 and lines[0].startswith("config error: ") and field in lines[0], stderr[-2000:]
     assert "Traceback" not in stderr + stdout
     assert not run_dir.exists()  # no run folder, so no checkpoint, log or model
-    # ~5.5 s of CPU here, nearly all imports; a built model or an epoch would take minutes. The wall bound is
-    # looser: other jobs share the machine's two cores.
-    assert cpu < 10, f"{cpu:.1f} CPU s"
-    assert wall < 30, f"{wall:.1f} s"
+    # ~5.5 s of CPU alone, nearly all imports; a built model or an epoch would take minutes. The bounds are loose
+    # because the suite's two workers and this fixture's two launches share two cores (10.6 CPU s measured so)
+    assert cpu < 30, f"{cpu:.1f} CPU s"
+    assert wall < 90, f"{wall:.1f} s"
