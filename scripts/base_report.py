@@ -87,6 +87,12 @@ def measure(config, repeats: int) -> dict:
     return out
 
 
+# What each domain's Domain.references entry is, for the table's footnote (names as in evaluate_references).
+REFERENCES = {"ref_target": "the conditions' ground truth (the rewards' ceiling)",
+              "ref_source": "the source clip, a camera that never moved to the target",
+              "ref_shuffled": "each caption given the next condition's ground-truth motion (real motion, wrong text)"}
+
+
 def fmt(x, spec=".4f") -> str:
     return "n/a" if x is None or not math.isfinite(x) else format(x, spec)
 
@@ -119,8 +125,8 @@ def table(files: list[Path]) -> str:
         + " |" + " |" * len(refs))
     lines.append("")
     lines.append("Changes in brackets: paired over the held-out conditions against the first column, mean ± 95% "
-                 "t half-width. ref_target: the conditions' ground truth (the rewards' ceiling); ref_source: the "
-                 "source clip, a camera that never moved to the target.")
+                 "t half-width. " + " ".join(f"{ref}: {REFERENCES.get(ref, 'a reference the domain returns')}."
+                                              for ref in refs))
     return "\n".join(lines)
 
 

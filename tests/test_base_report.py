@@ -58,3 +58,15 @@ def test_table_pairs_each_base_with_the_first_by_hand(tmp_path):
     assert f"| cam_score | 0.2500 | 0.3667 ({diffs.mean():+.4f} ± {half:.4f}) | 0.2000 | 0.9500 |" in text
     assert "| R@3 | 0.5000 | 0.5000 | n/a | n/a |" in text  # a whole-split metric: no pairs, no reference
     assert "0.0600 ± 0.0100 (4 epochs of 128) | 0.2000 ± 0.0100 (4 epochs of 128) |" in text
+
+
+def test_table_footnote_explains_only_the_references_in_the_reports(tmp_path):
+    a = _report(tmp_path, "base_1x", 3000, [0.1, 0.2], 0.06)
+    cam = base_report.table([a])
+    assert "ref_source: the source clip" in cam and "ref_shuffled" not in cam
+    motion = json.loads(a.read_text())
+    motion["references"] = {"ref_target/cam_score": 0.95, "ref_shuffled/cam_score": 0.1}
+    a.write_text(json.dumps(motion))
+    text = base_report.table([a])
+    assert "ref_shuffled: each caption given the next condition's ground-truth motion" in text
+    assert "ref_source" not in text
