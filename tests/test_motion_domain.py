@@ -263,8 +263,14 @@ def test_split_metrics_follow_the_protocol_and_are_repeatable(domain):
     assert len(heldout) == 32 and metrics["r_precision_pool"] == 32  # the preset evaluates one full pool
     assert 0 <= metrics["r_precision_top1"] <= metrics["r_precision_top2"] <= metrics["r_precision_top3"] <= 1
     assert metrics == domain.evaluation_metrics(items)  # fixed shuffles: two evaluations of the same weights agree
+    # per condition: each caption's top-3 hit rate over the shuffles, whose mean is the split's R-precision
+    rows = metrics["rows/r_precision_top3"]
+    assert len(rows) == 32 and all(0 <= r <= 1 for r in rows)
+    assert np.mean(rows) == pytest.approx(metrics["r_precision_top3"], abs=1e-12)
+    assert np.mean(metrics["rows/reward_net/r_precision_top3"]) == pytest.approx(metrics["reward_net/r_precision_top3"])
     items[0]["finite"] = False
-    assert domain.evaluation_metrics(items)["nonfinite_motions"] == 1.0
+    broken = domain.evaluation_metrics(items)
+    assert broken["nonfinite_motions"] == 1.0 and broken["rows/r_precision_top3"][0] is None
 
 
 def test_grader_and_reward_network_metrics_come_from_their_own_networks(domain, folders):
@@ -460,11 +466,16 @@ def test_motion_smoke_trains_end_to_end(folders, tmp_path):
                     "eval/reward_net/r_precision_top3", "eval/reward_net/fid"):
             assert key in r, key
         assert r["eval/r_precision_pool"] == 32 and r["eval/grader_is_reward_net"] == 0
+        rows = r["rows/eval/r_precision_top3"]  # per held-out condition, for the summary's paired interval
+        assert len(rows) == r["eval/num_conditions"]
+        assert np.mean(rows) == pytest.approx(r["eval/r_precision_top3"], abs=1e-9)
     reference = next(r for r in records if r["type"] == "reference")
     assert 0 <= reference["ref_target/motion_physics"] <= 1
     assert reference["ref_target/fid"] == pytest.approx(0, abs=1e-6)  # the ground truth against itself
     summary = (tmp_path / "summary.md").read_text()
     assert "| R-precision top-3 (grader) |" in summary and "| physics |" in summary
+    r3 = next(line for line in summary.splitlines() if line.startswith("| R-precision top-3 (grader) |"))
+    assert "±" in r3  # its change is paired over the held-out conditions
     assert "| R-precision top-3 (reward's own network) |" in summary
     assert "| R-precision pool size | 32.0000 |" in summary
     assert list((tmp_path / "motions" / "final").glob("*.gif"))

@@ -372,6 +372,45 @@ def test_r_precision_matches_loop():
         ev.r_precision(np.zeros((31, 2)), np.zeros((31, 2)))
 
 
+def test_r_precision_hits_per_pair_match_the_loop_and_drop_the_incomplete_pool():
+    rng = np.random.default_rng(1)
+    text = rng.normal(size=(70, 5))
+    motion = text + rng.normal(scale=1.0, size=(70, 5))
+    hits = ev.r_precision_hits(text, motion, pool_size=32, top_k=3)
+    assert np.isnan(hits[64:]).all() and np.isfinite(hits[:64]).all()
+    for i in (0, 17, 40, 63):
+        p = i // 32
+        d = [math.dist(text[i], motion[p * 32 + j]) for j in range(32)]
+        ahead = sum(1 for j in range(32) if p * 32 + j != i and d[j] <= d[i - p * 32])
+        np.testing.assert_array_equal(hits[i], [ahead < k for k in (1, 2, 3)])
+    np.testing.assert_array_equal(ev.r_precision(text, motion), hits[:64].mean(axis=0))
+
+
+def test_per_pair_rate_averages_each_pair_over_the_shuffles():
+    rng = np.random.default_rng(2)
+    text = rng.normal(size=(64, 6))
+    motion = text + rng.normal(scale=1.5, size=(64, 6))
+    reps = [ev.protocol_repetition(text, motion, text, rng, diversity_pairs=32) for _ in range(5)]
+    rate = ev.per_pair_rate(reps)
+    # by hand: pair i's hit in each shuffle, from the same permutations (the rng replayed)
+    replay = np.random.default_rng(2)
+    replay.normal(size=(64, 6)), replay.normal(size=(64, 6))
+    want = np.zeros(64)
+    for _ in range(5):
+        order = replay.permutation(64)
+        want[order] += ev.r_precision_hits(text[order], motion[order])[:, 2]
+        replay.choice(64, 32, replace=False), replay.choice(64, 32, replace=False)  # diversity's draws
+    np.testing.assert_allclose(rate, want / 5)
+    assert rate.mean() == pytest.approx(ev.summarize_repetitions(reps)["r_precision_top3"][0], abs=1e-12)
+    assert "per_pair_top3" not in ev.summarize_repetitions(reps)
+    # a pair whose pool was incomplete in every shuffle has no rate
+    reps[0][ev.PER_PAIR_TOP3][3] = np.nan
+    assert np.isfinite(ev.per_pair_rate(reps)[3])
+    for r in reps:
+        r[ev.PER_PAIR_TOP3][3] = np.nan
+    assert np.isnan(ev.per_pair_rate(reps)[3])
+
+
 def test_matching_score_and_distances():
     text = np.array([[0.0, 0.0], [1.0, 1.0]])
     motion = np.array([[3.0, 4.0], [1.0, 2.0]])

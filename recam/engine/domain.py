@@ -91,7 +91,8 @@ class Domain(Protocol):
     # Optional: evaluation_items(decoded, batch) -> one picklable item per sample, and evaluation_metrics(items) ->
     # {name: float} over a whole evaluated split (every process's items, in dataset order), logged as
     # <prefix>/<name> beside the per-condition means: metrics over sets of samples, such as retrieval precision
-    # within pools of conditions or a distance between generated and real distributions.
+    # within pools of conditions or a distance between generated and real distributions. An entry rows/<name> ->
+    # [float | None per item] is per condition instead (logged as rows/<prefix>/<name>), for paired intervals.
     # Optional: principal_channels(n) -> (C, n) orthonormal directions over the channels (every sample axis but the
     # last), the ones the data varies in most; sample.noise_channels confines exploration noise to them.
 

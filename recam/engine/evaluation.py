@@ -107,12 +107,17 @@ class Evaluator:
     def summarise_split(self, rows: list[dict], items: list, prefix: str) -> dict:
         """Per-condition means of the rows, plus the domain's optional evaluation_metrics(items) over the whole split
         (every process's items in index order): metrics a mean over conditions cannot express, e.g. retrieval
-        precision within pools of conditions, or a distance between the distributions of generated and real samples."""
+        precision within pools of conditions, or a distance between the distributions of generated and real samples.
+        A rows/<name> entry of evaluation_metrics is per condition in index order (None: no value), as the rows'."""
         out = reports.summarise_eval(sorted(gather_object(rows), key=lambda r: r["index"]), prefix)
         fn = getattr(self.domain, "evaluation_metrics", None)
         if fn is not None:
             every = [item for _, item in sorted(gather_object(items), key=lambda r: r[0])]
-            out.update({f"{prefix}/{k}": float(v) for k, v in fn(every).items()})
+            for k, v in fn(every).items():
+                if k.startswith("rows/"):  # per condition, in index order like the rows' own
+                    out[f"rows/{prefix}/{k.removeprefix('rows/')}"] = [None if x is None else float(x) for x in v]
+                else:
+                    out[f"{prefix}/{k}"] = float(v)
         return out
 
     def score_rows(self, decoded: torch.Tensor, batch, chunk: list[int]) -> list[dict]:

@@ -758,7 +758,8 @@ class MotionDomain:
         min(300, n) pairs; means over motion.eval_repetitions shuffles from eval.seed, the same shuffles, hence the
         same pools, for both networks, so two evaluations of the same weights agree. With fewer than 32 finite
         motions R-precision is measured in one pool of all of them, whose size r_precision_pool reports (a smaller
-        pool is an easier test, not T2M's). Non-finite motions are left out and counted."""
+        pool is an easier test, not T2M's). Non-finite motions are left out and counted. rows/r_precision_top3: each
+        condition's top-3 hit rate over the shuffles, in the items' order."""
         kept = [it for it in items if it["finite"]]
         out = {"nonfinite_motions": float(len(items) - len(kept))}
         if len(kept) < 2:
@@ -776,6 +777,9 @@ class MotionDomain:
                                            diversity_pairs=min(ev.DIVERSITY_PAIRS, len(kept)))
                     for _ in range(self.config.motion.eval_repetitions)]
             out.update({prefix + k: v[0] for k, v in ev.summarize_repetitions(reps).items()})
+            # per condition (None: a non-finite motion, left out), so two evaluations pair condition by condition
+            rate = iter(ev.per_pair_rate(reps))
+            out[f"rows/{prefix}r_precision_top3"] = [float(next(rate)) if it["finite"] else None for it in items]
         out["r_precision_pool"] = float(pool)
         self.metric_evaluator()  # sets whether the grader is the reward's network
         out["grader_is_reward_net"] = float(self._grader_is_reward_net)

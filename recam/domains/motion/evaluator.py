@@ -492,25 +492,30 @@ def euclidean_distances(a, b) -> np.ndarray:
     return np.linalg.norm(a[:, None, :] - b[None, :, :], axis=-1)
 
 
-def r_precision(text_emb, motion_emb, pool_size: int = R_PRECISION_POOL, top_k: int = 3) -> np.ndarray:
-    """Top-1..top_k retrieval rates (top_k,): pairs are taken in order in pools of pool_size (a last incomplete
-    pool is dropped, as T2M's loader drops it); within a pool each text ranks the pool's motions by Euclidean
-    distance and hits at k when its own motion is among the k nearest. A motion at exactly the true distance
-    ranks ahead of the true one: ties count against the evaluator, so identical embeddings score 0, not 1."""
+def r_precision_hits(text_emb, motion_emb, pool_size: int = R_PRECISION_POOL, top_k: int = 3) -> np.ndarray:
+    """Per pair (N, top_k): 1 where text i finds its own motion among the k nearest of its pool, 0 where not, NaN
+    for the pairs of a last incomplete pool (dropped, as T2M's loader drops it). Pairs are taken in order in pools
+    of pool_size and ranked by Euclidean distance; a motion at exactly the true distance ranks ahead of the true
+    one: ties count against the evaluator, so identical embeddings score 0, not 1."""
     text, motion = _as_array(text_emb), _as_array(motion_emb)
     if text.shape != motion.shape:
         raise ValueError(f"text and motion embeddings differ in shape: {text.shape} vs {motion.shape}")
     pools = len(text) // pool_size
     if pools == 0:
         raise ValueError(f"R-precision needs at least {pool_size} pairs, got {len(text)}")
-    hits = np.zeros(top_k)
+    hits = np.full((len(text), top_k), np.nan)
     for p in range(pools):
         sl = slice(p * pool_size, (p + 1) * pool_size)
         dist = euclidean_distances(text[sl], motion[sl])
-        true = np.diag(dist)
-        rank = (dist <= true[:, None]).sum(axis=1) - 1
-        hits += (rank[:, None] < np.arange(1, top_k + 1)[None, :]).sum(axis=0)
-    return hits / (pools * pool_size)
+        rank = (dist <= np.diag(dist)[:, None]).sum(axis=1) - 1
+        hits[sl] = rank[:, None] < np.arange(1, top_k + 1)[None, :]
+    return hits
+
+
+def r_precision(text_emb, motion_emb, pool_size: int = R_PRECISION_POOL, top_k: int = 3) -> np.ndarray:
+    """Top-1..top_k retrieval rates (top_k,) over the complete pools: the mean of r_precision_hits."""
+    hits = r_precision_hits(text_emb, motion_emb, pool_size, top_k)
+    return hits[: len(hits) // pool_size * pool_size].mean(axis=0)
 
 
 def matching_score(text_emb, motion_emb) -> float:
@@ -577,6 +582,10 @@ def diversity(emb, n_pairs: int = DIVERSITY_PAIRS, rng: np.random.Generator | No
     return diversity_of_pairs(x, rng.choice(len(x), n_pairs, replace=False), rng.choice(len(x), n_pairs, replace=False))
 
 
+# protocol_repetition's key for its per-pair top-3 hits (an array, not a metric)
+PER_PAIR_TOP3 = "per_pair_top3"
+
+
 def protocol_repetition(
     text_emb,
     motion_emb,
@@ -584,13 +593,17 @@ def protocol_repetition(
     rng: np.random.Generator,
     pool_size: int = R_PRECISION_POOL,
     diversity_pairs: int = DIVERSITY_PAIRS,
-) -> dict[str, float]:
+) -> dict[str, float | np.ndarray]:
     """One repetition of the T2M protocol: text_emb[i] describes motion_emb[i] (the motions judged, e.g. generated
     from text i); real_motion_emb are ground-truth motions (FID's reference). The pairs are shuffled before pooling,
-    as T2M's shuffled loader does, so each repetition sees different pools."""
+    as T2M's shuffled loader does, so each repetition sees different pools. Under PER_PAIR_TOP3, each pair's top-3
+    hit in its original order (NaN where its pool was incomplete and dropped): what makes R-precision comparable
+    condition by condition between two sets of motions judged with the same shuffles."""
     text, motion = _as_array(text_emb), _as_array(motion_emb)
     order = rng.permutation(len(text))
-    top = r_precision(text[order], motion[order], pool_size, top_k=3)
+    hits = np.empty((len(text), 3))
+    hits[order] = r_precision_hits(text[order], motion[order], pool_size, top_k=3)
+    top = hits[order[: len(text) // pool_size * pool_size]].mean(axis=0)
     return {
         "r_precision_top1": float(top[0]),
         "r_precision_top2": float(top[1]),
@@ -598,6 +611,7 @@ def protocol_repetition(
         "mm_dist": matching_score(text, motion),
         "fid": fid(real_motion_emb, motion),
         "diversity": diversity(motion, diversity_pairs, rng),
+        PER_PAIR_TOP3: hits[:, 2],
     }
 
 
@@ -610,10 +624,22 @@ def mean_and_interval(values: Sequence[float]) -> tuple[float, float]:
 
 
 def summarize_repetitions(repetitions: Sequence[Mapping[str, float]]) -> dict[str, tuple[float, float]]:
-    """{metric: (mean, 95% half-interval)} over repetitions, each a protocol_repetition result."""
+    """{metric: (mean, 95% half-interval)} over repetitions, each a protocol_repetition result (its per-pair
+    entry left out: per_pair_rate averages that)."""
     if not repetitions:
         raise ValueError("no repetitions to summarize")
-    return {name: mean_and_interval([r[name] for r in repetitions]) for name in repetitions[0]}
+    return {name: mean_and_interval([r[name] for r in repetitions]) for name in repetitions[0]
+            if name != PER_PAIR_TOP3}
+
+
+def per_pair_rate(repetitions: Sequence[Mapping[str, np.ndarray]]) -> np.ndarray:
+    """Each pair's top-3 hit rate over the repetitions in which its pool was complete (NaN if in none): a
+    per-condition R-precision whose mean over the pairs is the repetitions' mean R-precision when every pool is
+    complete."""
+    hits = np.stack([r[PER_PAIR_TOP3] for r in repetitions])
+    counted = np.isfinite(hits).sum(axis=0)
+    total = np.where(np.isfinite(hits), hits, 0.0).sum(axis=0)
+    return np.where(counted > 0, total / np.maximum(counted, 1), np.nan)
 
 
 # ================================================================================================================
