@@ -62,6 +62,8 @@ def test_tiny_run_writes_every_key(tiny):
         assert not missing, (name, missing)
         assert learning["exit"] in (0, 3) and learning["epochs"] >= 1 and learning["conditions"] >= 2
         assert math.isfinite(learning["gain"]) and math.isfinite(learning["ci95"])
+        assert math.isfinite(learning["beside"]["gain"]), learning["beside"]  # fidelity / motion_alignment
+    assert r["learning"]["motion"]["score"] == "eval/r_precision_top3"  # its gain paired per caption
     assert set(r["overhead"]) == {"recam_sampling", "recam_training", "motion_sampling", "motion_training"}
     summary = (out / "device_check.md").read_text()
     assert "# Device check: cpu" in summary and "sampling_step_s" in summary and "learning" in summary
