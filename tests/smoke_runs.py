@@ -3,6 +3,7 @@ the two test workers each take one: together they are the suite's longest file).
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +13,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = [sys.executable, str(ROOT / "scripts" / "train_recam.py"), "--config", "config/grpo.py:smoke",
          "--config.logging.wandb_mode=disabled", "--config.num_threads=2"]
-CPU_2PROC = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-             str(ROOT / "config" / "accelerate" / "cpu_2proc.yaml")]
+
+
+def cpu_2proc() -> list[str]:
+    """accelerate's launcher for two CPU processes, on a port free now: the config's fixed port would clash when the
+    two test workers each launch two processes at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+            str(ROOT / "config" / "accelerate" / "cpu_2proc.yaml"), "--main_process_port", str(port)]
+
 
 needs_base = pytest.mark.skipif(not (ROOT / "checkpoints" / "recam_tiny_base" / "config.json").exists(),
                                 reason="base checkpoint checkpoints/recam_tiny_base not present")

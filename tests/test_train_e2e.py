@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.smoke_runs import CPU_2PROC, ROOT, SHORT, needs_base, records, run
+from tests.smoke_runs import ROOT, SHORT, cpu_2proc, needs_base, records, run
 
 pytestmark = needs_base
 
@@ -101,7 +101,7 @@ def test_sigkill_mid_epoch_then_resume_matches_uninterrupted(tmp_path):
 def test_two_processes_gather_the_same_groups_and_advantages_as_one(tmp_path):
     one = ("--config.num_epochs=1", "--config.eval.freq=100", *SHORT)
     run(tmp_path / "one", *one)
-    launcher = CPU_2PROC
+    launcher = cpu_2proc()
     run(tmp_path / "two", *one, "--config.sample.batch_size=4", "--config.train.batch_size=4", launcher=launcher)
     e1, e2 = records(tmp_path / "one", "epoch")[0], records(tmp_path / "two", "epoch")[0]
     assert e2["num_processes"] == 2 and e1["num_processes"] == 1

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.smoke_runs import CPU_2PROC, ROOT, SHORT, SMOKE_SIZE, needs_base, records, run
+from tests.smoke_runs import ROOT, SHORT, SMOKE_SIZE, cpu_2proc, needs_base, records, run
 
 pytestmark = needs_base
 
@@ -99,7 +99,7 @@ def test_reward_failing_on_one_process_is_masked_and_the_update_equals_one_proce
     common = ("--config.num_epochs=1", "--config.eval.freq=100", "--config.debug.fail_reward_slots=5,6",
               "--config.train.batch_size=2", "--config.eval.select_by=", "--config.eval.select_guard=",
               "--config.data.num_heldout_conditions=2", "--config.eval.num_videos=0", *SHORT)
-    launcher = CPU_2PROC
+    launcher = cpu_2proc()
     run(tmp_path / "one", *common, "--config.train.gradient_accumulation_steps=4")
     run(tmp_path / "two", *common, "--config.sample.batch_size=4", "--config.train.gradient_accumulation_steps=2",
         launcher=launcher)
