@@ -122,8 +122,16 @@ def nonfinite_names(named_tensors) -> list[str]:
     named = [(n, t) for n, t in named_tensors if torch.is_tensor(t) and t.is_floating_point() and t.numel()]
     if not named:
         return []
-    finite = torch.stack([torch.isfinite(t).all() for _, t in named]).cpu()  # one device sync for all of them
-    return [n for (n, _), ok in zip(named, finite.tolist(), strict=True) if not ok]
+    # one device sync per device: an accelerator run mixes devices (Adam keeps its step counts on the CPU)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, (_, t) in enumerate(named):
+        by_device.setdefault(t.device, []).append(i)
+    finite = [True] * len(named)
+    for idx in by_device.values():
+        for i, ok in zip(idx, torch.stack([torch.isfinite(named[i][1]).all() for i in idx]).cpu().tolist(),
+                         strict=True):
+            finite[i] = ok
+    return [n for (n, _), ok in zip(named, finite, strict=True) if not ok]
 
 
 def _optimizer_tensors(optimizer_state: dict):

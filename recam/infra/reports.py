@@ -155,7 +155,8 @@ def write_comparison_videos(out_dir: Path, batch: dict, videos: torch.Tensor, n:
     paths = []
     for i in range(min(n, videos.shape[0])):
         panels = [batch["source_video"][i], batch["target_video"][i], videos[i]]
-        strip = torch.cat([p.clamp(-1, 1) for p in panels], dim=-1)  # (3, F, H, 3W)
+        # panels may live on different devices (the samples on the accelerator, the dataset's clips on the CPU)
+        strip = torch.cat([p.detach().float().cpu().clamp(-1, 1) for p in panels], dim=-1)  # (3, F, H, 3W)
         frames = ((strip + 1) * 127.5).round().to(torch.uint8).permute(1, 2, 3, 0).numpy()
         frames = frames.repeat(scale, axis=1).repeat(scale, axis=2)
         path = out_dir / f"{batch['condition_ids'][i].replace('/', '_')}.gif"

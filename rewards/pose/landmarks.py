@@ -108,8 +108,8 @@ class LandmarkEstimator:
     name = "landmarks"
 
     def estimate(self, videos, intrinsics, conditions) -> list[PoseEstimate]:
-        return [estimate_video(v, np.asarray(K, np.float64), c.landmarks.double().numpy(),
-                               c.landmark_colors.double().numpy())
+        return [estimate_video(v, np.asarray(K, np.float64), c.landmarks.double().cpu().numpy(),
+                               c.landmark_colors.double().cpu().numpy())
                 for v, K, c in zip(videos, intrinsics, conditions, strict=True)]
 
     def describe(self) -> str:

@@ -340,8 +340,8 @@ def render(scene: Scene, cams: torch.Tensor, K: torch.Tensor, height: int, width
         raise ValueError(f"K must be (3, 3), got {tuple(K64.shape)}")
     if height < 1 or width < 1:
         raise ValueError(f"height and width must be positive, got {height}x{width}")
-    cams_np = cams.numpy()
-    K_np = K64.numpy()
+    cams_np = cams.cpu().numpy()
+    K_np = K64.cpu().numpy()
     F = cams_np.shape[0]
     R = cams_np[..., :3]
     t = cams_np[..., 3]

@@ -803,7 +803,7 @@ class MotionDomain:
 def _project(joints: torch.Tensor, azimuth_deg: float = 35.0) -> tuple[np.ndarray, np.ndarray]:
     """Oblique orthographic view: horizontal = x and z mixed (the body's side and forward motion both show), y up."""
     a = math.radians(azimuth_deg)
-    j = joints.double().numpy()
+    j = joints.detach().double().cpu().numpy()
     return -j[..., 0] * math.cos(a) + j[..., 2] * math.sin(a), j[..., 1]
 
 
