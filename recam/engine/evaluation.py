@@ -50,8 +50,10 @@ class Evaluator:
     select_max_drop); splits: the domain's (recam.engine.domain.Splits)."""
 
     def __init__(self, eval_config, domain, model, ema, scheduler, reward_fn, reward_names: tuple[str, ...],
-                 splits, accelerator, log, run_dir: Path, autocast, sample_shape: tuple[int, ...]):
+                 splits, accelerator, log, run_dir: Path, autocast, sample_shape: tuple[int, ...],
+                 net=None):
         self.e, self.domain, self.model, self.ema, self.scheduler = eval_config, domain, model, ema, scheduler
+        self.net = model if net is None else net  # what forward passes go through (recam.infra.distributed)
         self.reward_fn, self.reward_names = reward_fn, reward_names
         self.heldout, self.val_set = splits.heldout, splits.val
         self.accelerator, self.log, self.run_dir, self.autocast = accelerator, log, run_dir, autocast
@@ -90,7 +92,7 @@ class Evaluator:
             chunk = idx[start:start + e.batch_size]
             batch = self.domain.collate(dataset, chunk)
             noise = per_sample_noise([(e.seed, i) for i in chunk], 1, self.sample_shape)[:, 0]
-            final = deterministic_sample(self.domain.denoiser(self.model, batch, self.autocast), noise.to(acc.device),
+            final = deterministic_sample(self.domain.denoiser(self.net, batch, self.autocast), noise.to(acc.device),
                                          self.scheduler)
             decoded = decode(self.domain, final, batch)
             rows += self.score_rows(decoded, batch, chunk)

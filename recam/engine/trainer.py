@@ -42,6 +42,7 @@ from recam.engine.run_checkpoints import RunCheckpoints
 from recam.engine.sampler import KRepeatBatchSampler
 from recam.infra import runlog
 from recam.infra.checkpoint import latest_checkpoint, nonfinite_tensors
+from recam.infra.distributed import forward_module
 
 INITIAL_NOISE_STREAM = 0x494E4954  # keeps sample.same_initial_noise's draws apart from the per-sample streams
 
@@ -68,7 +69,8 @@ class GRPOTrainer:
         self.hooks = run_hooks(domain.hooks(), weights, r, config.debug)
 
         self.policy, self.optimizer = accelerator.prepare(policy, optimizer)
-        self.model = accelerator.unwrap_model(self.policy)
+        self.model = accelerator.unwrap_model(self.policy)  # for its parameters, state and adapter switches
+        self.net = forward_module(self.policy, self.model)  # for its no-gradient forward passes
         self.optimizer.zero_grad(set_to_none=True)  # whatever built the policy leaves no gradient in step 1
         self.autocast = accelerator.autocast if config.mixed_precision != "no" else contextlib.nullcontext
         scheduler = exploration_scheduler(domain, config.domain, s.noise_frequencies, s.noise_channels,
@@ -82,7 +84,7 @@ class GRPOTrainer:
         self.budget = RunBudget(config.max_train_seconds, config.eval.every_seconds, accelerator)
         self.evaluator = Evaluator(config.eval, domain, self.model, self.ema, self.scheduler.with_steps(
             s.eval_num_steps), eval_reward_fn, eval_reward_names, splits,
-            accelerator, log, self.run_dir, self.autocast, self.sample_shape)
+            accelerator, log, self.run_dir, self.autocast, self.sample_shape, net=self.net)
         self.checkpoints = RunCheckpoints(self.run_dir / "checkpoints", accelerator, log, self.model, self.optimizer,
                                           self.ema, self.hooks, self.objective, config.keep_checkpoints,
                                           s.num_batches_per_epoch, self.evaluator, self.budget)
@@ -172,6 +174,7 @@ class GRPOTrainer:
         """k copies of each condition of this process's batches; rewards are submitted as each batch finishes."""
         s, model = self.config.sample, self.objective.sampling_model(self.model)
         model.eval()
+        model = self.net if model is self.model else model
         self.epoch_cache = {}  # this epoch's shared work (e.g. encoded source videos), for sampling and training
         index, states, log_probs, decoded, finals, means = [], [], [], [], [], []
         keep_decoded = any(getattr(h, "needs_samples", False) for h in self.hooks)
@@ -291,7 +294,7 @@ class GRPOTrainer:
         batch = dom.collate(self.train_set, indices, self.epoch_cache)
         reference = None
         if self.use_lora and t.beta > 0:
-            reference = dom.denoiser(self.model, batch, self.autocast, adapter_off=True)
+            reference = dom.denoiser(self.net, batch, self.autocast, adapter_off=True)
         elif self.reference is not None:
             reference = dom.denoiser(self.reference, batch, self.autocast)
         closures: dict[int, object] = {}  # one closure per frozen module (NFT's old policy is also its sampler)
@@ -301,7 +304,7 @@ class GRPOTrainer:
 
         def policy_rows(rows: slice):
             rows_batch = dom.collate(self.train_set, indices[rows], self.epoch_cache)
-            return counted(dom.denoiser(self.model, rows_batch, self.autocast), "training")
+            return counted(dom.denoiser(self.net, rows_batch, self.autocast), "training")
         return MicroBatch(rollouts.states[sel].to(dev), rollouts.log_probs[sel], adv[sel], weight[sel], traj[sel],
                           counted(dom.denoiser(self.policy, batch, self.autocast), "training"),
                           None if reference is None else counted(reference, "training"), inner, self.model,

@@ -34,6 +34,19 @@ def select_device(prefer: str = "auto") -> torch.device:
     return torch.device(prefer)
 
 
+def forward_module(prepared: torch.nn.Module, unwrapped: torch.nn.Module) -> torch.nn.Module:
+    """The module the policy's forward passes go through: the FSDP (v1) root when accelerate wrapped the policy in
+    one, else the unwrapped module (sampling without DDP's hooks). Under FSDP every forward must enter at the root:
+    called through the unwrapped module, each wrapped block would initialise as a root of its own on the first
+    (sampling) pass and refuse the first training pass, and the root's own parameters would stay sharded."""
+    if torch.distributed.is_available():
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        if isinstance(prepared, FullyShardedDataParallel):
+            return prepared
+    return unwrapped
+
+
 def gather_in_rank_order(tensor: torch.Tensor, accelerator) -> torch.Tensor:
     """(n, ...) per process -> (world * n, ...) concatenated in rank order (rank 0 first)."""
     return accelerator.gather(tensor.contiguous())
