@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 
 import pytest
 import torch
 from diffusers import WanTransformer3DModel
+from diffusers.models.transformers.transformer_wan import WanTransformerBlock
 
 from recam.domains.camera.model import (
     ReCamTransformer3DModel,
@@ -69,6 +71,16 @@ def test_camera_modules_initialised_as_recammaster():
         assert torch.count_nonzero(block.projector.bias) == 0
 
 
+def _plain_wan(model):
+    """diffusers' own Wan transformer from the same config, holding the model's weights less the camera modules."""
+    names = inspect.signature(WanTransformer3DModel.__init__).parameters
+    plain = WanTransformer3DModel(**{k: v for k, v in model.config.items() if k in names})
+    missing, unexpected = plain.load_state_dict(model.state_dict(), strict=False)
+    assert not missing and all(k == "null_text" or k.split(".")[-2] in ("cam_encoder", "projector")
+                               for k in unexpected)
+    return plain.eval()
+
+
 def test_at_init_model_equals_plain_wan_on_concatenated_video():
     """Independent path: the parent's own forward on [target | source] with timestep 1000*sigma."""
     model = _tiny_model()
@@ -78,7 +90,7 @@ def test_at_init_model_equals_plain_wan_on_concatenated_video():
         ours = model(**inp)
         hidden = torch.cat([inp["noisy_target"], inp["source_video"]], dim=2)
         context = model.null_text.expand(hidden.shape[0], -1, -1)
-        wan = WanTransformer3DModel.forward(model, hidden, inp["sigma"] * 1000.0, context).sample
+        wan = _plain_wan(model)(hidden, inp["sigma"] * 1000.0, context).sample
     assert torch.allclose(ours, wan[:, :, :f], atol=1e-5, rtol=1e-5)
 
 
@@ -127,7 +139,7 @@ def test_camera_block_forward_matches_wan_block_when_camera_is_neutral():
     cams = torch.randn(b, frames, 12, generator=g)
     with torch.no_grad():
         ours = camera_block_forward(block, hidden, context, tproj, rope, cams, tpf)
-        theirs = block(hidden, context, tproj, rope)
+        theirs = WanTransformerBlock.forward(block, hidden, context, tproj, rope)  # Wan's own block forward
     assert torch.allclose(ours, theirs, atol=1e-6)
 
 

@@ -23,7 +23,7 @@ Shapes: B batch, F frames per video, C channels, H x W pixels (or latents), D = 
 
 from __future__ import annotations
 
-import functools
+import types
 
 import torch
 import torch.nn as nn
@@ -243,6 +243,9 @@ class ReCamTransformer3DModel(WanTransformer3DModel):
         for block in self.blocks:
             block.cam_encoder = nn.Linear(CAMERA_DIM, inner_dim)
             block.projector = nn.Linear(inner_dim, inner_dim)
+            # The block's forward becomes the camera one, and the model calls the block as a module: a wrapper's
+            # hooks on the block then see every pass (FSDP, one unit per block, gathers its parameters there).
+            block.forward = types.MethodType(camera_block_forward, block)
         # Small std so the null context starts near the text embedder's bias, like an empty prompt.
         self.null_text = nn.Parameter(torch.randn(1, null_text_len, text_dim) * 0.02)
         # The last block skips the source tokens' queries and FFN, whose outputs nobody reads (about a quarter of
@@ -351,12 +354,11 @@ class ReCamTransformer3DModel(WanTransformer3DModel):
         block_args = (context, timestep_proj, rotary_emb, frame_cams, tokens_per_frame)
         for i, block in enumerate(self.blocks):
             last = i == len(self.blocks) - 1
-            step = functools.partial(camera_block_forward, block,
-                                     num_out_tokens=num_target if last and self.trim_last_block else None)
+            n_out = num_target if last and self.trim_last_block else None  # camera_block_forward's num_out_tokens
             if torch.is_grad_enabled() and self.gradient_checkpointing:
-                hidden_states = self._gradient_checkpointing_func(step, hidden_states, *block_args)
+                hidden_states = self._gradient_checkpointing_func(block, hidden_states, *block_args, n_out)
             else:
-                hidden_states = step(hidden_states, *block_args)
+                hidden_states = block(hidden_states, *block_args, n_out)
         hidden_states = hidden_states[:, :num_target]
         shift, scale = (self.scale_shift_table + temb.unsqueeze(1)).chunk(2, dim=1)
         hidden_states = (self.norm_out(hidden_states.float()) * (1 + scale) + shift).type_as(hidden_states)
