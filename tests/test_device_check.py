@@ -3,6 +3,7 @@ runs out of time is recorded without losing the others, and the learning stage's
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import math
@@ -84,3 +85,15 @@ def test_paired_gain_is_the_t_interval_of_the_differences():
     mean, half, n = device_check.paired_change(before, after)
     assert n == 3 and mean == pytest.approx(statistics.fmean(diffs))
     assert half == pytest.approx(4.303 * statistics.stdev(diffs) / math.sqrt(3), rel=2e-4)  # t_{0.975, 2}
+
+
+def test_a_longer_learning_run_gets_a_cap_that_holds_it_and_unknown_presets_are_named(monkeypatch):
+    monkeypatch.setitem(device_check.SIZES, "full", copy.deepcopy(device_check.SIZES["full"]))
+    device_check.set_learning("full", 240.0, "motion_tiny_gpu")
+    size = device_check.SIZES["full"]
+    assert size["learning"]["presets"] == ("motion_tiny_gpu",) and size["learning"]["seconds"] == 240.0
+    assert size["caps"]["learning"] == 240 + device_check.LEARNING_MARGIN_S + 10  # one run, its margin
+    device_check.set_learning("full", 100.0, "tiny_gpu,motion_tiny_gpu")  # two runs, one after the other
+    assert size["caps"]["learning"] == 2 * (100 + device_check.LEARNING_MARGIN_S) + 10
+    with pytest.raises(SystemExit, match="unknown \\['camera'\\]"):
+        device_check.set_learning("full", None, "camera")

@@ -9,9 +9,9 @@ import subprocess
 import sys
 
 import torch
-from smoke_runs import ROOT, SMOKE_SIZE, records
 
 from recam.infra.distributed import forward_module
+from tests.smoke_runs import ROOT, SMOKE_SIZE, records
 
 
 def free_port() -> int:
