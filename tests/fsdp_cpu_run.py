@@ -1,17 +1,18 @@
-"""Run scripts/train_recam.py with the policy wrapped in PyTorch FSDP (v1), one process on the CPU over gloo.
+"""Run scripts/train_recam.py with the policy wrapped in PyTorch FSDP (v1) on CPU processes over gloo; launch it
+with torchrun (`python -m torch.distributed.run --nproc_per_node N tests/fsdp_cpu_run.py <train_recam.py args>`).
 
-accelerate refuses its FSDP plugin without an accelerator, but torch's FSDP itself runs on the CPU, and the
-wrapping is what the trainer must get right: every forward through the root instance, never the unwrapped module
-(each wrapped block would initialise as a root of its own on the first sampling pass and refuse the training one).
-The wrapping is the one config/accelerate/fsdp.yaml asks for: one unit per WanTransformerBlock, original
-parameters kept. Usage: python tests/fsdp_cpu_run.py PORT [train_recam.py arguments ...]
+accelerate refuses its FSDP plugin without an accelerator, but torch's FSDP itself runs on the CPU, and what the
+trainer must get right is the same: every forward through the root, parameters gathered for checkpoints and
+resume. The wrapping is the one config/accelerate/fsdp.yaml asks for: one unit per WanTransformerBlock, original
+parameters kept, full sharding (FSDP falls back to no sharding on one process). accelerate, which would wrap the
+policy in DDP for CPU processes, is told to leave an FSDP root as it is.
 """
 
-import os
 import runpy
 import sys
 from pathlib import Path
 
+import accelerate
 import torch
 import torch.distributed as dist
 from diffusers.models.transformers.transformer_wan import WanTransformerBlock
@@ -24,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 import recam.engine.trainer as trainer  # noqa: E402
 
 built = trainer.build_policy
+prepare_model = accelerate.Accelerator.prepare_model
 
 
 def build_fsdp_policy(*args, **kwargs):
@@ -37,11 +39,15 @@ def build_fsdp_policy(*args, **kwargs):
     return wrapped, reference, optimizer, ema
 
 
+def keep_fsdp(self, model, *args, **kwargs):
+    return model if isinstance(model, FullyShardedDataParallel) else prepare_model(self, model, *args, **kwargs)
+
+
 if __name__ == "__main__":
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    dist.init_process_group("gloo")  # torchrun's environment
     trainer.build_policy = build_fsdp_policy
-    sys.argv = [str(ROOT / "scripts" / "train_recam.py"), *sys.argv[2:]]
+    accelerate.Accelerator.prepare_model = keep_fsdp
+    sys.argv = [str(ROOT / "scripts" / "train_recam.py"), *sys.argv[1:]]
     try:
         runpy.run_path(sys.argv[0], run_name="__main__")
     finally:

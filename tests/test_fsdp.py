@@ -1,7 +1,10 @@
-"""The trainer under PyTorch FSDP (v1), as config/accelerate/fsdp.yaml wraps it, on the CPU (tests/fsdp_cpu_run.py).
+"""The trainer under PyTorch FSDP (v1), wrapped as config/accelerate/fsdp.yaml wraps it, on two CPU processes
+with full sharding (tests/fsdp_cpu_run.py).
 
-On the H100 the FSDP launch failed at its first training pass: sampling had gone through the unwrapped module,
-so each wrapped block had initialised as a root of its own. This reproduced that failure on the CPU before the fix.
+On one H100 the FSDP launch failed at its first training pass: sampling had gone through the unwrapped module,
+so each wrapped block had initialised as a root of its own. On two processes three more faults showed, which one
+GPU cannot show: the camera blocks read their weights as shards, the checkpoint hung (only the main process
+gathered), and a resume changed the optimizer's moments. These tests failed on each of them.
 """
 
 import socket
@@ -9,15 +12,33 @@ import subprocess
 import sys
 
 import torch
+from safetensors.torch import load_file
 
-from recam.infra.distributed import forward_module
-from tests.smoke_runs import ROOT, SMOKE_SIZE, records
+from recam.domains.camera.model import ReCamTransformer3DModel
+from recam.infra.distributed import FSDP_OPTIMIZER_LAYOUT, forward_module
+from tests.smoke_runs import ROOT, SHORT, records
+
+SIZE = ("--config.data.num_train_conditions=16", "--config.data.num_heldout_conditions=4",
+        "--config.data.num_val_conditions=4", "--config.sample.num_batches_per_epoch=1", *SHORT,
+        "--config.eval.freq=100", "--config.eval.num_videos=0", "--config.expected_num_processes=2")
 
 
-def free_port() -> int:
+def fsdp_run(run_dir, *overrides, check=True):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+           str(ROOT / "tests" / "fsdp_cpu_run.py"), "--config", "config/grpo.py:smoke",
+           "--config.logging.wandb_mode=disabled", "--config.num_threads=1", f"--config.run_dir={run_dir}", *SIZE,
+           *overrides]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    if check:
+        assert p.returncode == 0, p.stderr[-3000:]
+    return p
+
+
+def weights(run_dir, epoch: int) -> dict[str, torch.Tensor]:
+    return load_file(run_dir / "checkpoints" / f"epoch_{epoch:04d}" / "model" / "diffusion_pytorch_model.safetensors")
 
 
 def test_forward_module_is_the_unwrapped_one_without_fsdp():
@@ -27,17 +48,33 @@ def test_forward_module_is_the_unwrapped_one_without_fsdp():
     assert forward_module(wrapper, net) is net
 
 
-def test_fsdp_wrapped_policy_samples_trains_evaluates_and_checkpoints(tmp_path):
-    from safetensors.torch import load_file
+def test_full_shard_on_two_processes_trains_checkpoints_whole_weights_and_resumes_exactly(tmp_path):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    fsdp_run(straight, "--config.num_epochs=2")
+    fsdp_run(resumed, "--config.num_epochs=1")
+    fsdp_run(resumed, "--config.num_epochs=2")  # resumes from epoch_0001
 
-    run_dir = tmp_path / "fsdp"
-    cmd = [sys.executable, str(ROOT / "tests" / "fsdp_cpu_run.py"), str(free_port()), "--config",
-           "config/grpo.py:smoke", "--config.logging.wandb_mode=disabled", "--config.num_threads=2",
-           f"--config.run_dir={run_dir}", *SMOKE_SIZE]
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
-    steps = records(run_dir, "step")
-    assert len(steps) == 2 and all(s["grad_norm"] > 0 for s in steps)  # 8 samples in micro-batches of 4
-    assert [r["tag"] for r in records(run_dir, "eval")][-1] == "final"
-    weights = load_file(run_dir / "checkpoints" / "epoch_0001" / "model" / "diffusion_pytorch_model.safetensors")
-    assert weights and not any("_fsdp" in k or k.startswith("module.") for k in weights)  # the model's own names
+    steps = records(straight, "step")
+    assert [s["epoch"] for s in steps] == [0, 1] and all(s["grad_norm"] > 0 for s in steps)
+    assert "resumed from" in (resumed / "run.log").read_text()
+    # whole weights, under the model's own names: the checkpoint loads as a model of the run's config
+    folder = straight / "checkpoints" / "epoch_0001" / "model"
+    model = ReCamTransformer3DModel.from_pretrained(folder)
+    saved = weights(straight, 1)
+    assert all(torch.equal(saved[n], p) for n, p in model.state_dict().items())
+    # the optimizer's state gathered whole: one flattened tensor per parameter and moment
+    optimizer = torch.load(folder.parent / "trainer.pt", weights_only=False)["optimizer"]
+    assert optimizer["layout"] == FSDP_OPTIMIZER_LAYOUT
+    for name, state in optimizer["state"].items():
+        assert state["exp_avg"].numel() == state["exp_avg_sq"].numel() == saved[name].numel()
+        assert not torch.equal(state["exp_avg"], state["exp_avg_sq"])
+    # a run resumed from epoch 1 ends bit for bit where the straight run ends
+    a, b = weights(straight, 2), weights(resumed, 2)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], saved[k]) for k in a)  # and the second epoch moved the weights
+
+
+def test_a_policy_copy_under_full_shard_is_refused_with_the_field_named(tmp_path):
+    p = fsdp_run(tmp_path / "ema", "--config.num_epochs=1", "--config.train.ema=True", check=False)
+    assert p.returncode != 0
+    assert "FSDP shards the policy, and train.ema=True would copy shards" in p.stderr

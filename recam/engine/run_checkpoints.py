@@ -29,6 +29,7 @@ from recam.infra.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from recam.infra.distributed import load_optimizer_state, whole_optimizer_state, whole_weights
 
 
 class Loop(Protocol):
@@ -52,9 +53,10 @@ class RunCheckpoints:
     run: config's resume, num_epochs, save_freq and eval.freq; evaluator: recam.engine.evaluation.Evaluator."""
 
     def __init__(self, root: Path, accelerator, log, model, optimizer, ema, hooks: list, objective, keep: int,
-                 batches_per_epoch: int, evaluator, budget):
+                 batches_per_epoch: int, evaluator, budget, net=None):
         self.root, self.accelerator, self.log = root, accelerator, log
         self.model, self.optimizer, self.ema, self.hooks, self.objective = model, optimizer, ema, hooks, objective
+        self.net = model if net is None else net  # the FSDP root, when sharded (recam.infra.distributed)
         self.keep, self.batches_per_epoch, self.evaluator, self.budget = keep, batches_per_epoch, evaluator, budget
         self.base_record: dict | None = None  # the base's "start" evaluation record, sealed in every checkpoint
         self.resumed_from: Path | None = None
@@ -69,8 +71,7 @@ class RunCheckpoints:
         if newest is None:
             self.evaluator.evaluate_references(loop.global_step)
             summary, self.base_record = self.base_eval_record(loop, "epoch_0000")
-            if self.accelerator.is_main_process:
-                self.save(loop.state(0), self.base_record)
+            self.save(loop.state(0), self.base_record)
             self.accelerator.wait_for_everyone()
             return summary
         ckpt = loop.load(newest)
@@ -104,7 +105,7 @@ class RunCheckpoints:
         final ones): only healthy states get here."""
         acc = self.accelerator
         acc.wait_for_everyone()
-        if acc.is_main_process and (loop.epoch % save_freq == 0 or last):
+        if loop.epoch % save_freq == 0 or last:
             self.save(loop.state(loop.epoch), self.base_record,
                       protect=(loop.selected["checkpoint"],) if loop.selected else ())
         acc.wait_for_everyone()
@@ -126,15 +127,20 @@ class RunCheckpoints:
     # ---- checkpoints
 
     def save(self, state: dict, base_record: dict, protect: tuple[str, ...] = ()) -> None:
-        """Checkpoint epoch_<state["epoch"]>; `protect`: never pruned. Every checkpoint carries the base's
-        evaluation, so that pruning epoch_0000 does not lose it."""
-        state = dict(state)
-        for h in self.hooks:
-            if h.state_key:
-                state[h.state_key] = h.state_dict()
-        side_files = {BASE_EVAL: base_record, **self.objective.side_files()}
-        save_checkpoint(self.root, f"epoch_{state['epoch']:04d}", self.model, self.optimizer, self.ema, state,
-                        keep=self.keep, protect=protect, side_files=side_files)
+        """Checkpoint epoch_<state["epoch"]>, called by every process (under FSDP they gather the weights and the
+        optimizer state together), written by the main one; `protect`: never pruned. Every checkpoint carries the
+        base's evaluation, so that pruning epoch_0000 does not lose it."""
+        optimizer_state = whole_optimizer_state(self.net, self.optimizer)  # None: not sharded
+        with whole_weights(self.net):
+            if not self.accelerator.is_main_process:
+                return
+            state = dict(state)
+            for h in self.hooks:
+                if h.state_key:
+                    state[h.state_key] = h.state_dict()
+            side_files = {BASE_EVAL: base_record, **self.objective.side_files()}
+            save_checkpoint(self.root, f"epoch_{state['epoch']:04d}", self.model, self.optimizer, self.ema, state,
+                            keep=self.keep, protect=protect, side_files=side_files, optimizer_state=optimizer_state)
 
     def load(self, newest: Path, lr_factor: float = 1.0) -> Checkpoint:
         """Restore weights, optimizer, EMA, RNG, hook and objective state from checkpoint `newest`, or, when it fails
@@ -146,8 +152,9 @@ class RunCheckpoints:
         for h in self.hooks:
             if h.state_key and h.state_key in state:
                 h.load_state_dict(state[h.state_key])
-        apply_model_weights(self.model, ckpt.weights, ckpt.weights_path)
-        self.optimizer.load_state_dict(trainer["optimizer"])
+        with whole_weights(self.net, write=True):
+            apply_model_weights(self.model, ckpt.weights, ckpt.weights_path)
+        load_optimizer_state(self.net, self.optimizer, trainer["optimizer"])
         for group in self.optimizer.param_groups:
             group["lr"] = state["learning_rate"] * lr_factor
         if self.ema is not None and trainer["ema"] is not None:

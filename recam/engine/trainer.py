@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import torch
+from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 
 from recam.engine.advantages import (
@@ -42,7 +43,7 @@ from recam.engine.run_checkpoints import RunCheckpoints
 from recam.engine.sampler import KRepeatBatchSampler
 from recam.infra import runlog
 from recam.infra.checkpoint import latest_checkpoint, nonfinite_tensors
-from recam.infra.distributed import forward_module
+from recam.infra.distributed import forward_module, fsdp_root
 
 INITIAL_NOISE_STREAM = 0x494E4954  # keeps sample.same_initial_noise's draws apart from the per-sample streams
 
@@ -78,6 +79,13 @@ class GRPOTrainer:
         T = numbers.plan.trained_steps  # the window's size, the timestep_fraction rule, or 0 without log-probs
         self.scheduler = scheduler if scheduler.num_train_steps == T else scheduler.with_train_steps(T)
         self.objective = build_objective(t, self.scheduler, self.model)
+        if fsdp_root(self.policy) is not None and self.world_size > 1:
+            copies = [f"train.ema={t.ema}"] if self.ema is not None else []
+            copies += [f"its {name} (train.objective={t.objective!r})" for name in self.objective.frozen_models()]
+            if copies:
+                raise ValueError(f"FSDP shards the policy, and {', '.join(copies)} would copy shards: run it with "
+                                 "DDP (config/accelerate/gpu_8.yaml, npu_8.yaml or deepspeed_zero2.yaml) or turn "
+                                 "it off")
 
         # ---- components ----
         self.sample_shape = domain.sample_shape()
@@ -87,7 +95,7 @@ class GRPOTrainer:
             accelerator, log, self.run_dir, self.autocast, self.sample_shape, net=self.net)
         self.checkpoints = RunCheckpoints(self.run_dir / "checkpoints", accelerator, log, self.model, self.optimizer,
                                           self.ema, self.hooks, self.objective, config.keep_checkpoints,
-                                          s.num_batches_per_epoch, self.evaluator, self.budget)
+                                          s.num_batches_per_epoch, self.evaluator, self.budget, net=self.net)
         self.gradient_cosine = GradientCosine() if t.log_gradient_cosine else None
         self.sampler = KRepeatBatchSampler(len(self.train_set), s.batch_size, s.k, self.world_size, self.rank,
                                            config.seed, s.num_batches_per_epoch)
@@ -364,7 +372,10 @@ class GRPOTrainer:
     def nonfinite_state(self) -> list:
         """A critical finding when the applied updates left NaN or inf in the weights, optimizer state or EMA. Every
         process checks its own copy, so that all of them take the guard's path together."""
-        findings = nonfinite_findings(nonfinite_tensors(self.model, self.optimizer, self.ema))
+        bad = nonfinite_tensors(self.model, self.optimizer, self.ema)
+        if self.world_size > 1:  # under FSDP each process holds other shards: one NaN anywhere sends all back
+            bad = sorted({name for names in gather_object([bad]) for name in names})
+        findings = nonfinite_findings(bad)
         if findings:
             self.log.health_record(self.global_step, self.epoch, findings)
         return findings

@@ -140,11 +140,14 @@ def _optimizer_tensors(optimizer_state: dict):
             yield f"optimizer.state.{pid}.{key}", value
 
 
-def nonfinite_tensors(model, optimizer=None, ema=None) -> list[str]:
-    """Names of the model parameters/buffers, optimizer state and EMA tensors holding NaN or inf."""
+def nonfinite_tensors(model, optimizer=None, ema=None, optimizer_state: dict | None = None) -> list[str]:
+    """Names of the model parameters/buffers, optimizer state and EMA tensors holding NaN or inf. optimizer_state:
+    the optimizer's state dict when given (a gathered one, under FSDP), else optimizer.state_dict()."""
     named = [(f"model.{n}", t.detach()) for n, t in model.state_dict().items()]
-    if optimizer is not None:
-        named += list(_optimizer_tensors(optimizer.state_dict()))
+    if optimizer_state is None and optimizer is not None:
+        optimizer_state = optimizer.state_dict()
+    if optimizer_state is not None:
+        named += list(_optimizer_tensors(optimizer_state))
     if ema is not None:
         named += [(f"ema.shadow_params.{i}", t) for i, t in enumerate(ema.shadow_params)]
     return nonfinite_names(named)
@@ -234,12 +237,16 @@ def verify_checkpoint(ckpt: Path) -> bool:
 
 
 def save_checkpoint(ckpt_root: Path, name: str, model, optimizer, ema, state: dict, keep: int = 2,
-                    protect: tuple[str, ...] = (), side_files: dict[str, dict] | None = None) -> Path:
+                    protect: tuple[str, ...] = (), side_files: dict[str, dict] | None = None,
+                    optimizer_state: dict | None = None) -> Path:
     """Write checkpoint `name` under ckpt_root atomically and point `latest` at it; prune old ones.
 
-    side_files: extra JSON files (e.g. BASE_EVAL) sealed with the rest. Raises NonFiniteState, writing nothing,
-    when the model, optimizer or EMA holds NaN or inf."""
-    bad = nonfinite_tensors(model, optimizer, ema)
+    side_files: extra JSON files (e.g. BASE_EVAL) sealed with the rest. optimizer_state: what to save of the
+    optimizer, when not optimizer.state_dict() (under FSDP, the gathered state). Raises NonFiniteState, writing
+    nothing, when the model, optimizer or EMA holds NaN or inf."""
+    if optimizer_state is None:
+        optimizer_state = optimizer.state_dict()
+    bad = nonfinite_tensors(model, None, ema, optimizer_state)
     if bad:
         raise NonFiniteState(f"not saving checkpoint {ckpt_root / name}: non-finite values in {_few(bad)}")
     ckpt_root.mkdir(parents=True, exist_ok=True)
@@ -247,7 +254,7 @@ def save_checkpoint(ckpt_root: Path, name: str, model, optimizer, ema, state: di
     tmp = ckpt_root / f".tmp-{name}"
     shutil.rmtree(tmp, ignore_errors=True)
     write_model(model, tmp / "model")
-    torch.save({"optimizer": optimizer.state_dict(), "ema": ema.state_dict() if ema is not None else None,
+    torch.save({"optimizer": optimizer_state, "ema": ema.state_dict() if ema is not None else None,
                 "rng": rng_state()}, tmp / "trainer.pt")
     # the marker tells a reader that a missing manifest was lost, not never written
     (tmp / "state.json").write_text(json.dumps({**state, "checkpoint_format": MANIFEST_FORMAT}, indent=1))
