@@ -7,6 +7,7 @@ import copy
 
 import torch
 
+from recam.infra.distributed import fsdp_root
 from recam.infra.lora import add_lora
 
 
@@ -29,3 +30,15 @@ def build_policy(domain, model_config, train_config, device):
         from diffusers.training_utils import EMAModel
         ema = EMAModel(policy.parameters(), decay=t.ema_decay)
     return policy, reference, optimizer, ema
+
+
+def refuse_sharded_copies(policy, world_size: int, train_config, ema, frozen_models: dict) -> None:
+    """Under FSDP with more than one process the policy exists only as shards: a copy of it (EMA's shadow weights,
+    an objective's old policy) would be a copy of shards. Refused, naming the field."""
+    if fsdp_root(policy) is None or world_size == 1:
+        return
+    copies = [f"train.ema={train_config.ema}"] if ema is not None else []
+    copies += [f"its {name} (train.objective={train_config.objective!r})" for name in frozen_models]
+    if copies:
+        raise ValueError(f"FSDP shards the policy, and {', '.join(copies)} would copy shards: run it with DDP "
+                         "(config/accelerate/gpu_8.yaml, npu_8.yaml or deepspeed_zero2.yaml) or turn it off")

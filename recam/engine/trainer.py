@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import torch
-from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 
 from recam.engine.advantages import (
@@ -30,7 +29,7 @@ from recam.engine.evaluation import Evaluator
 from recam.engine.health import GradientCosine, diagnose_step, nonfinite_findings, reward_signal
 from recam.engine.hooks import run_hooks
 from recam.engine.objective import MicroBatch, accumulating_backward, build_objective
-from recam.engine.policy import build_policy
+from recam.engine.policy import build_policy, refuse_sharded_copies
 from recam.engine.reward_runner import (
     AsyncRewardRunner,
     RewardServerDown,
@@ -43,7 +42,7 @@ from recam.engine.run_checkpoints import RunCheckpoints
 from recam.engine.sampler import KRepeatBatchSampler
 from recam.infra import runlog
 from recam.infra.checkpoint import latest_checkpoint, nonfinite_tensors
-from recam.infra.distributed import forward_module, fsdp_root
+from recam.infra.distributed import forward_module, union_over_processes
 
 INITIAL_NOISE_STREAM = 0x494E4954  # keeps sample.same_initial_noise's draws apart from the per-sample streams
 
@@ -71,7 +70,7 @@ class GRPOTrainer:
 
         self.policy, self.optimizer = accelerator.prepare(policy, optimizer)
         self.model = accelerator.unwrap_model(self.policy)  # for its parameters, state and adapter switches
-        self.net = forward_module(self.policy, self.model)  # for its no-gradient forward passes
+        self.net = forward_module(self.policy, self.model)  # for forward passes besides the trained one
         self.optimizer.zero_grad(set_to_none=True)  # whatever built the policy leaves no gradient in step 1
         self.autocast = accelerator.autocast if config.mixed_precision != "no" else contextlib.nullcontext
         scheduler = exploration_scheduler(domain, config.domain, s.noise_frequencies, s.noise_channels,
@@ -79,20 +78,14 @@ class GRPOTrainer:
         T = numbers.plan.trained_steps  # the window's size, the timestep_fraction rule, or 0 without log-probs
         self.scheduler = scheduler if scheduler.num_train_steps == T else scheduler.with_train_steps(T)
         self.objective = build_objective(t, self.scheduler, self.model)
-        if fsdp_root(self.policy) is not None and self.world_size > 1:
-            copies = [f"train.ema={t.ema}"] if self.ema is not None else []
-            copies += [f"its {name} (train.objective={t.objective!r})" for name in self.objective.frozen_models()]
-            if copies:
-                raise ValueError(f"FSDP shards the policy, and {', '.join(copies)} would copy shards: run it with "
-                                 "DDP (config/accelerate/gpu_8.yaml, npu_8.yaml or deepspeed_zero2.yaml) or turn "
-                                 "it off")
+        refuse_sharded_copies(self.policy, self.world_size, t, self.ema, self.objective.frozen_models())
 
         # ---- components ----
         self.sample_shape = domain.sample_shape()
         self.budget = RunBudget(config.max_train_seconds, config.eval.every_seconds, accelerator)
         self.evaluator = Evaluator(config.eval, domain, self.model, self.ema, self.scheduler.with_steps(
-            s.eval_num_steps), eval_reward_fn, eval_reward_names, splits,
-            accelerator, log, self.run_dir, self.autocast, self.sample_shape, net=self.net)
+            s.eval_num_steps), eval_reward_fn, eval_reward_names, splits, accelerator, log, self.run_dir,
+            self.autocast, self.sample_shape, net=self.net)
         self.checkpoints = RunCheckpoints(self.run_dir / "checkpoints", accelerator, log, self.model, self.optimizer,
                                           self.ema, self.hooks, self.objective, config.keep_checkpoints,
                                           s.num_batches_per_epoch, self.evaluator, self.budget, net=self.net)
@@ -132,8 +125,7 @@ class GRPOTrainer:
                 scores = self.score()                                # 2. rewards (scored while sampling went on)
             except RewardServerDown as e:
                 self.stopped_by = f"reward server down at epoch {self.epoch}: {e}"
-                self.log.info(f"{self.stopped_by}; the last checkpoint {latest_checkpoint(self.checkpoints.root)} is "
-                              "intact")
+                self.log.info(f"{self.stopped_by}; checkpoint {latest_checkpoint(self.checkpoints.root)} is intact")
                 self.evaluator.skip_served_rewards()
                 break
             t_scored = time.time()
@@ -180,9 +172,8 @@ class GRPOTrainer:
 
     def sample(self, epoch: int) -> Rollouts:
         """k copies of each condition of this process's batches; rewards are submitted as each batch finishes."""
-        s, model = self.config.sample, self.objective.sampling_model(self.model)
-        model.eval()
-        model = self.net if model is self.model else model
+        s, model = self.config.sample, self.objective.sampling_model(self.model).eval()
+        model = self.net if model is self.model else model  # under FSDP the passes enter at the root
         self.epoch_cache = {}  # this epoch's shared work (e.g. encoded source videos), for sampling and training
         index, states, log_probs, decoded, finals, means = [], [], [], [], [], []
         keep_decoded = any(getattr(h, "needs_samples", False) for h in self.hooks)
@@ -371,10 +362,8 @@ class GRPOTrainer:
 
     def nonfinite_state(self) -> list:
         """A critical finding when the applied updates left NaN or inf in the weights, optimizer state or EMA. Every
-        process checks its own copy, so that all of them take the guard's path together."""
-        bad = nonfinite_tensors(self.model, self.optimizer, self.ema)
-        if self.world_size > 1:  # under FSDP each process holds other shards: one NaN anywhere sends all back
-            bad = sorted({name for names in gather_object([bad]) for name in names})
+        process checks its own copy (its shards, under FSDP) and all share the names, to take the path together."""
+        bad = union_over_processes(nonfinite_tensors(self.model, self.optimizer, self.ema), self.world_size)
         findings = nonfinite_findings(bad)
         if findings:
             self.log.health_record(self.global_step, self.epoch, findings)

@@ -164,6 +164,15 @@ def load_optimizer_state(net: torch.nn.Module, optimizer, state: dict) -> None:
     optimizer.load_state_dict({"state": local, "param_groups": groups})
 
 
+def union_over_processes(names: list[str], world_size: int) -> list[str]:
+    """Every process: the names any process gave, sorted (each process's own list when there is one process)."""
+    if world_size == 1:
+        return names
+    from accelerate.utils import gather_object
+
+    return sorted({name for listed in gather_object([names]) for name in listed})
+
+
 def gather_in_rank_order(tensor: torch.Tensor, accelerator) -> torch.Tensor:
     """(n, ...) per process -> (world * n, ...) concatenated in rank order (rank 0 first)."""
     return accelerator.gather(tensor.contiguous())
