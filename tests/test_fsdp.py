@@ -7,14 +7,18 @@ GPU cannot show: the camera blocks read their weights as shards, the checkpoint 
 gathered), and a resume changed the optimizer's moments. These tests failed on each of them.
 """
 
+import shutil
 import socket
 import subprocess
 import sys
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
+from config.grpo import get_config
 from recam.domains.camera.model import ReCamTransformer3DModel
+from recam.infra.checkpoint import point_latest
 from recam.infra.distributed import FSDP_OPTIMIZER_LAYOUT, forward_module
 from tests.smoke_runs import ROOT, SHORT, records
 
@@ -51,8 +55,11 @@ def test_forward_module_is_the_unwrapped_one_without_fsdp():
 def test_full_shard_on_two_processes_trains_checkpoints_whole_weights_and_resumes_exactly(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     fsdp_run(straight, "--config.num_epochs=2")
-    fsdp_run(resumed, "--config.num_epochs=1")
-    fsdp_run(resumed, "--config.num_epochs=2")  # resumes from epoch_0001
+    # the same run as if it had died after checkpointing epoch 1: resumed from there
+    shutil.copytree(straight, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "epoch_0002")
+    point_latest(resumed / "checkpoints", "epoch_0001")
+    fsdp_run(resumed, "--config.num_epochs=2")
 
     steps = records(straight, "step")
     assert [s["epoch"] for s in steps] == [0, 1] and all(s["grad_norm"] > 0 for s in steps)
@@ -74,7 +81,15 @@ def test_full_shard_on_two_processes_trains_checkpoints_whole_weights_and_resume
     assert any(not torch.equal(a[k], saved[k]) for k in a)  # and the second epoch moved the weights
 
 
-def test_a_policy_copy_under_full_shard_is_refused_with_the_field_named(tmp_path):
-    p = fsdp_run(tmp_path / "ema", "--config.num_epochs=1", "--config.train.ema=True", check=False)
-    assert p.returncode != 0
-    assert "FSDP shards the policy, and train.ema=True would copy shards" in p.stderr
+def test_a_policy_copy_under_sharding_is_refused_with_the_field_named(monkeypatch):
+    import recam.engine.policy as policy
+
+    train = get_config("smoke").train
+    monkeypatch.setattr(policy, "fsdp_root", lambda module: module)  # as if accelerate had wrapped it in FSDP
+    net = torch.nn.Linear(2, 2)
+    policy.refuse_sharded_copies(net, 1, train, object(), {})  # one process: nothing is sharded
+    policy.refuse_sharded_copies(net, 2, train, None, {})  # no copy to make
+    with pytest.raises(ValueError, match=r"FSDP shards the policy, and train.ema=\S+ would copy shards"):
+        policy.refuse_sharded_copies(net, 2, train, object(), {})
+    with pytest.raises(ValueError, match=r"its old_policy \(train.objective='grpo'\) would copy shards: run it"):
+        policy.refuse_sharded_copies(net, 2, train, None, {"old_policy": net})
