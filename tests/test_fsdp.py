@@ -2,9 +2,11 @@
 with full sharding (tests/fsdp_cpu_run.py).
 
 On one H100 the FSDP launch failed at its first training pass: sampling had gone through the unwrapped module,
-so each wrapped block had initialised as a root of its own. On two processes three more faults showed, which one
-GPU cannot show: the camera blocks read their weights as shards, the checkpoint hung (only the main process
-gathered), and a resume changed the optimizer's moments. These tests failed on each of them.
+so each wrapped block had initialised as a root of its own. On two processes more faults showed, which one GPU
+cannot show: the camera blocks read their weights as shards, the checkpoint hung (only the main process gathered),
+a resume changed the optimizer's moments, peft saved an empty adapter and loaded none back, and the gradient
+cosine of a shard holding only LoRA's zero-initialised half was NaN, which the guard took for an overflow. These
+tests failed on each of them.
 """
 
 import shutil
@@ -42,7 +44,11 @@ def fsdp_run(run_dir, *overrides, check=True):
 
 
 def weights(run_dir, epoch: int) -> dict[str, torch.Tensor]:
-    return load_file(run_dir / "checkpoints" / f"epoch_{epoch:04d}" / "model" / "diffusion_pytorch_model.safetensors")
+    """The checkpoint's model weights: the whole model's, or the LoRA adapter's."""
+    folder = run_dir / "checkpoints" / f"epoch_{epoch:04d}" / "model"
+    (path,) = [folder / n for n in ("diffusion_pytorch_model.safetensors", "adapter_model.safetensors")
+               if (folder / n).exists()]
+    return load_file(path)
 
 
 def test_forward_module_is_the_unwrapped_one_without_fsdp():
@@ -52,29 +58,37 @@ def test_forward_module_is_the_unwrapped_one_without_fsdp():
     assert forward_module(wrapper, net) is net
 
 
-def test_full_shard_on_two_processes_trains_checkpoints_whole_weights_and_resumes_exactly(tmp_path):
+LORA = ("--config.model.lora_rank=4", "--config.model.lora_alpha=8")
+
+
+@pytest.mark.parametrize("model", [(), LORA], ids=["full", "lora"])
+def test_full_shard_on_two_processes_trains_checkpoints_whole_weights_and_resumes_exactly(tmp_path, model):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    fsdp_run(straight, "--config.num_epochs=2")
+    fsdp_run(straight, "--config.num_epochs=2", *model)
     # the same run as if it had died after checkpointing epoch 1: resumed from there
     shutil.copytree(straight, resumed)
     shutil.rmtree(resumed / "checkpoints" / "epoch_0002")
     point_latest(resumed / "checkpoints", "epoch_0001")
-    fsdp_run(resumed, "--config.num_epochs=2")
+    fsdp_run(resumed, "--config.num_epochs=2", *model)
 
     steps = records(straight, "step")
     assert [s["epoch"] for s in steps] == [0, 1] and all(s["grad_norm"] > 0 for s in steps)
-    assert "resumed from" in (resumed / "run.log").read_text()
-    # whole weights, under the model's own names: the checkpoint loads as a model of the run's config
+    log = (straight / "run.log").read_text()
+    assert "resumed from" in (resumed / "run.log").read_text() and "health guard" not in log, log
     folder = straight / "checkpoints" / "epoch_0001" / "model"
-    model = ReCamTransformer3DModel.from_pretrained(folder)
     saved = weights(straight, 1)
-    assert all(torch.equal(saved[n], p) for n, p in model.state_dict().items())
-    # the optimizer's state gathered whole: one flattened tensor per parameter and moment
     optimizer = torch.load(folder.parent / "trainer.pt", weights_only=False)["optimizer"]
     assert optimizer["layout"] == FSDP_OPTIMIZER_LAYOUT
-    for name, state in optimizer["state"].items():
-        assert state["exp_avg"].numel() == state["exp_avg_sq"].numel() == saved[name].numel()
-        assert not torch.equal(state["exp_avg"], state["exp_avg_sq"])
+    if model == LORA:  # the adapter whole: every LoRA matrix at its full shape
+        assert len(saved) == 16 and all(v.shape in ((4, 96), (96, 4)) for v in saved.values())
+        assert len(optimizer["state"]) == 16
+    else:  # whole weights under the model's own names: the checkpoint loads as a model of the run's config
+        reloaded = ReCamTransformer3DModel.from_pretrained(folder)
+        assert all(torch.equal(saved[n], p) for n, p in reloaded.state_dict().items())
+        for name, state in optimizer["state"].items():  # one flattened tensor per parameter and moment
+            assert state["exp_avg"].numel() == state["exp_avg_sq"].numel() == saved[name].numel()
+    moved = [st for st in optimizer["state"].values() if st["exp_avg"].any()]  # LoRA's A has no gradient yet
+    assert moved and all(not torch.equal(st["exp_avg"], st["exp_avg_sq"]) for st in moved)
     # a run resumed from epoch 1 ends bit for bit where the straight run ends
     a, b = weights(straight, 2), weights(resumed, 2)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -14,9 +14,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from recam.engine.diagnosis import diagnose_run, rule_update_noise  # noqa: E402
-from recam.engine.health import (
-    Thresholds,  # noqa: E402
-    flat_cosine,  # noqa: E402
+from recam.engine.health import (  # noqa: E402
+    GradientCosine,
+    Thresholds,
+    flat_cosine,
 )
 from recam.infra.stats import mean_interval, t975  # noqa: E402
 from scripts.gradient_agreement import agreement, epoch_gradients, samples_for_half, share_interval  # noqa: E402
@@ -31,6 +32,23 @@ def test_flat_cosine_is_the_cosine_of_the_concatenated_vectors():
     assert flat_cosine(a, b) == pytest.approx(float(expected), abs=1e-6)
     assert flat_cosine(a, [-x for x in a]) == pytest.approx(-1.0)
     assert math.isnan(flat_cosine(a, [torch.zeros_like(x) for x in a]))
+
+
+def test_sharded_cosine_sums_over_the_shards_and_a_zero_gradient_gives_none():
+    g = torch.Generator().manual_seed(1)
+    a, b = torch.randn(10, generator=g), torch.randn(10, generator=g)
+    # two processes' shards (FSDP): this one holds the first 4 elements, reduce adds the other's three sums
+    other = torch.stack([(a[4:] * b[4:]).sum(), (a[4:] ** 2).sum(), (b[4:] ** 2).sum()])
+    assert flat_cosine([a[:4]], [b[:4]], reduce=lambda t: t + other) == pytest.approx(
+        float(torch.nn.functional.cosine_similarity(a, b, dim=0)), abs=1e-6)
+    cosine = GradientCosine()
+    p = torch.nn.Parameter(torch.zeros(3))
+    p.grad = torch.zeros(3)
+    assert cosine([p]) is None  # the first step
+    p.grad = torch.ones(3)
+    assert cosine([p]) is None  # the previous gradient was zero: no direction, not NaN (the guard reads NaN)
+    p.grad = torch.full((3,), 2.0)
+    assert cosine([p]) == pytest.approx(1.0)
 
 
 def _steps(cosines, samples=32):

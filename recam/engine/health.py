@@ -413,8 +413,10 @@ def diagnose_step(metrics: dict, history=(), *, thresholds: Thresholds | None = 
 
 
 class GradientCosine:
-    def __init__(self):
+    def __init__(self, reduce=None):
+        """reduce: sums a tensor over processes when each holds a shard of the gradient (FSDP), else None."""
         self.previous: list[torch.Tensor] | None = None
+        self.reduce = reduce
 
     def reset(self) -> None:
         """After a resume or a rollback: the last gradient belongs to weights that are no longer the policy's."""
@@ -422,21 +424,26 @@ class GradientCosine:
 
     def __call__(self, parameters) -> float | None:
         """Cosine between this step's gradient of `parameters` (the trainable ones) and the previous step's; None on
-        a run's or a resumed run's first step. The gradients are already averaged over processes, so every process
-        computes the same number."""
+        a run's or a resumed run's first step, and when either gradient is zero (it has no direction, and a NaN
+        would trip the guard's non-finite rule: LoRA's first gradient under FSDP is zero on a process holding only
+        the zero-initialised half). The gradients are already averaged over processes, so every process computes
+        the same number; under FSDP each holds a shard, and `reduce` sums the dot products over them."""
         grads = [p.grad.detach().float().clone() if p.grad is not None else torch.zeros_like(p, dtype=torch.float32)
                  for p in parameters if p.requires_grad]
         previous, self.previous = self.previous, grads
-        return None if previous is None else flat_cosine(grads, previous)
+        cosine = None if previous is None else flat_cosine(grads, previous, self.reduce)
+        return None if cosine is None or math.isnan(cosine) else cosine
 
 
-def flat_cosine(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+def flat_cosine(a: list[torch.Tensor], b: list[torch.Tensor], reduce=None) -> float:
     """Cosine between two parameter lists taken as one flat vector each; NaN when either is zero. Summed in fp32 on
-    the tensors' device (NPUs lack fp64) and read back once."""
+    the tensors' device (NPUs lack fp64) and read back once; `reduce` (when the lists are shards) sums the three
+    sums over processes first."""
     pairs = list(zip(a, b, strict=True))
     if not pairs:
         return float("nan")
-    dot, na, nb = torch.stack([sum((x.float() * y.float()).sum() for x, y in pairs),
-                               sum((x.float() ** 2).sum() for x, _ in pairs),
-                               sum((y.float() ** 2).sum() for _, y in pairs)]).tolist()
+    totals = torch.stack([sum((x.float() * y.float()).sum() for x, y in pairs),
+                          sum((x.float() ** 2).sum() for x, _ in pairs),
+                          sum((y.float() ** 2).sum() for _, y in pairs)])
+    dot, na, nb = (totals if reduce is None else reduce(totals)).tolist()
     return dot / math.sqrt(na * nb) if na > 0 and nb > 0 else float("nan")

@@ -42,7 +42,7 @@ from recam.engine.run_checkpoints import RunCheckpoints
 from recam.engine.sampler import KRepeatBatchSampler
 from recam.infra import runlog
 from recam.infra.checkpoint import latest_checkpoint, nonfinite_tensors
-from recam.infra.distributed import forward_module, union_over_processes
+from recam.infra.distributed import clip_gradients, forward_module, sum_over_shards, union_over_processes
 
 INITIAL_NOISE_STREAM = 0x494E4954  # keeps sample.same_initial_noise's draws apart from the per-sample streams
 
@@ -89,7 +89,7 @@ class GRPOTrainer:
         self.checkpoints = RunCheckpoints(self.run_dir / "checkpoints", accelerator, log, self.model, self.optimizer,
                                           self.ema, self.hooks, self.objective, config.keep_checkpoints,
                                           s.num_batches_per_epoch, self.evaluator, self.budget, net=self.net)
-        self.gradient_cosine = GradientCosine() if t.log_gradient_cosine else None
+        self.gradient_cosine = GradientCosine(sum_over_shards(self.policy)) if t.log_gradient_cosine else None
         self.sampler = KRepeatBatchSampler(len(self.train_set), s.batch_size, s.k, self.world_size, self.rank,
                                            config.seed, s.num_batches_per_epoch)
         self.epoch_cache: dict = {}  # work shared by sampling and training within one epoch, renewed by sample()
@@ -316,7 +316,7 @@ class GRPOTrainer:
         """Clip, average metrics over processes, ask the guard, and apply the update only if it found nothing
         critical (a broken step never reaches the weights). kept: the samples the step's gradient averages over
         (all processes)."""
-        grad_norm = self.accelerator.clip_grad_norm_(self.policy.parameters(), self.config.train.max_grad_norm)
+        grad_norm = clip_gradients(self.accelerator, self.policy, self.config.train.max_grad_norm)
         cosine = self.gradient_cosine(self.policy.parameters()) if self.gradient_cosine is not None else None
         m = runlog.mean_over_processes(runlog.step_metrics(acc_metrics, float(grad_norm), kept, cosine,
                                                            self.optimizer.param_groups[0]["lr"]), self.accelerator)

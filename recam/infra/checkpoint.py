@@ -98,14 +98,14 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
 
 def apply_model_weights(model, tensors: dict[str, torch.Tensor], path: Path) -> None:
     """Load tensors read from `path` into a live model of the same layout, in place."""
-    from recam.infra.lora import has_lora
+    from recam.infra.lora import has_lora, set_adapter_state
 
     if has_lora(model):
-        from peft import set_peft_model_state_dict
-
-        result = set_peft_model_state_dict(model, tensors)
-        if result.unexpected_keys:
-            raise ValueError(f"{path}: unexpected adapter keys {list(result.unexpected_keys)[:5]}")
+        result = set_adapter_state(model, tensors)
+        missing = [k for k in result.missing_keys if ".lora_A." in k or ".lora_B." in k]
+        if result.unexpected_keys or missing:  # an adapter file without some of the weights would load silently
+            raise ValueError(f"{path}: unexpected adapter keys {list(result.unexpected_keys)[:5]}, missing "
+                             f"{missing[:5]}")
     else:
         try:
             model.load_state_dict(tensors)

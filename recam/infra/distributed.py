@@ -164,6 +164,27 @@ def load_optimizer_state(net: torch.nn.Module, optimizer, state: dict) -> None:
     optimizer.load_state_dict({"state": local, "param_groups": groups})
 
 
+def sum_over_shards(net: torch.nn.Module):
+    """A function summing a tensor over processes when `net` is sharded over several (FSDP), else None."""
+    if fsdp_root(net) is None or torch.distributed.get_world_size() == 1:
+        return None
+
+    def total(t: torch.Tensor) -> torch.Tensor:
+        t = t.clone()
+        torch.distributed.all_reduce(t)
+        return t
+    return total
+
+
+def clip_gradients(accelerator, net: torch.nn.Module, max_norm: float) -> torch.Tensor:
+    """Clip the policy's gradient to `max_norm` (its whole norm), returning the norm before clipping. FSDP's own
+    clip when `net` is an FSDP root (each process holds shards: the norm is summed over them), else accelerate's."""
+    root = fsdp_root(net)
+    if root is not None:
+        return root.clip_grad_norm_(max_norm)
+    return accelerator.clip_grad_norm_(net.parameters(), max_norm)
+
+
 def union_over_processes(names: list[str], world_size: int) -> list[str]:
     """Every process: the names any process gave, sorted (each process's own list when there is one process)."""
     if world_size == 1:

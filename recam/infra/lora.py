@@ -10,8 +10,10 @@ separate frozen copy, which is the caller's business).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -155,6 +157,10 @@ def adapter_disabled(model: nn.Module) -> Iterator[nn.Module]:
             param.requires_grad_(flag)
 
 
+FSDP_PREFIX = "_fsdp_wrapped_module."
+AdapterKeys = collections.namedtuple("AdapterKeys", ["missing_keys", "unexpected_keys"])
+
+
 def save_adapter(model: nn.Module, directory: str | Path, adapter_name: str = "default") -> Path:
     """Write the adapter (config JSON + safetensors weights, peft's key names) to ``directory``."""
     base = _unwrap(model)
@@ -163,9 +169,36 @@ def save_adapter(model: nn.Module, directory: str | Path, adapter_name: str = "d
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     base.peft_config[adapter_name].save_pretrained(str(directory))
-    state = get_peft_model_state_dict(base, adapter_name=adapter_name)
+    # peft picks the adapter's entries by module name, and under FSDP the names carry FSDP's wrapper prefix while
+    # state_dict()'s keys do not (it found none): give it the parameters under their module names, prefix removed
+    # after. Without FSDP this is the state dict's own parameters.
+    named = dict(base.named_parameters())
+    state = {k.replace(FSDP_PREFIX, ""): v
+             for k, v in get_peft_model_state_dict(base, state_dict=named, adapter_name=adapter_name).items()}
+    if not state:
+        raise ValueError(f"adapter {adapter_name!r} has no weights to save")
     save_file({k: v.detach().to("cpu").contiguous() for k, v in state.items()}, str(directory / ADAPTER_WEIGHTS_NAME))
     return directory
+
+
+def set_adapter_state(model: nn.Module, state: dict[str, torch.Tensor], adapter_name: str = "default"):
+    """Load adapter weights in peft's saved key names into `model`'s adapter; returns the missing and unexpected
+    keys (`.missing_keys`, `.unexpected_keys`, as load_state_dict's result has them).
+
+    peft maps the names by module name, which under FSDP carry the wrapper's prefix (it mapped none). There the
+    adapter's name goes into the keys directly (LoRA's one rename) and the values are copied into the parameters in
+    place: FSDP's own load_state_dict hooks, inside its whole-weights context, left the optimizer stepping
+    parameters the model no longer used (a resumed two-process run then never moved)."""
+    base = _unwrap(model)
+    if not any(FSDP_PREFIX in name for name, _ in base.named_modules()):
+        return set_peft_model_state_dict(base, state, adapter_name=adapter_name)
+    named = {re.sub(r"\.(lora_[AB])\.", rf".\1.{adapter_name}.", k): v for k, v in state.items()}
+    own = {k.replace(FSDP_PREFIX, ""): q for k, q in base.named_parameters() if ".lora_" in k}
+    with torch.no_grad():
+        for k, v in named.items():
+            if k in own:
+                own[k].copy_(v)
+    return AdapterKeys([k for k in own if k not in named], [k for k in named if k not in own])
 
 
 def load_adapter_weights(model: nn.Module, directory: str | Path, adapter_name: str = "default") -> None:
@@ -176,7 +209,7 @@ def load_adapter_weights(model: nn.Module, directory: str | Path, adapter_name: 
     """
     directory = Path(directory)
     state = load_file(str(directory / ADAPTER_WEIGHTS_NAME))
-    result = set_peft_model_state_dict(_unwrap(model), state, adapter_name=adapter_name)
+    result = set_adapter_state(model, state, adapter_name)
     missing = [k for k in result.missing_keys if ".lora_A." in k or ".lora_B." in k]
     if missing or result.unexpected_keys:
         raise ValueError(f"adapter in {directory} does not fit the model: missing {missing}, "
