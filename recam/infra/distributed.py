@@ -73,10 +73,11 @@ def whole_weights(net: torch.nn.Module, write: bool = False):
 
 
 FSDP_OPTIMIZER_LAYOUT = "fsdp-flat"  # marks a checkpoint's optimizer state gathered by whole_optimizer_state
+FSDP_PREFIX = "_fsdp_wrapped_module."  # what FSDP puts into the module names below it
 
 
 def _clean_name(name: str) -> str:
-    return name.replace("_fsdp_wrapped_module.", "")
+    return name.replace(FSDP_PREFIX, "")
 
 
 def _shard_sizes(local: int, device) -> list[int]:

@@ -23,6 +23,8 @@ from peft import LoraConfig, get_peft_model_state_dict, inject_adapter_in_model,
 from peft.tuners.tuners_utils import BaseTunerLayer
 from safetensors.torch import load_file, save_file
 
+from recam.infra.distributed import FSDP_PREFIX
+
 # Self-attention q/k/v/out projections of every WanTransformerBlock (diffusers names). ReCamMaster trains the
 # self-attention (together with the camera modules), so this is where the adapter goes by default.
 DEFAULT_LORA_TARGETS: tuple[str, ...] = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0")
@@ -157,7 +159,6 @@ def adapter_disabled(model: nn.Module) -> Iterator[nn.Module]:
             param.requires_grad_(flag)
 
 
-FSDP_PREFIX = "_fsdp_wrapped_module."
 AdapterKeys = collections.namedtuple("AdapterKeys", ["missing_keys", "unexpected_keys"])
 
 
