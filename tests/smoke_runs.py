@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = [sys.executable, str(ROOT / "scripts" / "train_recam.py"), "--config", "config/grpo.py:smoke",
-         "--config.logging.wandb_mode=disabled", "--config.num_threads=2"]
+         "--config.logging.wandb_mode=disabled", "--config.num_threads=1"]
 
 
 def cpu_2proc() -> list[str]:
@@ -42,7 +42,7 @@ SMOKE_SIZE = ("--config.num_epochs=1", "--config.data.num_train_conditions=16",
 def run(run_dir, *overrides, check=True, launcher=None):
     cmd = (launcher + TRAIN[1:] if launcher else TRAIN) + [f"--config.run_dir={run_dir}", *overrides]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=400,
-                       env={**os.environ, "OMP_NUM_THREADS": "2"})
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
     if check and p.returncode != 0:
         raise AssertionError(f"exit {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
     return p

@@ -260,7 +260,7 @@ def test_metrics_lines_that_are_not_utf8_json_are_skipped_counted_and_kept(tmp_p
 # end to end: one short smoke run, resumed from damaged copies
 
 TRAIN = [sys.executable, str(ROOT / "scripts" / "train_recam.py"), "--config", "config/grpo.py:smoke",
-         "--config.logging.wandb_mode=disabled", "--config.num_threads=2", "--config.num_epochs=2",
+         "--config.logging.wandb_mode=disabled", "--config.num_threads=1", "--config.num_epochs=2",
          "--config.eval.freq=100", "--config.data.num_heldout_conditions=2", "--config.eval.select_by=",
          "--config.eval.select_guard=", "--config.eval.num_videos=0"]
 needs_base = pytest.mark.skipif(not (ROOT / "checkpoints" / "recam_tiny_base" / "config.json").exists(),
@@ -270,7 +270,7 @@ needs_base = pytest.mark.skipif(not (ROOT / "checkpoints" / "recam_tiny_base" / 
 def _run(run_dir, *extra, prefix=()):
     cmd = [sys.executable, *prefix, *TRAIN[1:], f"--config.run_dir={run_dir}", *extra]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=400,
-                          env={**os.environ, "OMP_NUM_THREADS": "2"})
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 def _records(run_dir, kind):

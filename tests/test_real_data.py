@@ -246,7 +246,7 @@ def test_file_checks_name_the_field_and_both_channel_counts(data_dir, tiny_model
 def test_trainer_runs_on_recammaster_folders_in_latent_space(data_dir, tiny_models, tmp_path):
     run_dir = tmp_path / "run"
     cmd = [sys.executable, str(ROOT / "scripts" / "train_recam.py"), "--config", "config/grpo.py:smoke",
-           "--config.logging.wandb_mode=disabled", "--config.num_threads=2", f"--config.run_dir={run_dir}",
+           "--config.logging.wandb_mode=disabled", "--config.num_threads=1", f"--config.run_dir={run_dir}",
            "--config.num_epochs=1", "--config.data.source=recammaster", f"--config.data.root={data_dir}",
            f"--config.data.num_frames={FRAMES}", f"--config.data.height={SIZE}", f"--config.data.width={SIZE}",
            "--config.data.num_train_conditions=0", "--config.data.num_heldout_conditions=0",
@@ -257,7 +257,7 @@ def test_trainer_runs_on_recammaster_folders_in_latent_space(data_dir, tiny_mode
            "--config.reward.weights.cam_score=0", "--config.reward.weights.fidelity=1",
            "--config.eval.report_rewards=fidelity", "--config.reward.constraint="]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "OMP_NUM_THREADS": "2"})
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert p.returncode == 0, f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     epochs = [r for r in records if r["type"] == "epoch"]

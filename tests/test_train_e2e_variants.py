@@ -42,7 +42,7 @@ def test_every_variant_preset_runs_at_smoke_size_and_logs_its_metrics(tmp_path, 
     from config import grpo
 
     cmd = [sys.executable, str(ROOT / "scripts" / "train_recam.py"), f"--config=config/grpo.py:{preset}",
-           "--config.logging.wandb_mode=disabled", "--config.num_threads=2", f"--config.run_dir={tmp_path}",
+           "--config.logging.wandb_mode=disabled", "--config.num_threads=1", f"--config.run_dir={tmp_path}",
            *SMOKE_SIZE]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
