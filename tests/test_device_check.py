@@ -7,6 +7,7 @@ import copy
 import importlib.util
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -33,7 +34,8 @@ LEARNING = ("samples_per_update", "epochs", "seconds", "base", "final", "gain", 
 def tiny(tmp_path_factory):
     out = tmp_path_factory.mktemp("device_check")
     p = subprocess.run([sys.executable, "scripts/device_check.py", "--tiny", "--out", str(out)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=600)
+                       capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})  # one thread per worker (conftest.py)
     assert p.returncode == 0, p.stdout + p.stderr[-3000:]
     return out, json.loads((out / "device_check.json").read_text())
 
