@@ -124,7 +124,7 @@ def whole_optimizer_state(net: torch.nn.Module, optimizer) -> dict | None:
         entry = {}
         for key in sorted({k for rank_keys in everyone for k in rank_keys[i]}):
             value = mine.get(key)
-            if key == "step" or (value is not None and value.ndim == 0):  # a count, the same everywhere
+            if key == "step":  # AdamW's count (build_policy's optimizer), the same on every process
                 counts = [None] * len(sizes)
                 torch.distributed.all_gather_object(counts, None if value is None else value.cpu())
                 entry[key] = next(x for x in counts if x is not None)
@@ -132,8 +132,8 @@ def whole_optimizer_state(net: torch.nn.Module, optimizer) -> dict | None:
                 piece = value if value is not None else torch.zeros(0, dtype=q.dtype, device=q.device)
                 entry[key] = _gather_flat(piece, sizes)
         state[name] = entry
-    groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [_clean_name(n) for n, q in named
-                                                                           if any(q is x for x in g["params"])]}
+    name_of = {id(q): name for name, q in named}
+    groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [name_of[id(q)] for q in g["params"]]}
               for g in optimizer.param_groups]
     return {"layout": FSDP_OPTIMIZER_LAYOUT, "state": state, "param_groups": groups}
 
