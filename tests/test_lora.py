@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -192,3 +196,19 @@ def test_fp32_adapter_on_a_bf16_base(tmp_path):
     bf16.train()
     bf16(**half).float().square().mean().backward()
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for n, p in bf16.named_parameters() if "lora_" in n)
+
+
+def test_peft_is_imported_only_when_an_adapter_is_made():
+    """Full fine-tuning (the motion presets) starts without peft and the transformers it pulls in; a model with no
+    adapter reads as such before peft was ever imported, and one made afterwards is found."""
+    code = (
+        "import sys, torch\n"
+        "from recam.infra import lora\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(4, 4))\n"
+        "assert lora.lora_layers(m) == [] and 'peft' not in sys.modules\n"
+        "lora.add_lora(m, rank=2, alpha=2, target_modules=['0'])\n"
+        "assert len(lora.lora_layers(m)) == 1 and lora.has_lora(m)\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]

@@ -14,16 +14,23 @@ import collections
 import contextlib
 import json
 import re
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
-from peft import LoraConfig, get_peft_model_state_dict, inject_adapter_in_model, set_peft_model_state_dict
-from peft.tuners.tuners_utils import BaseTunerLayer
 from safetensors.torch import load_file, save_file
 
 from recam.infra.distributed import FSDP_PREFIX
+
+if TYPE_CHECKING:
+    from peft import LoraConfig
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+# peft is imported where an adapter is made, saved or loaded, not with this module: importing it pulls in
+# transformers and took 2.4 s of a 24 s smoke run's start, which full fine-tuning never uses.
 
 # Self-attention q/k/v/out projections of every WanTransformerBlock (diffusers names). ReCamMaster trains the
 # self-attention (together with the camera modules), so this is where the adapter goes by default.
@@ -52,7 +59,10 @@ def _matches(name: str, target: str) -> bool:
 
 def lora_layers(model: nn.Module) -> list[BaseTunerLayer]:
     """Every peft adapter layer inside the model."""
-    return [m for m in _unwrap(model).modules() if isinstance(m, BaseTunerLayer)]
+    tuners = sys.modules.get("peft.tuners.tuners_utils")
+    if tuners is None:  # no adapter can exist before peft is imported to inject one
+        return []
+    return [m for m in _unwrap(model).modules() if isinstance(m, tuners.BaseTunerLayer)]
 
 
 def has_lora(model: nn.Module) -> bool:
@@ -94,6 +104,8 @@ def add_lora(
         raise ValueError(f"LoRA target modules match nothing in {type(base).__name__}: {unmatched}")
     if adapter_name in getattr(base, "peft_config", {}):
         raise ValueError(f"the model already has an adapter named {adapter_name!r}")
+    from peft import LoraConfig, inject_adapter_in_model
+
     config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(targets),
                         init_lora_weights=True)
     inject_adapter_in_model(config, base, adapter_name=adapter_name)
@@ -169,6 +181,8 @@ def save_adapter(model: nn.Module, directory: str | Path, adapter_name: str = "d
         raise ValueError(f"the model has no adapter named {adapter_name!r}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    from peft import get_peft_model_state_dict
+
     base.peft_config[adapter_name].save_pretrained(str(directory))
     # peft picks the adapter's entries by module name, and under FSDP the names carry FSDP's wrapper prefix while
     # state_dict()'s keys do not (it found none): give it the parameters under their module names, prefix removed
@@ -192,6 +206,8 @@ def set_adapter_state(model: nn.Module, state: dict[str, torch.Tensor], adapter_
     parameters the model no longer used (a resumed two-process run then never moved)."""
     base = _unwrap(model)
     if not any(FSDP_PREFIX in name for name, _ in base.named_modules()):
+        from peft import set_peft_model_state_dict
+
         return set_peft_model_state_dict(base, state, adapter_name=adapter_name)
     named = {re.sub(r"\.(lora_[AB])\.", rf".\1.{adapter_name}.", k): v for k, v in state.items()}
     own = {k.replace(FSDP_PREFIX, ""): q for k, q in base.named_parameters() if ".lora_" in k}
@@ -229,6 +245,8 @@ def load_adapter(model: nn.Module, directory: str | Path, adapter_name: str = "d
     config_file = directory / ADAPTER_CONFIG_NAME
     if not config_file.is_file():
         raise FileNotFoundError(f"no {ADAPTER_CONFIG_NAME} in {directory}")
+    from peft import LoraConfig
+
     config = LoraConfig.from_pretrained(str(directory))
     if json.loads(config_file.read_text()).get("peft_type") != "LORA":
         raise ValueError(f"{config_file} is not a LoRA adapter config")
