@@ -21,7 +21,7 @@ from rewards.cam_score import (
     geodesic_deg,
     trajectory_errors,
 )
-from rewards.pose import NOT_SENT, PoseEstimate
+from rewards.pose import NOT_SENT, PoseEstimate, landmarks
 from rewards.pose.landmarks import estimate_video
 from rewards.pose.sfm import SfMEstimator, SfMSettings, combine
 
@@ -321,6 +321,53 @@ def test_landmark_world_a_camera_asked_to_stand_still_is_punished_for_moving(sce
     still_ok, pan_ok, truck_vs_still, truck_own = scores.tolist()
     assert still_ok >= 0.9 and pan_ok >= 0.9, d["static_target_parallax"]  # targets that do not translate
     assert truck_own - truck_vs_still >= 0.1 and still_ok > truck_vs_still
+
+
+def _landmarks_pixel_by_pixel(frame: np.ndarray, colors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """find_landmarks' rule written out over pixels, one frame."""
+    h, w, _ = frame.shape
+    L = len(colors)
+    mass, su, sv, border = np.zeros(L), np.zeros(L), np.zeros(L), np.zeros(L)
+    votes = []
+    for v in range(h):
+        for u in range(w):
+            dist = [math.dist(frame[v, u], c) for c in colors]
+            n = int(np.argmin(dist))
+            wt = max(0.0, 1.0 - dist[n] / landmarks.COLOUR_RADIUS) ** 2
+            votes.append((n, u, v, wt))
+            mass[n] += wt
+            su[n] += wt * u
+            sv[n] += wt * v
+            border[n] += wt if v in (0, h - 1) or u in (0, w - 1) else 0.0
+    uc, vc = su / np.where(mass > 0, mass, 1), sv / np.where(mass > 0, mass, 1)
+    spread2 = np.zeros(L)
+    for n, u, v, wt in votes:
+        spread2[n] += wt * ((u - uc[n]) ** 2 + (v - vc[n]) ** 2)
+    spread = np.sqrt(spread2 / np.where(mass > 0, mass, 1))
+    found = ((mass >= landmarks.MIN_MASS) & (spread <= landmarks.MAX_SPREAD_FRACTION * max(h, w))
+             & (border <= landmarks.MAX_BORDER_SHARE * mass))
+    uv = np.stack([uc, vc], -1)
+    uv[~found] = np.nan
+    return uv, found
+
+
+def test_landmarks_of_a_stack_of_frames_are_each_frame_s_pixel_by_pixel():
+    """The video's frames go through find_landmarks as one stack; each frame's answer is what the rule gives it
+    pixel by pixel (a rendered orbit, where a landmark leaves the view, plus a frame of noise)."""
+    from recam.domains.camera import world
+
+    scene = world.make_scene(4)
+    w2c = world.c2w_to_w2c(world.trajectory_c2w(np.eye(4), ["orbit"], [math.radians(40)], scene.centre, 6))
+    video = world.render(scene, torch.from_numpy(w2c), world.default_intrinsics(24), 24, 24)
+    frames = np.concatenate([(video.permute(1, 2, 3, 0).numpy() + 1) / 2,
+                             np.random.default_rng(0).random((1, 24, 24, 3))]).astype(np.float64)
+    uv, found = landmarks.find_landmarks(frames, scene.colors)
+    assert uv.shape == (7, len(scene.colors), 2) and found.shape == (7, len(scene.colors))
+    assert found[:6].sum() >= 6 * 4 and not found[6].any()  # the renders' landmarks found; noise has none
+    for f, frame in enumerate(frames):
+        uv_f, found_f = _landmarks_pixel_by_pixel(frame, scene.colors)
+        np.testing.assert_array_equal(found[f], found_f)
+        np.testing.assert_allclose(uv[f], uv_f, rtol=0, atol=1e-9)
 
 
 def test_frame_indices_are_even_and_keep_both_ends():
