@@ -15,9 +15,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,18 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from config.grpo import get_config  # noqa: E402
 from recam.engine.rollout import per_sample_noise  # noqa: E402
 from rewards.pose import landmarks, to_uint8_frames  # noqa: E402
+from scripts.bench_model import timed  # noqa: E402  (median of repeats after a warm-up)
 
 UPDATE = 2048
-
-
-def median_seconds(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def noise_shapes() -> dict[str, tuple[int, int, tuple[int, ...]]]:
@@ -57,7 +46,7 @@ def bench_noise(threads: int, repeats: int) -> dict:
         row = {"batch": batch, "draws": draws, "shape": list(shape)}
         for name, workers in (("one_thread_s", 1), ("threads_s", threads)):
             call = functools.partial(per_sample_noise, keys, draws, shape, workers=workers)
-            row[name] = median_seconds(call, repeats) * UPDATE / batch
+            row[name] = timed(call, repeats) * UPDATE / batch
         row["speedup"] = row["one_thread_s"] / row["threads_s"]
         out[preset] = row
     return out
@@ -82,8 +71,8 @@ def bench_landmarks(videos: int, repeats: int) -> dict:
             landmarks.find_landmarks(video, col)
 
     row = {"videos": videos, "frames": int(frames[0].shape[0]), "size": int(frames[0].shape[1])}
-    row["per_frame_s"] = median_seconds(per_frame, repeats) * UPDATE / videos
-    row["stacked_s"] = median_seconds(stacked, repeats) * UPDATE / videos
+    row["per_frame_s"] = timed(per_frame, repeats) * UPDATE / videos
+    row["stacked_s"] = timed(stacked, repeats) * UPDATE / videos
     row["speedup"] = row["per_frame_s"] / row["stacked_s"]
     return row
 
