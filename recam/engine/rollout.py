@@ -103,7 +103,8 @@ def per_sample_noise(keys: list[tuple[int, ...]], num_draws: int, shape: tuple[i
 
     Each stream is sequential, but the streams are independent, so they are drawn on `workers` threads (default
     torch's intra-op thread count; torch lets go of the GIL while it draws). On a GPU this is the sampler's main
-    CPU cost: 2,048 motion samples of 21 draws each took 24 s on one thread (docs/real_scale.md).
+    CPU cost: 2,048 motion samples of 21 draws each took 13-24 s on one thread of a 2-core machine
+    (docs/real_scale.md).
     """
     out = torch.empty(len(keys), num_draws, *shape, device="cpu")
 

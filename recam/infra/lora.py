@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from peft.tuners.tuners_utils import BaseTunerLayer
 
 # peft is imported where an adapter is made, saved or loaded, not with this module: importing it pulls in
-# transformers and took 2.4 s of a 24 s smoke run's start, which full fine-tuning never uses.
+# transformers, 2.4 s of a 24 s smoke run, which the motion domain's full fine-tuning never needs (the camera
+# domain gets it anyway: diffusers' Wan model imports peft).
 
 # Self-attention q/k/v/out projections of every WanTransformerBlock (diffusers names). ReCamMaster trains the
 # self-attention (together with the camera modules), so this is where the adapter goes by default.
