@@ -24,6 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from config.grpo import get_config  # noqa: E402
+from recam.domains.motion.skeleton import MAX_FRAMES, NUM_FEATURES  # noqa: E402  (the motion domain's sample)
 from recam.engine.rollout import per_sample_noise  # noqa: E402
 from rewards.pose import landmarks, to_uint8_frames  # noqa: E402
 from scripts.bench_model import timed  # noqa: E402  (median of repeats after a warm-up)
@@ -36,7 +37,8 @@ def noise_shapes() -> dict[str, tuple[int, int, tuple[int, ...]]]:
     cam, motion = get_config("tiny_gpu"), get_config("motion_tiny_gpu")
     return {"tiny_gpu": (cam.sample.batch_size, cam.sample.num_steps + 1, (3, cam.data.num_frames, cam.data.size,
                                                                           cam.data.size)),
-            "motion_tiny_gpu": (motion.sample.batch_size, motion.sample.num_steps + 1, (263, 1, 196))}
+            "motion_tiny_gpu": (motion.sample.batch_size, motion.sample.num_steps + 1,
+                                                  (NUM_FEATURES, 1, MAX_FRAMES))}
 
 
 def bench_noise(threads: int, repeats: int) -> dict:
