@@ -96,12 +96,18 @@ def get_config() -> ml_collections.ConfigDict:
     c.sample.window_max_start = 0
     c.sample.window_shift_every = 1  # "progressive": epochs per one-step shift
     # deterministic steps of a rollout: "euler" (the scheduler's ODE / DDIM eta 0 step) | "dpm2" (DPM-Solver++(2M)
-    # on the x0 prediction, MixGRPO-Flash; flow-matching domains only; first order after the window and at the start)
+    # on the x0 prediction, MixGRPO-Flash; flow-matching domains only; first order at the start, its history kept
+    # through the window) | "sa_solver" (first-order stochastic SA-Solver, below; no trained steps, flow only)
     c.sample.ode_solver = "euler"
     c.sample.ode_solver_scope = "all"  # "all" deterministic steps | "after_window" (Euler before it: MixGRPO-Flash)
     # < 1: the steps after the window run on the rest of the grid compressed to this fraction of its points (uniform
     # in unshifted time; MixGRPO-Flash's dpm_post_compress_ratio, 0.4): fewer evaluations where nothing is trained
     c.sample.post_window_compress = 1.0
+    # "sa_solver" (AWM's sampler, objectives without log-probs): tau = sa_eta on the steps that end at a sigma in
+    # [sa_min_sigma, sa_max_sigma], 0 (Euler) elsewhere; AWM's presets: 0.4 on [0.3, 0.9]
+    c.sample.sa_eta = 0.0
+    c.sample.sa_min_sigma = 0.3
+    c.sample.sa_max_sigma = 0.9
     # the k copies of a condition start from one initial noise (drawn per condition and epoch), so that their
     # rewards differ only by the noise of the steps that are trained: a reward difference that the initial noise
     # made would enter the advantage while no trained step is responsible for it (DanceGRPO's shared noise)
@@ -164,14 +170,23 @@ def get_config() -> ml_collections.ConfigDict:
     # old_policy_decay in [0, 1); ramp 0 = d is old_policy_decay from the first epoch
     c.train.old_policy_decay = 0.5
     c.train.old_policy_decay_ramp = 0.001
-    c.train.fp_num_timesteps = 2  # re-noised timesteps per final sample per optimizer pass
-    c.train.fp_timestep_sampling = "stratified"  # noise levels: "stratified" (one per equal bin) | "uniform"
+    # re-noised timesteps per final sample per optimizer pass; with "grid", 0 = int(fp_grid_fraction x num_steps)
+    c.train.fp_num_timesteps = 2
+    # noise levels: "stratified" (one per equal bin of [fp_min_noise, fp_max_noise]) | "uniform" (iid there) |
+    # "grid" (distinct sampling-grid levels at random, DiffusionNFT) | "grid_stratified" (grid indices stratified
+    # over [1, int(fp_grid_fraction x num_steps)), AWM's discrete_wo_init)
+    c.train.fp_timestep_sampling = "stratified"
+    c.train.fp_grid_fraction = 0.99  # the grid modes' fraction: NFT's timestep_fraction 0.99, AWM's 0.9
     c.train.fp_min_noise = 0.05  # lowest noise level u in (0, 1) a final sample is re-noised to
     c.train.fp_max_noise = 0.95  # highest noise level u, above fp_min_noise
     c.train.nft_beta = 1.0  # DiffusionNFT's beta: v+- = policy and old velocities mixed by it; > 0
     c.train.awm_adv_scale = 5.0  # AWM: the advantage is divided by this
     c.train.awm_clip_range = 0.2  # AWM: PPO clip epsilon on exp(-(loss - old loss))
     c.train.awm_old_kl_weight = 0.1  # AWM: weight of the velocity MSE to the old policy (>= 0)
+    # AWM: how a re-noised sample's matching loss l enters the ratio: "uniform" (l) | "ghuber" (((l + 1e-10)^p -
+    # 1e-10^p) u / p, p = awm_ghuber_power, u the noise level: the public presets' weighting)
+    c.train.awm_weighting = "uniform"
+    c.train.awm_ghuber_power = 0.25
     c.train.guard_dt_weighting = True  # GRPO-Guard: divide each step's loss by its |dt|
 
     # ---- policy-optimization variants (recam/engine/extensions/variants.py; train.policy_loss = "grpo_variants") ----

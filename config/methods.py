@@ -77,21 +77,44 @@ def grpo_guard(c: ml_collections.ConfigDict) -> None:
     c.train.clip_range = c.train.clip_range * 0.25
 
 
+# DiffusionNFT's public script (NVlabs/DiffusionNFT scripts/train_nft_sd3.py, config/nft.py) in recam's units.
+# Its policy loss carries a x adv_clip_max (5) factor that recam's nft_loss leaves out (a constant step-size factor
+# under Adam), so its kl_beta 1e-4 on the velocity MSE is 1e-4 / 5 here.
+NFT_REFERENCE_KL_BETA, NFT_POLICY_SCALE = 1e-4, 5.0
+
+
 def nft(c: ml_collections.ConfigDict) -> None:
-    """DiffusionNFT: deterministic sampling by the old policy (DPM-Solver++(2M) on flow domains), training on
-    re-noised final samples with implicit positive / negative policies; the old policy an average of the policy
-    whose weight ramps by 0.001 per optimizer step up to 0.5 (the public script's decay_type 1)."""
+    """DiffusionNFT as its public script runs it: deterministic sampling by the old policy (DPM-Solver++(2M) on
+    flow domains); advantages centred per group over the std of all rewards (sample.global_std); every final sample
+    re-noised at int(0.99 S) distinct levels of the sampling grid (its timestep_fraction 0.99: 9 of 10); implicit
+    positive / negative policies; the KL weight 1e-4 / 5 (above); the old policy an average of the policy whose
+    weight ramps by 0.001 per optimizer step up to 0.5 (decay_type 1)."""
     c.train.objective = "nft"
+    c.train.beta = NFT_REFERENCE_KL_BETA / NFT_POLICY_SCALE
+    c.advantage.std_mode = "global"
+    c.train.fp_timestep_sampling, c.train.fp_num_timesteps, c.train.fp_grid_fraction = "grid", 0, 0.99
     if _flow(c):
         c.sample.ode_solver = "dpm2"
 
 
 def awm(c: ml_collections.ConfigDict) -> None:
-    """Advantage weighted matching: the clipped ratio of re-noised flow-matching losses against the weights that
-    sampled, KL to the reference and to the old policy (an average ramping by 0.001 per step up to 0.3, the public
-    script's kl_ema_decay) as output MSE."""
+    """Advantage weighted matching as its public presets run it (scxue/advantage_weighted_matching
+    config/dgx_awm.py, geneval_sd3_no_cfg_1node): the clipped ratio (clip 1) of generalised-Huber matching losses
+    (power 0.25, weighted by the noise level) against the weights that sampled, at 6 grid levels stratified over
+    [1, int(0.9 S)); KL 1e-3 to the reference and weight 1 to the old policy (an average ramping by 0.001 per step
+    up to 0.3, kl_ema_decay), both as velocity MSE; advantages over the global std; sampling with SA-Solver's
+    stochasticity 0.4 on the steps that end at sigma in [0.3, 0.9] (flow domains; first order here, see
+    docs/methods.md)."""
     c.train.objective = "awm"
     c.train.old_policy_decay = 0.3
+    c.train.awm_old_kl_weight = 1.0
+    c.train.awm_clip_range = 1.0
+    c.train.beta = 1e-3
+    c.advantage.std_mode = "global"
+    c.train.fp_timestep_sampling, c.train.fp_num_timesteps, c.train.fp_grid_fraction = "grid_stratified", 6, 0.9
+    c.train.awm_weighting, c.train.awm_ghuber_power = "ghuber", 0.25
+    if _flow(c):
+        c.sample.ode_solver, c.sample.sa_eta, c.sample.sa_min_sigma, c.sample.sa_max_sigma = "sa_solver", 0.4, 0.3, 0.9
 
 
 METHODS: dict[str, Callable[[ml_collections.ConfigDict], None]] = {

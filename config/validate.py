@@ -48,7 +48,7 @@ INT_FIELDS = (
     ("sample.window_shift_every", 1, None, "epochs per one-step shift of a progressive window"),
     ("sample.noise_frequencies", 0, None, "0 = noise in every element"),
     ("sample.noise_channels", 0, None, "0 = noise in every channel"),
-    ("train.fp_num_timesteps", 1, None, "re-noised timesteps per final sample per pass"),
+    ("train.fp_num_timesteps", 0, None, "re-noised timesteps per final sample per pass; 0 only with 'grid'"),
     ("reward.max_retries", 0, None, ""),
     ("eval.freq", 1, None, "evaluate every N epochs"),
     ("eval.seed", 0, 2**32 - 1, ""),
@@ -88,6 +88,11 @@ NUMBER_FIELDS = (
     ("train.awm_adv_scale", 0, None, True, False, False),
     ("train.awm_clip_range", 0, None, True, False, False),
     ("train.awm_old_kl_weight", 0, None, False, False, False),
+    ("train.awm_ghuber_power", 0, None, True, False, False),
+    ("train.fp_grid_fraction", 0, 1, True, False, False),
+    ("sample.sa_eta", 0, None, False, False, False),
+    ("sample.sa_min_sigma", 0, 1, False, False, False),
+    ("sample.sa_max_sigma", 0, 1, False, False, False),
     ("eval.every_seconds", 0, None, False, False, False),
     ("max_train_seconds", 0, None, False, False, False),
 )
@@ -181,13 +186,13 @@ def scheduler_is_flow(domain: str) -> bool | None:
     return flow if isinstance(flow, bool) else None
 
 
-FP_TIMESTEP_SAMPLING = ("stratified", "uniform")
 FLOW_ONLY_OBJECTIVES = ("grpo_guard",)  # GRPO-Guard's RatioNorm is derived for the flow SDE's transition
 
 
 def check_window_and_objective(config: ml_collections.ConfigDict) -> None:
     """The stochastic window, the deterministic solver, and the objectives' own fields (ranges are in the tables
     above)."""
+    from recam.engine.extensions.fast_objectives import AWM_WEIGHTINGS, FP_TIMESTEP_SAMPLING, fp_level_count
     from recam.engine.objective import objective_needs
     from recam.engine.rollout import ODE_SOLVERS, SOLVER_SCOPES, WINDOW_MODES
 
@@ -197,9 +202,21 @@ def check_window_and_objective(config: ml_collections.ConfigDict) -> None:
     check_choice(config, "sample.ode_solver_scope", SOLVER_SCOPES)
     check_number(config, "sample.post_window_compress", 0, 1, low_open=True)
     check_choice(config, "train.fp_timestep_sampling", FP_TIMESTEP_SAMPLING)
+    check_choice(config, "train.awm_weighting", AWM_WEIGHTINGS)
     _require(t.fp_min_noise < t.fp_max_noise,
              f"train.fp_min_noise={t.fp_min_noise} must be below train.fp_max_noise={t.fp_max_noise}")
+    try:
+        fp_level_count(t.fp_timestep_sampling, t.fp_num_timesteps, s.num_steps, t.fp_grid_fraction)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    _require(s.sa_min_sigma <= s.sa_max_sigma,
+             f"sample.sa_min_sigma={s.sa_min_sigma} must be <= sample.sa_max_sigma={s.sa_max_sigma}")
     flow = scheduler_is_flow(config.domain)
+    _require(s.ode_solver != "sa_solver" or (flow is not False and not objective_needs(t.objective,
+                                                                                       "needs_log_probs")),
+             f"sample.ode_solver='sa_solver' draws noise that no log-prob scores: it needs a flow domain and an "
+             f"objective without log-probs ('nft', 'awm'); here domain {config.domain!r}, train.objective="
+             f"{t.objective!r}")
     _require(s.ode_solver != "dpm2" or flow is not False,
              f"sample.ode_solver='dpm2' is a flow-matching solver; domain {config.domain!r} samples with DDIM: use "
              "'euler' (its deterministic DDIM step)")

@@ -211,7 +211,9 @@ def test_dpm2_matches_the_paper_by_hand_and_beats_euler_on_an_analytic_flow():
     assert errors[10][1] / errors[4][1] < 0.1 * errors[10][0] / errors[4][0], errors
 
 
-def test_dpm2_restarts_at_first_order_after_the_window():
+def test_dpm2_keeps_its_history_through_the_window():
+    """MixGRPO's sampling_utils.py updates the DPM state with each stochastic step's x0 prediction, so the first
+    step after the window is second order from the last stochastic step's x0 (at that step's sigma)."""
     scheduler, denoise, noise = _flow(2), _denoiser(), _noise()
     out = rollout(denoise, noise, scheduler, start=2, ode_solver="dpm2")
     x, previous = noise[:, 0], None
@@ -219,7 +221,7 @@ def test_dpm2_restarts_at_first_order_after_the_window():
         o = denoise(x, scheduler.model_time(j, 5))
         s, s_next = float(scheduler.sigmas[j]), float(scheduler.sigmas[j + 1])
         if 2 <= j < 4:
-            x, previous = scheduler.transition(j, o, x, noise=noise[:, j + 1]).prev_sample, None
+            x, previous = scheduler.transition(j, o, x, noise=noise[:, j + 1]).prev_sample, (x.float() - s * o, s)
         else:
             x, x0 = flow_dpm2_step(o, s, s_next, x, previous)
             previous = (x0, s)

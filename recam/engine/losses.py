@@ -90,7 +90,8 @@ class ClipSettings:
 
 # Every registered policy loss: fn(StepLossInputs, its settings) -> (loss scalar, metrics of detached 0-dim tensors)
 PolicyLoss = Callable[[StepLossInputs, Any], tuple[Tensor, dict[str, Tensor]]]
-# fn(cur_mean, ref_mean, std, sample, mask=None) -> (N,), mask: the elements averaged over; see "KL estimators".
+# fn(cur_mean, ref_mean, std, sample, mask=None, reduction="mean") -> (N,), mask: the elements averaged over,
+# reduction "sum" sums them (as a scheduler that sums its log-probs does, so the KL is in the log-ratio's units).
 KLEstimator = Callable[[Tensor, Tensor, "float | Tensor", Tensor], Tensor]
 
 K3_LOG_RATIO_CLAMP = 20.0
@@ -199,7 +200,8 @@ def policy_loss_switches() -> dict[str, list[str]]:
 
 
 def register_kl_estimator(name: str) -> Callable[[KLEstimator], KLEstimator]:
-    """Decorator adding fn(cur_mean, ref_mean, std, sample, mask=None) -> (N,) to KL_ESTIMATORS ("KL estimators")."""
+    """Decorator adding fn(cur_mean, ref_mean, std, sample, mask=None, reduction="mean") -> (N,) to KL_ESTIMATORS
+    ("KL estimators")."""
     return registrar(KL_ESTIMATORS, "KL estimator", name)
 
 
@@ -212,7 +214,9 @@ def get_kl_estimator(name: str) -> KLEstimator:
 #
 # Every estimator takes (cur_mean, ref_mean, std, sample) for one Gaussian transition x_t -> x_{t-1} and
 # returns the (N,) per-sample estimate of KL(pi_theta(.|x_t) || pi_ref(.|x_t)) per element, i.e. the mean
-# over non-batch elements of the element-wise KLs: the units of the closed form "gaussian_mean".
+# over non-batch elements of the element-wise KLs: the units of the closed form "gaussian_mean". With
+# reduction="sum" they sum over the elements instead: a scheduler that sums its log-probs (motion's
+# log_prob_reduction "sum") gets a KL in the same units as its log-ratio, as its policy term is.
 #
 # The estimator is applied to each element's log-ratio and only then averaged. Applying it to the
 # element-averaged log-probs (what the step functions return) is wrong for a D-element Gaussian: k2 and k3
@@ -239,8 +243,8 @@ def _kl_inputs(cur_mean: Tensor, ref_mean: Tensor, std: float | Tensor, sample: 
     return cur_mean.float(), ref_mean.detach().float(), std_t, sample.detach().float()
 
 
-def _element_mean(per_element: Tensor, mask: Tensor | None = None) -> Tensor:
-    return reduce_elements(per_element, mask)
+def _element_mean(per_element: Tensor, mask: Tensor | None = None, reduction: str = "mean") -> Tensor:
+    return reduce_elements(per_element, mask, reduction)
 
 
 def gaussian_log_ratio(cur_mean: Tensor, ref_mean: Tensor, std: Tensor, sample: Tensor, pathwise: bool) -> Tensor:
@@ -261,18 +265,18 @@ def gaussian_log_ratio(cur_mean: Tensor, ref_mean: Tensor, std: Tensor, sample: 
 
 @register_kl_estimator("gaussian_mean")
 def kl_gaussian_mean(cur_mean: Tensor, ref_mean: Tensor, std: float | Tensor, sample: Tensor,
-                     mask: Tensor | None = None) -> Tensor:
+                     mask: Tensor | None = None, reduction: str = "mean") -> Tensor:
     """Closed form (cur_mean - ref_mean)^2 / (2 std^2), element mean: exact value and gradient, no noise.
 
     `sample` is unused; it is accepted so that every estimator has one signature.
     """
     cur, ref, std_t, _ = _kl_inputs(cur_mean, ref_mean, std, sample)
-    return gaussian_kl_between_means(cur, ref, std_t, mask)
+    return gaussian_kl_between_means(cur, ref, std_t, mask, reduction)
 
 
 @register_kl_estimator("k1")
 def kl_k1(cur_mean: Tensor, ref_mean: Tensor, std: float | Tensor, sample: Tensor,
-          mask: Tensor | None = None) -> Tensor:
+          mask: Tensor | None = None, reduction: str = "mean") -> Tensor:
     """k1 = -log r per element, at the reparameterised sample (noise held fixed), element mean.
 
     Value: unbiased for the KL when sample ~ pi_theta. Gradient: (x - ref_mean) / std^2 * grad cur_mean,
@@ -281,12 +285,12 @@ def kl_k1(cur_mean: Tensor, ref_mean: Tensor, std: float | Tensor, sample: Tenso
     does), so k1's gradient is the noisiest of the three when policy and reference are close.
     """
     cur, ref, std_t, x = _kl_inputs(cur_mean, ref_mean, std, sample)
-    return _element_mean(-gaussian_log_ratio(cur, ref, std_t, x, pathwise=True), mask)
+    return _element_mean(-gaussian_log_ratio(cur, ref, std_t, x, pathwise=True), mask, reduction)
 
 
 @register_kl_estimator("k2")
 def kl_k2(cur_mean: Tensor, ref_mean: Tensor, std: float | Tensor, sample: Tensor,
-          mask: Tensor | None = None) -> Tensor:
+          mask: Tensor | None = None, reduction: str = "mean") -> Tensor:
     """k2 = (log r)^2 / 2 per element with the sample held fixed, element mean.
 
     Gradient: E[(log p_theta - log p_ref) grad log p_theta] is the exact KL gradient (score-function
@@ -294,12 +298,12 @@ def kl_k2(cur_mean: Tensor, ref_mean: Tensor, std: float | Tensor, sample: Tenso
     relative bias is KL / 2 (0.5 % at a per-element KL of 0.01).
     """
     cur, ref, std_t, x = _kl_inputs(cur_mean, ref_mean, std, sample)
-    return _element_mean(0.5 * gaussian_log_ratio(cur, ref, std_t, x, pathwise=False) ** 2, mask)
+    return _element_mean(0.5 * gaussian_log_ratio(cur, ref, std_t, x, pathwise=False) ** 2, mask, reduction)
 
 
 @register_kl_estimator("k3")
 def kl_k3(cur_mean: Tensor, ref_mean: Tensor, std: float | Tensor, sample: Tensor,
-          mask: Tensor | None = None) -> Tensor:
+          mask: Tensor | None = None, reduction: str = "mean") -> Tensor:
     """k3 = exp(log r) - 1 - log r per element with the sample held fixed, element mean; non-negative.
 
     Value: unbiased (E[p_ref / p_theta] = 1 on-policy). Gradient: in general the forward-KL gradient, which for two
@@ -309,7 +313,8 @@ def kl_k3(cur_mean: Tensor, ref_mean: Tensor, std: float | Tensor, sample: Tenso
     """
     cur, ref, std_t, x = _kl_inputs(cur_mean, ref_mean, std, sample)
     log_r = gaussian_log_ratio(cur, ref, std_t, x, pathwise=False)
-    return _element_mean(torch.exp(log_r.clamp(-K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP)) - 1.0 - log_r, mask)
+    k3 = torch.exp(log_r.clamp(-K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP)) - 1.0 - log_r
+    return _element_mean(k3, mask, reduction)
 
 
 def weighted_terms(per_sample: Tensor, sample_weight: Tensor | None) -> tuple[Tensor, Tensor]:

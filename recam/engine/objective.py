@@ -204,7 +204,8 @@ class GRPOObjective(Objective):
             if mb.reference is not None:
                 with torch.no_grad():
                     ref = rescore(mb.reference, mb.states, sched, j, mb.element_mask, k0)
-                kl = self.kl_estimator(cur.mean, ref.mean, cur.std, mb.states[:, j + 1], mb.element_mask)
+                kl = self.kl_estimator(cur.mean, ref.mean, cur.std, mb.states[:, j + 1], mb.element_mask,
+                                        getattr(sched, "reduction", "mean"))
             old = mb.old_log_probs[:, j].contiguous().to(device)
             inputs = StepLossInputs(cur.log_prob, old, mb.advantages[:, j].to(device), mb.sample_weight.to(device),
                                     kl, j, T, **self.step_inputs.step_tensors(prepared, j))

@@ -21,7 +21,7 @@ from recam.engine.containers import Rollout
 from recam.engine.sde import StepOutput
 
 WINDOW_MODES = ("fixed", "random", "progressive")
-ODE_SOLVERS = ("euler", "dpm2")
+ODE_SOLVERS = ("euler", "dpm2", "sa_solver")
 # where sample.ode_solver runs: on every deterministic step, or only after the window (MixGRPO-Flash's "post":
 # Euler before it)
 SOLVER_SCOPES = ("all", "after_window")
@@ -125,7 +125,8 @@ def per_sample_noise(keys: list[tuple[int, ...]], num_draws: int, shape: tuple[i
 @torch.no_grad()
 def rollout(denoise, noise: torch.Tensor, scheduler, mask: torch.Tensor | None = None, start: int = 0,
             store_means: bool = False, ode_solver: str = "euler", solver_scope: str = "all",
-            post_window_compress: float = 1.0) -> Rollout:
+            post_window_compress: float = 1.0, sa_eta: float = 0.0,
+            sa_sigma_range: tuple[float, float] = (0.3, 0.9)) -> Rollout:
     """Sample N outputs: steps start .. start + T - 1 stochastic with log-probs, every other step deterministic.
 
     Steps after the window stay deterministic because noise there would stay visible in the output while no
@@ -136,8 +137,12 @@ def rollout(denoise, noise: torch.Tensor, scheduler, mask: torch.Tensor | None =
         only inside the window).
     mask: the elements the log-probs average over (broadcastable to a sample batch), all when None.
     store_means: keep each stored transition's mean (objectives that compare with the sampling policy's means).
-    ode_solver: "euler" (the scheduler's deterministic step) or "dpm2" (DPM-Solver++(2M), flow schedulers only;
-        first order on the first deterministic step and on the first one after the window).
+    ode_solver: "euler" (the scheduler's deterministic step), "dpm2" (DPM-Solver++(2M), flow schedulers only;
+        first order on the first step; a stochastic step leaves its x0 prediction as the history, so the first step
+        after the window is second order, as MixGRPO-Flash keeps its solver state through the window) or
+        "sa_solver" (flow only, T = 0: SA-Solver's first-order stochastic step with tau = sa_eta on the steps that
+        end at a sigma inside sa_sigma_range, tau 0 (Euler) elsewhere; it reads step j's noise noise[:, j + 1] and
+        stores nothing, AWM's sampler).
     solver_scope: "all" (ode_solver on every deterministic step) or "after_window" (Euler before the window).
     post_window_compress: below 1, the steps after the window run on the scheduler's grid from the window's end
         compressed to this fraction of its points (scheduler.compressed_after, MixGRPO-Flash): fewer evaluations
@@ -147,6 +152,9 @@ def rollout(denoise, noise: torch.Tensor, scheduler, mask: torch.Tensor | None =
     if not 0 <= start <= S - T:
         raise ValueError(f"a window of {T} steps starting at {start} does not fit in {S} steps")
     _check_solver(ode_solver, scheduler)
+    if ode_solver == "sa_solver" and T:
+        raise ValueError("ode_solver 'sa_solver' draws noise that no log-prob scores: it needs a rollout with no "
+                         f"trained steps, got {T}")
     if solver_scope not in SOLVER_SCOPES:
         raise ValueError(f"solver_scope must be one of {SOLVER_SCOPES}, got {solver_scope!r}")
     x = noise[:, 0]
@@ -162,9 +170,14 @@ def rollout(denoise, noise: torch.Tensor, scheduler, mask: torch.Tensor | None =
             log_probs.append(step.log_prob)
             if store_means:
                 means.append(step.mean)
-            previous = None
+            if ode_solver == "dpm2":
+                previous = scheduler.dpm2_history(j, out, states[-1])
         elif ode_solver == "dpm2" and (solver_scope == "all" or j >= start + T):
             x, previous = grid.deterministic_2m(j, out, x, previous)
+        elif ode_solver == "sa_solver":
+            low, high = sa_sigma_range
+            tau = sa_eta if low <= float(grid.sigmas[j + 1]) <= high else 0.0
+            x = grid.stochastic_adams(j, out, x, tau, noise[:, j + 1])
         else:
             x = grid.deterministic(j, out, x)
         if T and j == start + T - 1:
@@ -184,14 +197,16 @@ def rollout(denoise, noise: torch.Tensor, scheduler, mask: torch.Tensor | None =
 def _check_solver(ode_solver: str, scheduler) -> None:
     if ode_solver not in ODE_SOLVERS:
         raise ValueError(f"ode_solver must be one of {ODE_SOLVERS}, got {ode_solver!r}")
-    if ode_solver == "dpm2" and not getattr(scheduler, "is_flow", False):
-        raise ValueError(f"ode_solver 'dpm2' is written for flow matching; {type(scheduler).__name__} is not")
+    if ode_solver in ("dpm2", "sa_solver") and not getattr(scheduler, "is_flow", False):
+        raise ValueError(f"ode_solver {ode_solver!r} is written for flow matching; {type(scheduler).__name__} is not")
 
 
 @torch.no_grad()
 def deterministic_sample(denoise, noise: torch.Tensor, scheduler, ode_solver: str = "euler") -> torch.Tensor:
     """Noise-free sampling from noise (N, *sample_shape); used for evaluation."""
     _check_solver(ode_solver, scheduler)
+    if ode_solver == "sa_solver":
+        raise ValueError("ode_solver 'sa_solver' is stochastic; noise-free sampling takes 'euler' or 'dpm2'")
     x, previous = noise, None
     for j in range(scheduler.num_steps):
         out = denoise(x, scheduler.model_time(j, x.shape[0]))

@@ -32,6 +32,7 @@ from recam.engine.sde import (
     ddim_x0_from_output,
     flow_dpm2_step,
     flow_noise_to,
+    flow_sa_step,
     flow_sde_step,
     flow_sigmas,
     flow_x0_from_velocity,
@@ -86,6 +87,10 @@ class Scheduler(Protocol):
 
     def output_target(self, x0: Tensor, noise: Tensor, u: Tensor) -> Tensor:
         """What the model is trained to output at x_u = noise_to(x0, noise, u)."""
+
+    def grid_levels(self) -> Tensor:
+        """(S,) float64: the noise level u (noise_to's) of each sampling step's input, noisiest first; re-noising at
+        these is re-noising at the sampling grid (DiffusionNFT, AWM)."""
 
 
 def _draw_or_score(step, next_state: Tensor | None, noise: Tensor | None, x: Tensor) -> StepOutput:
@@ -143,6 +148,17 @@ class FlowMatchScheduler:
         x_next, x0 = flow_dpm2_step(output, s, s_next, x, previous)
         return x_next, (x0, s)
 
+    def dpm2_history(self, j: int, output: Tensor, x: Tensor) -> tuple[Tensor, float]:
+        """The `previous` that step j leaves for the 2M solver when another step moved x (a stochastic one): its x0
+        prediction x - sigma_j v and sigma_j, so the next 2M step is second order (MixGRPO-Flash keeps the history
+        through its window)."""
+        s = float(self.sigmas[j])
+        return x.float() - s * output.float(), s
+
+    def stochastic_adams(self, j: int, output: Tensor, x: Tensor, tau: float, noise: Tensor) -> Tensor:
+        """Step j with SA-Solver's first-order stochastic step, stochasticity tau (recam.engine.sde.flow_sa_step)."""
+        return flow_sa_step(output, float(self.sigmas[j]), float(self.sigmas[j + 1]), x, tau, noise)
+
     def transition_kl(self, mean_a: Tensor, mean_b: Tensor, std, mask: Tensor | None = None) -> Tensor:
         """(N,) KL between this step's Gaussians centred on mean_a and on mean_b, in the coordinates and with the
         reduction its log-probs use (here every element)."""
@@ -179,6 +195,9 @@ class FlowMatchScheduler:
 
     def output_target(self, x0, noise, u) -> Tensor:
         return noise.float() - x0.float()  # the velocity d x_u / d u, whatever u
+
+    def grid_levels(self) -> Tensor:
+        return self.sigmas[: self.num_steps].double()
 
     def output_coefficient(self, j: int) -> float:
         """|d mean / d output| of step j's transition (the step is affine in the model output)."""
@@ -278,3 +297,7 @@ class DDIMScheduler:
 
     def output_target(self, x0, noise, u) -> Tensor:
         return (x0 if self.prediction_type == "sample" else noise).float()
+
+    def grid_levels(self) -> Tensor:
+        # training_timestep rounds u * (len - 1) back to these very timesteps
+        return self.timesteps.double() / (self.alphas_cumprod.shape[0] - 1)

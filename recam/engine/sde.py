@@ -32,6 +32,7 @@ __all__ = [
     "ddim_step_with_logprob",
     "ddim_x0_from_output",
     "flow_dpm2_step",
+    "flow_sa_step",
     "flow_noise_to",
     "flow_sde_step",
     "flow_sigmas",
@@ -228,6 +229,34 @@ def flow_dpm2_step(velocity: Tensor, sigma: float, sigma_next: float, sample: Te
     # -expm1(-h) = 1 - exp(-h), without cancellation when h is small; it is 1 at sigma = 1 (h = inf)
     x_next = (sigma_next / sigma) * x + ((1.0 - sigma_next) * -math.expm1(-h)) * denoised
     return x_next.to(sample.dtype), x0
+
+
+def flow_sa_step(velocity: Tensor, sigma: float, sigma_next: float, sample: Tensor, tau: float,
+                 noise: Tensor) -> Tensor:
+    """One first-order step of SA-Solver (stochastic Adams, data prediction) on the flow schedule, stochasticity tau.
+
+    With alpha = 1 - sigma, lambda = log(alpha / sigma), h = lambda_next - lambda and x0 = x - sigma v:
+        x_next = e^(-tau^2 h) (sigma_next / sigma) x + alpha_next (1 - e^(-(1 + tau^2) h)) x0
+                 + sigma_next sqrt(1 - e^(-2 tau^2 h)) noise
+    tau = 0 is DPM-Solver++(1), the Euler step in exact arithmetic; tau = 1 the reverse SDE. At sigma = 1 (h
+    infinite) the first term vanishes for tau > 0; on the last step to sigma_next = 0 the step lands on x0.
+    velocity, sample, noise: (B, ...); returns x_next in sample's dtype."""
+    _check_pair(velocity, sample, None, "velocity")
+    sigma, sigma_next, tau = float(sigma), float(sigma_next), float(tau)
+    if not 0.0 <= sigma_next < sigma <= 1.0:
+        raise ValueError(f"need 0 <= sigma_next < sigma <= 1, got sigma={sigma}, sigma_next={sigma_next}")
+    if tau < 0:
+        raise ValueError(f"tau must be >= 0, got {tau}")
+    x = sample.float()
+    x0 = x - sigma * velocity.float()
+    if sigma_next == 0.0:
+        return x0.to(sample.dtype)
+    h = _flow_log_snr(sigma_next) - _flow_log_snr(sigma)
+    keep = math.exp(-tau * tau * h) if tau > 0 else 1.0  # e^(-tau^2 h): 0 from pure noise when tau > 0
+    x_next = keep * (sigma_next / sigma) * x + ((1.0 - sigma_next) * -math.expm1(-(1.0 + tau * tau) * h)) * x0
+    if tau > 0:
+        x_next = x_next + sigma_next * math.sqrt(-math.expm1(-2.0 * tau * tau * h)) * noise.float()
+    return x_next.to(sample.dtype)
 
 
 def flow_noise_to(x0: Tensor, noise: Tensor, u: Tensor) -> Tensor:

@@ -192,7 +192,8 @@ class GRPOTrainer:
             dev, store = self.accelerator.device, getattr(self.objective, "needs_old_means", False)
             out = rollout(denoise, noise.to(dev), self.scheduler, element_mask(self.domain, batch, dev), start=start,
                           store_means=store, ode_solver=s.ode_solver, solver_scope=s.ode_solver_scope,
-                          post_window_compress=s.post_window_compress)
+                          post_window_compress=s.post_window_compress, sa_eta=s.sa_eta,
+                          sa_sigma_range=(s.sa_min_sigma, s.sa_max_sigma))
             samples = decode(self.domain, out.final, batch)  # rewards see what the domain decodes (pixels, motions)
             self.runner.submit(position, samples, batch.conditions)  # scored while the next batch samples
             index.append(torch.tensor(indices))

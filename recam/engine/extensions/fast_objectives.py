@@ -38,6 +38,9 @@ __all__ = [
     "GRPOGuardObjective",
     "NFTObjective",
     "awm_matching_loss",
+    "awm_weighted_loss",
+    "fp_level_count",
+    "grid_indices",
     "forward_noise",
     "guard_step_weights",
     "nft_implicit_outputs",
@@ -155,7 +158,8 @@ class GRPOGuardObjective(Objective):
             if t.beta > 0:
                 with torch.no_grad():
                     ref = rescore(mb.reference, mb.states, sched, j, mb.element_mask, mb.step_offset)
-                kl = self.kl_estimator(cur.mean, ref.mean, cur.std, mb.states[:, j + 1], mb.element_mask)
+                kl = self.kl_estimator(cur.mean, ref.mean, cur.std, mb.states[:, j + 1], mb.element_mask,
+                                        getattr(sched, "reduction", "mean"))
                 kl_term, kl_metric = weighted_terms(kl, weight)
                 loss, logged = loss + t.beta * kl_term, logged + t.beta * kl_metric
                 metrics["kl_penalty"] = kl_metric
@@ -167,6 +171,51 @@ class GRPOGuardObjective(Objective):
 
 
 # ---------------------------------------------------------------- forward-process noise
+
+
+# How a final sample's re-noising levels are drawn (train.fp_timestep_sampling): continuous levels in
+# [fp_min_noise, fp_max_noise], or levels of the sampling grid (scheduler.grid_levels), as the papers' code draws them.
+CONTINUOUS_LEVELS = ("stratified", "uniform")
+GRID_LEVELS = ("grid", "grid_stratified")
+FP_TIMESTEP_SAMPLING = CONTINUOUS_LEVELS + GRID_LEVELS
+AWM_WEIGHTINGS = ("uniform", "ghuber")
+# added inside and subtracted outside the power of the generalised Huber weighting, as AWM's code does, so that a
+# zero loss has a finite gradient
+_GHUBER_OFFSET = 1e-10
+
+
+def fp_level_count(mode: str, num: int, num_steps: int, grid_fraction: float) -> int:
+    """Re-noised levels per final sample: num, or with "grid" and num = 0, int(grid_fraction x num_steps)
+    (DiffusionNFT trains int(timestep_fraction x S) of the S grid levels, 9 of 10 at 0.99)."""
+    if mode not in FP_TIMESTEP_SAMPLING:
+        raise ValueError(f"fp_timestep_sampling must be one of {FP_TIMESTEP_SAMPLING}, got {mode!r}")
+    if not (isinstance(num, int) and num >= 0):
+        raise ValueError(f"train.fp_num_timesteps must be an int >= 0, got {num!r}")
+    if mode in GRID_LEVELS and not 0 < grid_fraction <= 1:
+        raise ValueError(f"train.fp_grid_fraction must be in (0, 1], got {grid_fraction!r}")
+    count = int(grid_fraction * num_steps) if mode == "grid" and num == 0 else num
+    if count < 1:
+        raise ValueError(f"train.fp_num_timesteps={num} gives {count} re-noised levels: need at least 1 "
+                         "(0 is only 'int(fp_grid_fraction x num_steps)' with fp_timestep_sampling='grid')")
+    if mode == "grid" and count > num_steps:
+        raise ValueError(f"train.fp_num_timesteps={num}: 'grid' draws distinct levels of the {num_steps}-step grid")
+    if mode == "grid_stratified" and int(grid_fraction * num_steps) < 1:
+        raise ValueError(f"train.fp_grid_fraction={grid_fraction} leaves no grid index above 0 in {num_steps} steps")
+    return count
+
+
+def grid_indices(num_steps: int, count: int, mode: str, grid_fraction: float, generator: torch.Generator) -> Tensor:
+    """(count,) int64 sampling-grid steps to re-noise at.
+
+    "grid": count distinct steps in random order (DiffusionNFT permutes the grid per sample and trains the first
+    int(timestep_fraction x S)); "grid_stratified": one index per bin of linspace(1, int(grid_fraction x S),
+    count + 1) truncated to integers, uniform within its bin (AWM's "discrete_wo_init": never step 0, pure noise)."""
+    if mode == "grid":
+        return torch.randperm(num_steps, generator=generator)[:count]
+    top = int(grid_fraction * num_steps)
+    bounds = torch.linspace(1, top, count + 1).long()
+    lower, upper = bounds[:-1], bounds[1:]
+    return lower + (torch.rand(count, generator=generator) * (upper - lower)).long()
 
 
 def sample_noise_levels(num: int, low: float, high: float, mode: str, generator: torch.Generator) -> Tensor:
@@ -185,15 +234,20 @@ def sample_noise_levels(num: int, low: float, high: float, mode: str, generator:
 
 
 def forward_noise(keys: list[tuple[int, ...]], num: int, shape: tuple[int, ...], low: float, high: float,
-                  mode: str) -> tuple[Tensor, Tensor]:
+                  mode: str, grid: Tensor | None = None, grid_fraction: float = 1.0) -> tuple[Tensor, Tensor]:
     """(noise levels (b, num), standard normal noise (b, num, *shape)), sample i from its own stream keyed by
     keys[i]: the draws of a sample do not depend on which micro-batch or process it lands in, and a resumed run
-    redraws them exactly."""
+    redraws them exactly. The grid modes pick levels of `grid` (S,) (scheduler.grid_levels) by grid_indices."""
+    if mode in GRID_LEVELS and grid is None:
+        raise ValueError(f"fp_timestep_sampling={mode!r} needs the sampling grid's levels")
     levels, noise = torch.empty(len(keys), num), torch.empty(len(keys), num, *shape)
     for i, key in enumerate(keys):
         seed = int(np.random.SeedSequence([int(k) for k in key]).generate_state(1, dtype=np.uint64)[0])
         gen = torch.Generator().manual_seed(seed % (2**63))
-        levels[i] = sample_noise_levels(num, low, high, mode, gen)
+        if mode in GRID_LEVELS:
+            levels[i] = grid.cpu()[grid_indices(grid.shape[0], num, mode, grid_fraction, gen)].float()
+        else:
+            levels[i] = sample_noise_levels(num, low, high, mode, gen)
         noise[i] = torch.randn(num, *shape, generator=gen)
     return levels, noise
 
@@ -214,15 +268,19 @@ class _ForwardProcess(KeepsOldPolicy):
 
     def __init__(self, train_config, scheduler):
         t = train_config
-        if not (isinstance(t.fp_num_timesteps, int) and t.fp_num_timesteps >= 1):
-            raise ValueError(f"train.fp_num_timesteps must be a positive int, got {t.fp_num_timesteps!r}")
-        sample_noise_levels(1, t.fp_min_noise, t.fp_max_noise, t.fp_timestep_sampling, torch.Generator())
+        mode = t.fp_timestep_sampling
+        self.grid = scheduler.grid_levels() if mode in GRID_LEVELS else None
+        self.num_levels = fp_level_count(mode, t.fp_num_timesteps, 0 if self.grid is None else self.grid.shape[0],
+                                         t.fp_grid_fraction)
+        if mode in CONTINUOUS_LEVELS:
+            sample_noise_levels(1, t.fp_min_noise, t.fp_max_noise, mode, torch.Generator())
         self.t, self.scheduler = t, scheduler
 
     def draws(self, mb: MicroBatch) -> tuple[Tensor, Tensor]:
         t = self.t
-        levels, noise = forward_noise(_forward_keys(mb), t.fp_num_timesteps, tuple(mb.final.shape[1:]),
-                                      t.fp_min_noise, t.fp_max_noise, t.fp_timestep_sampling)
+        levels, noise = forward_noise(_forward_keys(mb), self.num_levels, tuple(mb.final.shape[1:]),
+                                      t.fp_min_noise, t.fp_max_noise, t.fp_timestep_sampling, self.grid,
+                                      t.fp_grid_fraction)
         return levels.to(mb.final.device), noise.to(mb.final.device, mb.final.dtype)
 
     def check(self, mb: MicroBatch) -> None:
@@ -309,7 +367,7 @@ class NFTObjective(_ForwardProcess):
     def accumulate(self, mb: MicroBatch, backward: Callable[[Tensor, bool], None]) -> list[dict]:
         t, sched = self.t, self.scheduler
         self.check(mb)
-        x0, mask, K = mb.final, mb.element_mask, t.fp_num_timesteps
+        x0, mask, K = mb.final, mb.element_mask, self.num_levels
         weight = mb.sample_weight.to(x0.device)
         adv = mb.advantages[:, 0].to(x0.device)
         r = nft_optimality(adv, t.adv_clip_max)
@@ -353,6 +411,21 @@ def awm_matching_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor
                             log_ratio_clamp, sample_weight=sample_weight)
 
 
+def awm_weighted_loss(mse: Tensor, u: Tensor, weighting: str, power: float) -> Tensor:
+    """(b,) the matching loss that enters AWM's ratio, from the per-sample flow-matching MSE (b,) at noise level u
+    (b,): "uniform" is the MSE itself; "ghuber" is ((mse + 1e-10)^p - 1e-10^p) u / p, a generalised Huber loss (p
+    0.25 in every public preset) that grows slower than the MSE and weighs the noisier levels more. float64, as
+    AWM's code computes its log-probs."""
+    if weighting not in AWM_WEIGHTINGS:
+        raise ValueError(f"awm_weighting must be one of {AWM_WEIGHTINGS}, got {weighting!r}")
+    mse = mse.double()
+    if weighting == "uniform":
+        return mse
+    if not power > 0:
+        raise ValueError(f"awm_ghuber_power must be > 0, got {power!r}")
+    return ((mse + _GHUBER_OFFSET) ** power - _GHUBER_OFFSET**power) * u.to(mse.device).double() / power
+
+
 @register_objective("awm")
 class AWMObjective(_ForwardProcess):
     """Advantage Weighted Matching (arXiv 2509.25050): a PPO ratio of flow-matching losses on re-noised samples.
@@ -377,6 +450,7 @@ class AWMObjective(_ForwardProcess):
     def __init__(self, train_config, scheduler):
         super().__init__(train_config, scheduler)
         t = train_config
+        awm_weighted_loss(torch.zeros(1), torch.ones(1), t.awm_weighting, t.awm_ghuber_power)
         if not (t.awm_adv_scale > 0 and t.awm_clip_range > 0 and t.awm_old_kl_weight >= 0):
             raise ValueError("need train.awm_adv_scale > 0, awm_clip_range > 0 and awm_old_kl_weight >= 0, got "
                              f"{t.awm_adv_scale!r}, {t.awm_clip_range!r}, {t.awm_old_kl_weight!r}")
@@ -384,7 +458,7 @@ class AWMObjective(_ForwardProcess):
     def accumulate(self, mb: MicroBatch, backward: Callable[[Tensor, bool], None]) -> list[dict]:
         t, sched = self.t, self.scheduler
         self.check(mb)
-        x0, mask, K = mb.final, mb.element_mask, t.fp_num_timesteps
+        x0, mask, K = mb.final, mb.element_mask, self.num_levels
         weight = mb.sample_weight.to(x0.device)
         adv = mb.advantages[:, 0].to(x0.device).float()
         levels, noise = self.draws(mb)
@@ -397,7 +471,9 @@ class AWMObjective(_ForwardProcess):
             with torch.no_grad():
                 l_old = output_mse(mb.sampling_policy(x_t, time), target, mask)
             l_cur = output_mse(o, target, mask)
-            loss, metrics = awm_matching_loss(-l_cur, -l_old, adv, t.awm_adv_scale, t.adv_clip_max, t.awm_clip_range,
+            w_cur, w_old = (awm_weighted_loss(v, u, t.awm_weighting, t.awm_ghuber_power).float()
+                            for v in (l_cur, l_old))
+            loss, metrics = awm_matching_loss(-w_cur, -w_old, adv, t.awm_adv_scale, t.adv_clip_max, t.awm_clip_range,
                                               t.log_ratio_clamp, weight)
             logged = metrics["policy_loss"]
             if t.awm_old_kl_weight > 0:

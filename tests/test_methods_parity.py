@@ -1,0 +1,494 @@
+"""Parity with the public reference code: each method at its default config (`tiny_cpu+<method>`) against the
+reference's loss written out here from its code, not from recam's functions, on one fixed small batch.
+
+The references, read at the commits named (line numbers are those files'):
+- Flow-GRPO: yifan123/flow_grpo ac4c86e, flow_grpo/diffusers_patch/sd3_sde_with_logprob.py L47-68 (the SDE step and
+  its element-mean log-prob), scripts/train_sd3.py L881-899 (clipped loss, KL to the reference).
+- MixGRPO-Flash: Tencent-Hunyuan/MixGRPO e5cdd6a, fastvideo/utils/sampling_utils.py L29-52 (post-window grid), L105-
+  134 (DPM state updated through the window), L256-271 (DPMState), L305-349 (order choice), L398-425 (first order),
+  L449-512 (2M, midpoint).
+- DiffusionNFT: NVlabs/DiffusionNFT 24af555, scripts/train_nft_sd3.py L662 and L810-816 (each sample's grid levels
+  permuted), L569 (int(num_steps x timestep_fraction) of them), L862-983 (the loss); flow_grpo/stat_tracking.py L23-31
+  (global std); config/base.py L57, L84, L87, L89 and config/nft.py L60-67 (defaults).
+- AWM: scxue/advantage_weighted_matching be51372, advantage_weighted_matching/scripts/train_sd3_awm.py L210-250
+  (matching loss and ghuber weighting), L1197-1205 (discrete_wo_init levels), L1256-1352 (ratio, clip, both KLs),
+  L1409-1419 (EMA decay); config/dgx_awm.py L31-86 (geneval_sd3_no_cfg_1node).
+"""
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from config.grpo import tiny_cpu
+from config.methods import apply_method
+from recam.engine.advantages import group_advantages
+from recam.engine.extensions.fast_objectives import AWMObjective, NFTObjective
+from recam.engine.objective import GRPOObjective, MicroBatch
+from recam.engine.rollout import rollout
+from recam.engine.scheduler import FlowMatchScheduler
+
+SHAPE = (2, 3, 4)
+B = 6
+
+
+class Velocity(torch.nn.Module):
+    """A small velocity field with one parameter per element and a non-linearity: distinct per-element gradients."""
+
+    def __init__(self, seed):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.a = torch.nn.Parameter(-0.8 + 0.2 * torch.randn(SHAPE, generator=g))
+        self.b = torch.nn.Parameter(0.3 * torch.randn(SHAPE, generator=g))
+        self.c = torch.nn.Parameter(0.2 * torch.randn(SHAPE, generator=g))
+
+    def forward(self, x, t):
+        tt = t.float().reshape(-1, *([1] * len(SHAPE)))
+        return self.a * x + self.b * torch.tanh(x) * tt + self.c
+
+
+def perturbed(model, scale, seed):
+    out = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in out.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g))
+    return out
+
+
+def method_config(name):
+    return apply_method(tiny_cpu(), name)
+
+
+def scheduler_of(c, num_train_steps=0):
+    s = c.sample
+    return FlowMatchScheduler(s.num_steps, s.shift, s.noise_level, s.sde_type, num_train_steps)
+
+
+def grads_of(model):
+    out = [p.grad.clone() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = None
+    return out
+
+
+def run_objective(objective, mb, model):
+    pieces = []
+
+    def backward(loss, last):
+        pieces.append(loss.detach())
+        loss.backward()
+
+    objective.accumulate(mb, backward)
+    return torch.stack(pieces).sum(), grads_of(model)
+
+
+def reference_grads(loss, model):
+    loss.backward()
+    return grads_of(model)
+
+
+def rewards_and_groups():
+    g = torch.Generator().manual_seed(7)
+    groups = torch.arange(B) // 3  # two conditions, k = 3
+    return torch.rand(B, generator=g, dtype=torch.float64), groups
+
+
+def reference_global_std_advantages(rewards, groups):
+    """flow_grpo/stat_tracking.py with global_std=True: per-prompt mean, std of all rewards (numpy, population)."""
+    r, ids = rewards.numpy(), groups.numpy()
+    adv = np.empty_like(r)
+    for g in np.unique(ids):
+        adv[ids == g] = (r[ids == g] - r[ids == g].mean()) / (np.std(r) + 1e-4)
+    return torch.from_numpy(adv).float()
+
+
+def forward_mb(c, policy, old, reference, sampler, advantages):
+    g = torch.Generator().manual_seed(3)
+    final = torch.randn(B, *SHAPE, generator=g)
+    traj = torch.stack([torch.arange(B), torch.arange(B) % 3], 1)
+    return MicroBatch(states=final.new_empty(B, 0, *SHAPE), old_log_probs=torch.empty(B, 0),
+                      advantages=advantages[:, None], sample_weight=torch.full((B,), 1.0 / B), traj_ids=traj,
+                      policy=policy, reference=reference, inner_epoch=0, final=final, old_policy=old,
+                      sampling_policy=sampler, epoch=2)
+
+
+# ---------------------------------------------------------------- Flow-GRPO
+
+
+def reference_flow_grpo_step(sigmas, j, x, v, noise_level):
+    """sd3_sde_with_logprob.py L41-50: (mean, std_dev_t, dt) of the SDE step from sigmas[j]."""
+    sigma, sigma_prev, sigma_max = sigmas[j], sigmas[j + 1], sigmas[1]
+    dt = sigma_prev - sigma
+    std_dev_t = torch.sqrt(sigma / (1 - torch.where(sigma == 1, sigma_max, sigma))) * noise_level
+    mean = x * (1 + std_dev_t**2 / (2 * sigma) * dt) + v * (1 + std_dev_t**2 * (1 - sigma) / (2 * sigma)) * dt
+    return mean, std_dev_t, dt
+
+
+def reference_flow_grpo_log_prob(prev, mean, std_dev_t, dt):
+    """sd3_sde_with_logprob.py L61-68: Gaussian log-density with std std_dev_t sqrt(-dt), mean over elements."""
+    s = std_dev_t * torch.sqrt(-1 * dt)
+    lp = -((prev.detach() - mean) ** 2) / (2 * s**2) - torch.log(s) \
+        - torch.log(torch.sqrt(2 * torch.as_tensor(math.pi)))
+    return lp.mean(dim=tuple(range(1, lp.ndim)))
+
+
+def grpo_parity_case(method, start):
+    """recam's GRPO objective on a stored rollout of `method`'s preset against train_sd3.py's loss. Flow-GRPO's KL
+    divides by std_dev_t^2 without |dt| (its issues #22, #78); recam's is the exact Gaussian KL, so recam's KL term is
+    the reference's / |dt_j| (docs/methods.md, departures)."""
+    c = method_config(method)
+    T = c.sample.window_size
+    sched = scheduler_of(c, T)
+    policy = Velocity(0)
+    old, reference = perturbed(policy, 0.02, 1), perturbed(policy, 0.05, 2)
+    g = torch.Generator().manual_seed(4)
+    noise = torch.randn(B, c.sample.num_steps + 1, *SHAPE, generator=g)
+    with torch.no_grad():
+        out = rollout(old, noise, sched, start=start, ode_solver=c.sample.ode_solver,
+                      solver_scope=c.sample.ode_solver_scope, post_window_compress=c.sample.post_window_compress)
+    rewards, groups = rewards_and_groups()
+    adv = group_advantages(rewards.float(), groups, c.advantage.std_mode, c.advantage.eps)[0]
+    mb = MicroBatch(states=out.states, old_log_probs=out.log_probs, advantages=adv[:, None].expand(B, T),
+                    sample_weight=torch.full((B,), 1.0 / B), traj_ids=torch.stack([groups, torch.arange(B) % 3], 1),
+                    policy=policy, reference=reference, inner_epoch=0, step_offset=start)
+    loss, grads = run_objective(GRPOObjective(c.train, sched), mb, policy)
+
+    t, sigmas, total = c.train, sched.sigmas, 0.0
+    for j in range(T):
+        x, prev = out.states[:, j], out.states[:, j + 1]
+        mean, std_dev_t, dt = reference_flow_grpo_step(sigmas, start + j, x, policy(x, sigmas[start + j].expand(B)),
+                                                       c.sample.noise_level)
+        with torch.no_grad():
+            mean_ref, _, _ = reference_flow_grpo_step(sigmas, start + j, x,
+                                                      reference(x, sigmas[start + j].expand(B)), c.sample.noise_level)
+        log_prob = reference_flow_grpo_log_prob(prev, mean, std_dev_t, dt)
+        advantages = torch.clamp(adv, -t.adv_clip_max, t.adv_clip_max)
+        ratio = torch.exp(log_prob - out.log_probs[:, j])
+        unclipped_loss = -advantages * ratio
+        clipped_loss = -advantages * torch.clamp(ratio, 1.0 - t.clip_range, 1.0 + t.clip_range)
+        policy_loss = torch.mean(torch.maximum(unclipped_loss, clipped_loss))
+        kl_loss = torch.mean(((mean - mean_ref) ** 2).mean(dim=(1, 2, 3), keepdim=True) / (2 * std_dev_t**2))
+        total = total + (policy_loss + t.beta * kl_loss / (-dt)) / T  # accelerate averages over the T steps
+    ref_grads = reference_grads(total, policy)
+    torch.testing.assert_close(loss, total.detach(), rtol=1e-5, atol=1e-7)
+    for ours, theirs in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-7)
+    return out
+
+
+def test_flow_grpo_parity_with_train_sd3_loss_and_gradient():
+    out = grpo_parity_case("flow_grpo", 0)
+    assert out.states.shape[1] == method_config("flow_grpo").sample.num_steps  # S - 1 trained steps, + the last state
+
+
+# ---------------------------------------------------------------- MixGRPO-Flash
+
+
+def sd3_time_shift(shift, t):
+    return (shift * t) / (1 + (shift - 1) * t)
+
+
+def reference_flash_rollout(model, noise, sigmas, start, w, shift, eta, ratio):
+    """sampling_utils.py run_sample_step with dpm_apply_strategy 'post', flow_grpo_sampling, dpmsolver++ order 2,
+    midpoint: Flow-GRPO SDE in the window, Euler before it, the DPM state updated with every x0 up to the window's
+    end, then 2M on the compressed post-window grid (first order on the last step). Returns (final, schedule)."""
+    last_false_index = start + w - 1
+    num_post_steps = int(max((sigmas.shape[0] - 1 - last_false_index) * ratio, 1))
+    post_time_step = torch.linspace(1, 0, sigmas.shape[0])[last_false_index + 1].item()
+    post = sd3_time_shift(shift, torch.linspace(post_time_step, 0, num_post_steps))
+    schedule = torch.cat([sigmas[: last_false_index + 1], post], dim=0)
+    model_outputs, lower_order_nums = [None, None], 0
+    z = noise[:, 0].float()
+    for i in range(schedule.shape[0] - 1):
+        sigma = schedule[i]
+        pred = model(z, sigma.expand(z.shape[0]))
+        x0 = z - sigma * pred  # convert_model_output
+        model_outputs = [model_outputs[1], x0]
+        if i <= last_false_index:
+            sigma_prev = schedule[i + 1]
+            dt = sigma_prev - sigma
+            if start <= i:  # flow_grpo_step, stochastic
+                std_dev_t = torch.sqrt(sigma / (1 - torch.where(sigma == 1, schedule[1], sigma))) * eta
+                mean = z * (1 + std_dev_t**2 / (2 * sigma) * dt) \
+                    + pred * (1 + std_dev_t**2 * (1 - sigma) / (2 * sigma)) * dt
+                z = mean + std_dev_t * torch.sqrt(-1 * dt) * noise[:, i + 1]
+            else:  # determistic: Euler
+                z = z + dt * pred
+        else:
+            sigma_t, sigma_s0 = schedule[i + 1], schedule[i]
+            alpha_t = 1 - sigma_t
+            lambda_t = torch.log(alpha_t) - torch.log(sigma_t)
+            lambda_s0 = torch.log(1 - sigma_s0) - torch.log(sigma_s0)
+            h = lambda_t - lambda_s0
+            lower_order_final = i == schedule.shape[0] - 2
+            if lower_order_nums < 1 or lower_order_final:
+                z = (sigma_t / sigma_s0) * z - (alpha_t * (torch.exp(-h) - 1.0)) * x0
+            else:
+                sigma_s1 = schedule[i - 1]
+                lambda_s1 = torch.log(1 - sigma_s1) - torch.log(sigma_s1)
+                r0 = (lambda_s0 - lambda_s1) / h
+                m0, m1 = model_outputs[-1], model_outputs[-2]
+                D0, D1 = m0, (1.0 / r0) * (m0 - m1)
+                z = (sigma_t / sigma_s0) * z - (alpha_t * (torch.exp(-h) - 1.0)) * D0 \
+                    - 0.5 * (alpha_t * (torch.exp(-h) - 1.0)) * D1
+        lower_order_nums = min(lower_order_nums + 1, 2)  # update_lower_order
+    return z, schedule
+
+
+@pytest.mark.parametrize("shift", [1.0, 3.0])
+def test_mixgrpo_flash_parity_with_sampling_utils_rollout(shift):
+    c = method_config("mixgrpo_flash")
+    c.sample.shift = shift
+    w, S = c.sample.window_size, c.sample.num_steps
+    sched = scheduler_of(c, w)
+    model = Velocity(5)
+    noise = torch.randn(B, S + 1, *SHAPE, generator=torch.Generator().manual_seed(6))
+    for start in range(S - w):
+        with torch.no_grad():
+            ours = rollout(model, noise, sched, start=start, ode_solver=c.sample.ode_solver,
+                           solver_scope=c.sample.ode_solver_scope, post_window_compress=c.sample.post_window_compress)
+            theirs, schedule = reference_flash_rollout(model, noise, sched.sigmas, start, w, shift,
+                                                       c.sample.noise_level, c.sample.post_window_compress)
+        if float(schedule[-1]) > 0:
+            # the reference's max(., 1) leaves one post-window point when (S - window end + 1) x 0.4 < 2: its grid
+            # then ends at the window's end, above sigma 0 (a noisy sample); recam keeps two points (departure)
+            assert int((S - (start + w) + 1) * c.sample.post_window_compress) < 2
+            assert float(ours.final.abs().max()) < 1e3 and sched.compressed_after(start + w, 0.4).sigmas[-1] == 0
+            continue
+        torch.testing.assert_close(ours.final, theirs, rtol=1e-4, atol=1e-5)
+
+
+def test_mixgrpo_flash_parity_loss_and_gradient_on_its_window():
+    grpo_parity_case("mixgrpo_flash", 1)
+
+
+# ---------------------------------------------------------------- DiffusionNFT
+
+
+def test_nft_defaults_are_the_reference_s_in_recam_units():
+    c = method_config("nft")
+    # kl_beta 1e-4 beside a policy loss scaled by adv_clip_max = 5 (train_nft_sd3.py L960, L970)
+    assert c.train.beta == pytest.approx(1e-4 / 5) and c.train.adv_clip_max == 5
+    assert c.advantage.std_mode == "global" and c.train.nft_beta == 1.0
+    assert (c.train.fp_timestep_sampling, c.train.fp_num_timesteps, c.train.fp_grid_fraction) == ("grid", 0, 0.99)
+    assert (c.train.old_policy_decay, c.train.old_policy_decay_ramp) == (0.5, 0.001)
+    assert c.sample.ode_solver == "dpm2"
+
+
+def test_nft_parity_with_train_nft_sd3_loss_and_gradient():
+    c = method_config("nft")
+    S = c.sample.num_steps
+    sched = scheduler_of(c)
+    policy = Velocity(0)
+    old, reference = perturbed(policy, 0.03, 1), perturbed(policy, 0.08, 2)
+    rewards, groups = rewards_and_groups()
+    adv = group_advantages(rewards.float(), groups, c.advantage.std_mode, c.advantage.eps)[0]
+    torch.testing.assert_close(adv, reference_global_std_advantages(rewards, groups), rtol=1e-5, atol=1e-6)
+    mb = forward_mb(c, policy, old, reference, None, adv)
+    objective = NFTObjective(c.train, sched)
+    levels, noise = objective.draws(mb)
+    # L569, L810-816: int(S x 0.99) = 9 distinct levels of the 10-step grid per sample, in random order
+    num_train_timesteps = int(S * 0.99)
+    assert levels.shape == (B, num_train_timesteps)
+    grid = sched.sigmas[:S]
+    for row in levels:
+        idx = [int(torch.isclose(grid, v).nonzero()) for v in row]
+        assert len(set(idx)) == num_train_timesteps
+    loss, grads = run_objective(objective, mb, policy)
+
+    # train_nft_sd3.py L862-983 with config.beta = 1.0, train.beta = 1e-4, adv_clip_max 5
+    x0, nft_beta, kl_beta, adv_clip_max = mb.final, 1.0, 1e-4, 5
+    total = 0.0
+    for j_idx in range(num_train_timesteps):
+        t = levels[:, j_idx]
+        t_expanded = t.view(-1, *([1] * (len(x0.shape) - 1)))
+        xt = (1 - t_expanded) * x0 + t_expanded * noise[:, j_idx]
+        with torch.no_grad():
+            old_prediction = old(xt, t).detach()
+            ref_forward_prediction = reference(xt, t)
+        forward_prediction = policy(xt, t)
+        advantages_clip = torch.clamp(adv, -adv_clip_max, adv_clip_max)
+        r = torch.clamp((advantages_clip / adv_clip_max) / 2.0 + 0.5, 0, 1)
+        positive_prediction = nft_beta * forward_prediction + (1 - nft_beta) * old_prediction
+        implicit_negative_prediction = (1.0 + nft_beta) * old_prediction - nft_beta * forward_prediction
+        x0_prediction = xt - t_expanded * positive_prediction
+        with torch.no_grad():
+            weight_factor = torch.abs(x0_prediction.double() - x0.double()).mean(
+                dim=tuple(range(1, x0.ndim)), keepdim=True).clip(min=0.00001)
+        positive_loss = ((x0_prediction - x0) ** 2 / weight_factor).mean(dim=tuple(range(1, x0.ndim)))
+        negative_x0_prediction = xt - t_expanded * implicit_negative_prediction
+        with torch.no_grad():
+            negative_weight_factor = torch.abs(negative_x0_prediction.double() - x0.double()).mean(
+                dim=tuple(range(1, x0.ndim)), keepdim=True).clip(min=0.00001)
+        negative_loss = ((negative_x0_prediction - x0) ** 2 / negative_weight_factor).mean(
+            dim=tuple(range(1, x0.ndim)))
+        ori_policy_loss = r * positive_loss / nft_beta + (1.0 - r) * negative_loss / nft_beta
+        policy_loss = (ori_policy_loss * adv_clip_max).mean()
+        kl_div_loss = ((forward_prediction - ref_forward_prediction) ** 2).mean(dim=tuple(range(1, x0.ndim)))
+        loss_j = policy_loss + kl_beta * torch.mean(kl_div_loss)
+        total = total + loss_j / num_train_timesteps  # effective_grad_accum_steps (L801, L983)
+    ref_grads = reference_grads(total, policy)
+    # recam leaves the constant x5 out of the whole loss (policy and KL alike): the reference is 5 x recam's
+    torch.testing.assert_close(adv_clip_max * loss, total.detach().float(), rtol=1e-5, atol=1e-7)
+    for ours, theirs in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(adv_clip_max * ours, theirs.float(), rtol=1e-4, atol=1e-7)
+
+
+# ---------------------------------------------------------------- AWM
+
+
+def test_awm_defaults_are_the_reference_preset_s():
+    c = method_config("awm")
+    assert (c.train.awm_old_kl_weight, c.train.awm_clip_range, c.train.beta) == (1.0, 1.0, 1e-3)
+    assert (c.train.awm_weighting, c.train.awm_ghuber_power, c.train.awm_adv_scale) == ("ghuber", 0.25, 5.0)
+    assert (c.train.fp_timestep_sampling, c.train.fp_num_timesteps, c.train.fp_grid_fraction) == \
+        ("grid_stratified", 6, 0.9)
+    assert (c.train.old_policy_decay, c.advantage.std_mode) == (0.3, "global")
+    assert (c.sample.ode_solver, c.sample.sa_eta, c.sample.sa_min_sigma, c.sample.sa_max_sigma) == \
+        ("sa_solver", 0.4, 0.3, 0.9)
+
+
+def reference_awm_log_prob(model_output, noise, clean, timestep, power):
+    """train_sd3_awm.py compute_log_prob_awm L236-249, weighting 'ghuber'."""
+    log_prob = -(model_output.double() - (noise.double() - clean.double())) ** 2
+    log_prob = log_prob.mean(dim=tuple(range(1, log_prob.ndim)))
+    return -(torch.pow(-log_prob + 1e-10, power) - torch.pow(torch.tensor(1e-10, dtype=log_prob.dtype), power)) \
+        * timestep.view(-1) / power
+
+
+@pytest.mark.parametrize("off_policy", [False, True])
+def test_awm_parity_with_train_sd3_awm_loss_and_gradient(off_policy):
+    c = method_config("awm")
+    S = c.sample.num_steps
+    sched = scheduler_of(c)
+    policy = Velocity(0)
+    ema, reference = perturbed(policy, 0.03, 1), perturbed(policy, 0.08, 2)
+    # on-policy the reference's ratio is exactly 1 (its old log-probs are the policy's own, L1283-1284); a sampler
+    # that differs exercises the ratio and its clip range of 1
+    sampler = perturbed(policy, 0.5, 3) if off_policy else copy.deepcopy(policy)
+    rewards, groups = rewards_and_groups()
+    adv = group_advantages(rewards.float(), groups, c.advantage.std_mode, c.advantage.eps)[0]
+    mb = forward_mb(c, policy, ema, reference, sampler, adv)
+    objective = AWMObjective(c.train, sched)
+    levels, noise = objective.draws(mb)
+    # discrete_wo_init (L1197-1204): boundaries linspace(1, int(S x 0.9), 7).long(), one index per bin
+    boundaries = torch.linspace(1, int(S * 0.9), steps=6 + 1).long()
+    grid = sched.sigmas[:S]
+    for row in levels:
+        idx = torch.tensor([int(torch.isclose(grid, v).nonzero()) for v in row])
+        assert bool(((idx >= boundaries[:-1]) & ((idx < boundaries[1:]) | (idx == boundaries[:-1]))).all())
+    loss, grads = run_objective(objective, mb, policy)
+
+    # L1256-1352 with the preset's beta 1e-3, ema_beta 1, clip_range 1, advantage_max 1, kl weights 'Uniform'
+    T, power, beta, ema_beta, clip_range, adv_clip_max = levels.shape[1], 0.25, 1e-3, 1.0, 1.0, 5
+    timesteps = levels.T.reshape(-1)  # [T x B], timestep-major as L1212-1220 stack them
+    clean = mb.final.repeat(T, 1, 1, 1)
+    rnd = noise.transpose(0, 1).reshape(T * B, *SHAPE)
+    tv = timesteps.view(-1, 1, 1, 1)
+    noised = (1 - tv) * clean + tv * rnd
+    model_output = policy(noised, timesteps)
+    with torch.no_grad():
+        old_log_probs = reference_awm_log_prob(sampler(noised, timesteps), rnd, clean, timesteps, power).reshape(T, B)
+        model_output_ref, model_output_ema = reference(noised, timesteps), ema(noised, timesteps)
+    log_probs = reference_awm_log_prob(model_output, rnd, clean, timesteps, power).reshape(T, B)
+    advantages = torch.clamp(adv, -adv_clip_max, adv_clip_max) / adv_clip_max * 1
+    ratio = torch.exp(log_probs.view(-1) - old_log_probs.view(-1))
+    advantages = advantages.unsqueeze(0).repeat(T, 1).view(-1)
+    unclipped_loss = -advantages * ratio
+    clipped_loss = -advantages * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
+    policy_loss = torch.mean(torch.maximum(unclipped_loss, clipped_loss))
+    mo = model_output.reshape(T, B, *SHAPE)
+    kl_loss = ((mo - model_output_ref.reshape(T, B, *SHAPE)) ** 2).mean(dim=(2, 3, 4), keepdim=True).mean(dim=0).mean()
+    ema_kl_loss = ((mo - model_output_ema.reshape(T, B, *SHAPE)) ** 2).mean(dim=(2, 3, 4), keepdim=True).mean(
+        dim=0).mean()
+    total = policy_loss + beta * kl_loss + ema_beta * ema_kl_loss
+    ref_grads = reference_grads(total, policy)
+    if off_policy:
+        assert float((ratio.detach() - 1).abs().max()) > 1e-3  # the ratio is exercised
+    else:
+        assert float((ratio.detach() - 1).abs().max()) < 1e-6
+    torch.testing.assert_close(loss.double(), total.detach(), rtol=1e-5, atol=1e-7)
+    for ours, theirs in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(ours.double(), theirs.double(), rtol=1e-4, atol=1e-7)
+
+
+def reference_sa_solver_first_order(x, x0, sigma_s, sigma_t, tau, noise):
+    """sa_solver.py adams_bashforth_update, order 1, predict_x0 (L253-289) with NoiseScheduleFlowMatching (alpha =
+    1 - t, sigma = t): the coefficient of order 1 is the integral of exp((1 + tau^2) lambda) over [lambda_s,
+    lambda_t] (get_coefficients_exponential_positive, L136-151)."""
+    alpha_t = 1.0 - sigma_t
+    lambda_t = math.log(alpha_t) - math.log(sigma_t)
+    lambda_s = math.log(1.0 - sigma_s) - math.log(sigma_s)
+    h = lambda_t - lambda_s
+    k = 1 + tau**2
+    coefficient = math.exp(k * lambda_t) * (1 - math.exp(-(k * lambda_t - k * lambda_s))) / k
+    gradient_part = k * sigma_t * math.exp(-(tau**2) * lambda_t) * coefficient * x0
+    noise_part = sigma_t * math.sqrt(1 - math.exp(-2 * tau**2 * h)) * noise
+    return math.exp(-(tau**2) * h) * (sigma_t / sigma_s) * x + gradient_part + noise_part
+
+
+def test_awm_sampler_is_sa_solver_first_order_with_its_stochasticity_window():
+    c = method_config("awm")
+    sched = scheduler_of(c)
+    model = Velocity(9)
+    noise = torch.randn(B, c.sample.num_steps + 1, *SHAPE, generator=torch.Generator().manual_seed(11))
+    with torch.no_grad():
+        ours = rollout(model, noise, sched, ode_solver=c.sample.ode_solver, sa_eta=c.sample.sa_eta,
+                       sa_sigma_range=(c.sample.sa_min_sigma, c.sample.sa_max_sigma)).final
+        x, noisy = noise[:, 0].double(), 0
+        for j in range(c.sample.num_steps):
+            s, s_next = float(sched.sigmas[j]), float(sched.sigmas[j + 1])
+            v = model(x.float(), sched.sigmas[j].expand(B)).double()
+            x0 = x - s * v
+            tau = 0.4 if 0.3 <= s_next <= 0.9 else 0.0  # stochasticity_control_function, pipeline L296
+            if s_next == 0:
+                x = x0
+            elif s == 1.0:  # lambda_s = -inf: the limit of the same step (exp(-tau^2 h) -> 0 for tau > 0)
+                x = (1 - s_next) * x0 + (s_next * noise[:, j + 1].double() if tau > 0 else s_next * x)
+            else:
+                x = reference_sa_solver_first_order(x, x0, s, s_next, tau, noise[:, j + 1].double())
+            noisy += tau > 0
+    assert noisy == 7  # the steps ending at sigma 0.9, 0.8, ..., 0.3 of the 10-step linear grid draw noise
+    torch.testing.assert_close(ours.double(), x, rtol=1e-4, atol=1e-5)
+    # tau 0 is Euler: without the stochasticity the sampler is the deterministic rollout
+    with torch.no_grad():
+        euler = rollout(model, noise, sched).final
+        quiet = rollout(model, noise, sched, ode_solver="sa_solver", sa_eta=0.0).final
+    torch.testing.assert_close(quiet, euler, rtol=1e-5, atol=1e-6)
+
+
+def test_kl_sums_over_elements_when_the_log_probs_do():
+    """motion.log_prob_reduction='sum': the log-ratio is a sum over elements, so the KL term is too (it used to be
+    an element mean beside a summed policy term, D times weaker than intended)."""
+    from recam.engine.losses import get_kl_estimator
+
+    g = torch.Generator().manual_seed(0)
+    cur, ref = torch.randn(4, 5, 6, generator=g), torch.randn(4, 5, 6, generator=g)
+    x = cur + 0.3 * torch.randn(4, 5, 6, generator=g)
+    mask = (torch.rand(4, 1, 6, generator=g) > 0.3).float()
+    for name in ("gaussian_mean", "k1", "k2", "k3"):
+        kl = get_kl_estimator(name)
+        mean = kl(cur, ref, 0.3, x, mask)
+        summed = kl(cur, ref, 0.3, x, mask, "sum")
+        count = torch.broadcast_to(mask, cur.shape).sum(dim=(1, 2))
+        torch.testing.assert_close(summed, mean * count)
+    # and the GRPO objective passes its scheduler's reduction on: its KL penalty is D times the element mean's
+    c = method_config("flow_grpo")
+    policy, reference = Velocity(0), perturbed(Velocity(0), 0.05, 2)
+    penalties = {}
+    for reduction in ("mean", "sum"):
+        s = c.sample
+        sched = FlowMatchScheduler(s.num_steps, s.shift, s.noise_level, s.sde_type, 2, reduction=reduction)
+        noise = torch.randn(B, s.num_steps + 1, *SHAPE, generator=torch.Generator().manual_seed(4))
+        with torch.no_grad():
+            out = rollout(policy, noise, sched)
+        mb = MicroBatch(states=out.states, old_log_probs=out.log_probs, advantages=torch.zeros(B, 2),
+                        sample_weight=torch.full((B,), 1.0 / B), traj_ids=torch.zeros(B, 2, dtype=torch.long),
+                        policy=policy, reference=reference, inner_epoch=0)
+        metrics = GRPOObjective(c.train, sched).accumulate(mb, lambda loss, last: None)
+        penalties[reduction] = torch.stack([m["kl_penalty"] for m in metrics])
+    assert bool((penalties["mean"] > 0).all())
+    torch.testing.assert_close(penalties["sum"], penalties["mean"] * math.prod(SHAPE), rtol=1e-5, atol=0)
