@@ -29,6 +29,7 @@ from recam.engine.extensions.fast_objectives import AWMObjective, NFTObjective
 from recam.engine.objective import GRPOObjective, MicroBatch
 from recam.engine.rollout import rollout
 from recam.engine.scheduler import FlowMatchScheduler
+from tests.test_fast_objectives import perturbed
 
 SHAPE = (2, 3, 4)
 B = 6
@@ -47,15 +48,6 @@ class Velocity(torch.nn.Module):
     def forward(self, x, t):
         tt = t.float().reshape(-1, *([1] * len(SHAPE)))
         return self.a * x + self.b * torch.tanh(x) * tt + self.c
-
-
-def perturbed(model, scale, seed):
-    out = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in out.parameters():
-            p.add_(scale * torch.randn(p.shape, generator=g))
-    return out
 
 
 def method_config(name):

@@ -194,6 +194,13 @@ def rollout(denoise, noise: torch.Tensor, scheduler, mask: torch.Tensor | None =
                    if store_means else None)
 
 
+def solver_options(sample_config) -> dict:
+    """rollout's solver keywords from config.sample (ode_solver, its scope, the post-window grid, SA-Solver's tau)."""
+    s = sample_config
+    return dict(ode_solver=s.ode_solver, solver_scope=s.ode_solver_scope, post_window_compress=s.post_window_compress,
+                sa_eta=s.sa_eta, sa_sigma_range=(s.sa_min_sigma, s.sa_max_sigma))
+
+
 def _check_solver(ode_solver: str, scheduler) -> None:
     if ode_solver not in ODE_SOLVERS:
         raise ValueError(f"ode_solver must be one of {ODE_SOLVERS}, got {ode_solver!r}")

@@ -37,7 +37,7 @@ from recam.engine.reward_runner import (
     gather_details,
     masked_group_advantages,
 )
-from recam.engine.rollout import per_sample_noise, rollout
+from recam.engine.rollout import per_sample_noise, rollout, solver_options
 from recam.engine.run_checkpoints import RunCheckpoints
 from recam.engine.sampler import KRepeatBatchSampler
 from recam.infra import runlog
@@ -191,9 +191,7 @@ class GRPOTrainer:
             denoise = self.budget.counted(self.domain.denoiser(model, batch, self.autocast), "sampling")
             dev, store = self.accelerator.device, getattr(self.objective, "needs_old_means", False)
             out = rollout(denoise, noise.to(dev), self.scheduler, element_mask(self.domain, batch, dev), start=start,
-                          store_means=store, ode_solver=s.ode_solver, solver_scope=s.ode_solver_scope,
-                          post_window_compress=s.post_window_compress, sa_eta=s.sa_eta,
-                          sa_sigma_range=(s.sa_min_sigma, s.sa_max_sigma))
+                          store_means=store, **solver_options(s))
             samples = decode(self.domain, out.final, batch)  # rewards see what the domain decodes (pixels, motions)
             self.runner.submit(position, samples, batch.conditions)  # scored while the next batch samples
             index.append(torch.tensor(indices))
