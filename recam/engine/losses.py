@@ -243,10 +243,6 @@ def _kl_inputs(cur_mean: Tensor, ref_mean: Tensor, std: float | Tensor, sample: 
     return cur_mean.float(), ref_mean.detach().float(), std_t, sample.detach().float()
 
 
-def _element_mean(per_element: Tensor, mask: Tensor | None = None, reduction: str = "mean") -> Tensor:
-    return reduce_elements(per_element, mask, reduction)
-
-
 def gaussian_log_ratio(cur_mean: Tensor, ref_mean: Tensor, std: Tensor, sample: Tensor, pathwise: bool) -> Tensor:
     """Per-element log N(x; ref_mean, std^2) - log N(x; cur_mean, std^2), same shape as the means.
 
@@ -285,7 +281,7 @@ def kl_k1(cur_mean: Tensor, ref_mean: Tensor, std: float | Tensor, sample: Tenso
     does), so k1's gradient is the noisiest of the three when policy and reference are close.
     """
     cur, ref, std_t, x = _kl_inputs(cur_mean, ref_mean, std, sample)
-    return _element_mean(-gaussian_log_ratio(cur, ref, std_t, x, pathwise=True), mask, reduction)
+    return reduce_elements(-gaussian_log_ratio(cur, ref, std_t, x, pathwise=True), mask, reduction)
 
 
 @register_kl_estimator("k2")
@@ -298,7 +294,7 @@ def kl_k2(cur_mean: Tensor, ref_mean: Tensor, std: float | Tensor, sample: Tenso
     relative bias is KL / 2 (0.5 % at a per-element KL of 0.01).
     """
     cur, ref, std_t, x = _kl_inputs(cur_mean, ref_mean, std, sample)
-    return _element_mean(0.5 * gaussian_log_ratio(cur, ref, std_t, x, pathwise=False) ** 2, mask, reduction)
+    return reduce_elements(0.5 * gaussian_log_ratio(cur, ref, std_t, x, pathwise=False) ** 2, mask, reduction)
 
 
 @register_kl_estimator("k3")
@@ -314,7 +310,7 @@ def kl_k3(cur_mean: Tensor, ref_mean: Tensor, std: float | Tensor, sample: Tenso
     cur, ref, std_t, x = _kl_inputs(cur_mean, ref_mean, std, sample)
     log_r = gaussian_log_ratio(cur, ref, std_t, x, pathwise=False)
     k3 = torch.exp(log_r.clamp(-K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP)) - 1.0 - log_r
-    return _element_mean(k3, mask, reduction)
+    return reduce_elements(k3, mask, reduction)
 
 
 def weighted_terms(per_sample: Tensor, sample_weight: Tensor | None) -> tuple[Tensor, Tensor]:

@@ -175,9 +175,7 @@ def rollout(denoise, noise: torch.Tensor, scheduler, mask: torch.Tensor | None =
         elif ode_solver == "dpm2" and (solver_scope == "all" or j >= start + T):
             x, previous = grid.deterministic_2m(j, out, x, previous)
         elif ode_solver == "sa_solver":
-            low, high = sa_sigma_range
-            tau = sa_eta if low <= float(grid.sigmas[j + 1]) <= high else 0.0
-            x = grid.stochastic_adams(j, out, x, tau, noise[:, j + 1])
+            x = grid.stochastic_adams(j, out, x, sa_eta, sa_sigma_range, noise[:, j + 1])
         else:
             x = grid.deterministic(j, out, x)
         if T and j == start + T - 1:

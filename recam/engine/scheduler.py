@@ -155,9 +155,13 @@ class FlowMatchScheduler:
         s = float(self.sigmas[j])
         return x.float() - s * output.float(), s
 
-    def stochastic_adams(self, j: int, output: Tensor, x: Tensor, tau: float, noise: Tensor) -> Tensor:
-        """Step j with SA-Solver's first-order stochastic step, stochasticity tau (recam.engine.sde.flow_sa_step)."""
-        return flow_sa_step(output, float(self.sigmas[j]), float(self.sigmas[j + 1]), x, tau, noise)
+    def stochastic_adams(self, j: int, output: Tensor, x: Tensor, eta: float, sigma_range: tuple[float, float],
+                         noise: Tensor) -> Tensor:
+        """Step j with SA-Solver's first-order stochastic step (recam.engine.sde.flow_sa_step): stochasticity eta
+        where the step ends at a sigma inside sigma_range (AWM's pipeline: 0.4 on [0.3, 0.9]), 0 (Euler) elsewhere."""
+        s, s_next = float(self.sigmas[j]), float(self.sigmas[j + 1])
+        tau = eta if sigma_range[0] <= s_next <= sigma_range[1] else 0.0
+        return flow_sa_step(output, s, s_next, x, tau, noise)
 
     def transition_kl(self, mean_a: Tensor, mean_b: Tensor, std, mask: Tensor | None = None) -> Tensor:
         """(N,) KL between this step's Gaussians centred on mean_a and on mean_b, in the coordinates and with the

@@ -241,11 +241,12 @@ def forward_noise(keys: list[tuple[int, ...]], num: int, shape: tuple[int, ...],
     if mode in GRID_LEVELS and grid is None:
         raise ValueError(f"fp_timestep_sampling={mode!r} needs the sampling grid's levels")
     levels, noise = torch.empty(len(keys), num), torch.empty(len(keys), num, *shape)
+    grid = None if grid is None else grid.cpu()
     for i, key in enumerate(keys):
         seed = int(np.random.SeedSequence([int(k) for k in key]).generate_state(1, dtype=np.uint64)[0])
         gen = torch.Generator().manual_seed(seed % (2**63))
         if mode in GRID_LEVELS:
-            levels[i] = grid.cpu()[grid_indices(grid.shape[0], num, mode, grid_fraction, gen)].float()
+            levels[i] = grid[grid_indices(grid.shape[0], num, mode, grid_fraction, gen)].float()
         else:
             levels[i] = sample_noise_levels(num, low, high, mode, gen)
         noise[i] = torch.randn(num, *shape, generator=gen)
