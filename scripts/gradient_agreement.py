@@ -19,15 +19,19 @@ column extrapolates from its upper end: a share near 0 is too uncertain to extra
 motion job, 64 samples' share of 0.01 read as ~6,300 samples for 1/2; measured at 1,024 samples: at least 8,400).
 The trainer logs the same cosine between consecutive optimizer steps (grad_cosine_prev) in
 every run; this measures it at the base, per step, on as many epochs as asked. Nothing is written outside a
-temporary folder.
+temporary folder, except --out's record of the whole update (with the seconds per sample, and so the CPU seconds
+an update whose cosine is 1/2 would take); --table prints several records side by side (scripts/signal_sweep.sh
+runs the settings of docs/results.md's table).
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import os
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -51,6 +55,9 @@ def define_flags() -> None:
     config_flags.DEFINE_config_file("config", "config/grpo.py:motion_tiny_cpu",
                                     "preset (config/grpo.py:<name>[+method])")
     flags.DEFINE_integer("repeats", 6, "independent epochs sampled at the base (>= 2)")
+    flags.DEFINE_string("out", "", "also write the whole update's numbers and the CPU seconds to this JSON file")
+    flags.DEFINE_string("label", "", "the setting's name in the JSON record (--table's first column)")
+    flags.DEFINE_string("table", "", "comma-separated JSON files from --out: print their table and exit")
 
 
 def agreement(grads: torch.Tensor) -> dict:
@@ -100,12 +107,16 @@ def _split_backward(out: torch.Tensor, params: list, T: int):
     return backward
 
 
-def epoch_gradients(trainer: GRPOTrainer, epoch: int) -> tuple[torch.Tensor, int]:
+def epoch_gradients(trainer: GRPOTrainer, epoch: int, seconds: dict | None = None) -> tuple[torch.Tensor, int]:
     """(T, D) the gradient of epoch `epoch`'s GRPO loss (mean over its kept samples) split by trained step, and
-    the number of samples. The trainer's own sampling, rewards, advantages and objective; no optimizer step."""
+    the number of samples. The trainer's own sampling, rewards, advantages and objective; no optimizer step.
+    `seconds`, when given, receives the wall seconds of sampling and scoring ("sample") and of the objective's
+    forward and backward passes ("train")."""
     trainer.epoch = epoch
+    t0 = time.perf_counter()
     rollouts = trainer.sample(epoch)
     groups = trainer.advantages(rollouts, trainer.score())
+    t1 = time.perf_counter()
     params = [p for p in trainer.policy.parameters() if p.requires_grad]
     T = max(1, trainer.scheduler.num_train_steps)
     out = torch.zeros(T, sum(p.numel() for p in params), dtype=torch.float64)
@@ -119,19 +130,63 @@ def epoch_gradients(trainer: GRPOTrainer, epoch: int) -> tuple[torch.Tensor, int
         mb = trainer.micro_batch(rollouts, torch.arange(first, min(first + bs, n)), adv, traj, weight, 0)
         trainer.objective.accumulate(mb, _split_backward(out, params, T))
     trainer.objective.end_epoch()
+    if seconds is not None:
+        seconds.update(sample=t1 - t0, train=time.perf_counter() - t1)
     return out, int(groups.keep.sum())
 
 
-def main(_):
+def update_record(G: torch.Tensor, n: int, seconds: list[dict], label: str, argv: list[str]) -> dict:
+    """The whole update's numbers from G (R, T, D), R epochs of n samples each and their timings: signal share with
+    its 95% interval, cosine, samples for a cosine of 1/2, and the CPU seconds an update of that many samples takes
+    at this setting's measured seconds per sample (sampling, scoring and one backward pass over each sample):
+    the cost of signal, comparable across settings that differ in per-sample cost (k, objectives, steps)."""
+    whole = G.sum(1)
+    a = agreement(whole)
+    share, half = share_interval(whole) if len(whole) >= 3 else (a["signal_share"], math.nan)
+    per_sample = sum(s["sample"] + s["train"] for s in seconds) / (len(seconds) * n)
+    half_signal = samples_for_half(share, n)
+    return {"label": label, "command": " ".join(argv), "repeats": len(whole), "samples": n,
+            "share": share, "ci95": half, "cosine": a["cosine"], "cosine_std": a["cosine_std"],
+            "samples_for_half": half_signal, "samples_for_half_at_least": samples_for_half(share + half, n),
+            "seconds_per_sample": per_sample, "seconds_sample": [s["sample"] for s in seconds],
+            "seconds_train": [s["train"] for s in seconds], "cpu_seconds_for_half": half_signal * per_sample}
+
+
+def _fmt(x: float) -> str:
+    return "inf" if math.isinf(x) else ("n/a" if math.isnan(x) else f"{x:.3g}")
+
+
+def table(paths: list[str]) -> str:
+    """A markdown table of --out records: one row each, in the given order."""
+    rows = ["| setting | signal share (95%) | cosine | s / sample | samples for cosine 1/2 (at least) | "
+            "CPU s for cosine 1/2 |", "|---|---|---|---|---|---|"]
+    for path in paths:
+        try:
+            r = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"[recam] {path}: not a gradient_agreement record ({e})") from None
+        rows.append(f"| {r['label']} | {r['share']:.3f} ± {r['ci95']:.3f} | {r['cosine']:.3f} | "
+                    f"{r['seconds_per_sample']:.3f} | {_fmt(r['samples_for_half'])} "
+                    f"({_fmt(r['samples_for_half_at_least'])}) | {_fmt(r['cpu_seconds_for_half'])} |")
+    return "\n".join(rows)
+
+
+def main(argv):
+    if FLAGS.table:
+        print(table([p for p in FLAGS.table.split(",") if p]))
+        return
     if FLAGS.repeats < 2:
         sys.exit("[recam] --repeats must be at least 2")
     with trainer_at_base(FLAGS.config) as trainer:
-        per_epoch, sizes = [], []
+        per_epoch, sizes, seconds = [], [], []
         for e in range(FLAGS.repeats):
-            grads, n = epoch_gradients(trainer, e)
+            seconds.append({})
+            grads, n = epoch_gradients(trainer, e, seconds[-1])
             per_epoch.append(grads)
             sizes.append(n)
-            print(f"epoch {e}: {n} samples, gradient norm {float(grads.sum(0).norm()):.3e}", flush=True)
+            print(f"epoch {e}: {n} samples, gradient norm {float(grads.sum(0).norm()):.3e}, "
+                  f"{seconds[-1]['sample']:.1f} s sampling and scoring, {seconds[-1]['train']:.1f} s backward",
+                  flush=True)
     G = torch.stack(per_epoch)  # (R, T, D)
     n = int(sum(sizes) / len(sizes))
     start = trainer.numbers.plan.start(0, trainer.config.seed)
@@ -147,6 +202,12 @@ def main(_):
         at_least = samples_for_half(high, n) if math.isfinite(high) else math.nan
         print(f"| {name} | {a['cosine']:.4f} +- {a['cosine_std']:.4f} | {share:.4f} +- {half:.4f} | "
               f"{a['total_sq']:.3e} | {samples_for_half(share, n):.3g} | {at_least:.3g} |")
+    if FLAGS.out:
+        record = update_record(G, n, seconds, FLAGS.label or FLAGS.out, [Path(sys.argv[0]).name] + sys.argv[1:])
+        Path(FLAGS.out).parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(FLAGS.out + ".tmp")
+        tmp.write_text(json.dumps(record, indent=1))
+        tmp.replace(FLAGS.out)
 
 
 if __name__ == "__main__":

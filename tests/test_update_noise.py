@@ -20,7 +20,14 @@ from recam.engine.health import (  # noqa: E402
     flat_cosine,
 )
 from recam.infra.stats import mean_interval, t975  # noqa: E402
-from scripts.gradient_agreement import agreement, epoch_gradients, samples_for_half, share_interval  # noqa: E402
+from scripts.gradient_agreement import (  # noqa: E402
+    agreement,
+    epoch_gradients,
+    samples_for_half,
+    share_interval,
+    table,
+    update_record,
+)
 
 
 def test_flat_cosine_is_the_cosine_of_the_concatenated_vectors():
@@ -121,6 +128,27 @@ def test_share_interval_is_the_jackknife_of_a_loop():
     assert got == pytest.approx(share(list(g)), rel=1e-9) and half == pytest.approx(2.776 * se, rel=2e-4)
     with pytest.raises(ValueError, match="at least 3"):
         share_interval(g[:2])
+
+
+def test_update_record_prices_the_signal_in_cpu_seconds(tmp_path):
+    # 4 epochs of 2 trained steps: the record is about the whole update (the steps summed)
+    G = torch.randn(4, 2, 30, generator=torch.Generator().manual_seed(5), dtype=torch.float64) + 0.3
+    seconds = [{"sample": 3.0 + e, "train": 1.0} for e in range(4)]
+    r = update_record(G, 16, seconds, "nft", ["gradient_agreement.py", "--repeats", "4"])
+    share, half = share_interval(G.sum(1))
+    assert r["share"] == pytest.approx(share) and r["ci95"] == pytest.approx(half) and r["repeats"] == 4
+    per_sample = (4.0 + 5.0 + 6.0 + 7.0) / (4 * 16)  # seconds per sample by hand: 22 s over 64 samples
+    assert r["seconds_per_sample"] == pytest.approx(per_sample)
+    assert r["samples_for_half"] == pytest.approx(16 * (1 - share) / share)
+    assert r["cpu_seconds_for_half"] == pytest.approx(16 * (1 - share) / share * per_sample)
+    assert r["samples_for_half_at_least"] == pytest.approx(samples_for_half(share + half, 16))
+    path = tmp_path / "nft.json"
+    path.write_text(__import__("json").dumps(r))
+    rows = table([str(path)]).splitlines()
+    assert len(rows) == 3 and rows[2].startswith(f"| nft | {share:.3f} ± {half:.3f} |")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(SystemExit, match="bad.json: not a gradient_agreement record"):
+        table([str(tmp_path / "bad.json")])
 
 
 def test_t_quantiles_and_mean_interval():
