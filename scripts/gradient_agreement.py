@@ -19,7 +19,7 @@ column extrapolates from its upper end: a share near 0 is too uncertain to extra
 motion job, 64 samples' share of 0.01 read as ~6,300 samples for 1/2; measured at 1,024 samples: at least 8,400).
 The trainer logs the same cosine between consecutive optimizer steps (grad_cosine_prev) in
 every run; this measures it at the base, per step, on as many epochs as asked. Nothing is written outside a
-temporary folder, except --out's record of the whole update (with the seconds per sample, and so the CPU seconds
+temporary folder, except --out's record of the whole update (with the wall seconds per sample, and so the seconds
 an update whose cosine is 1/2 would take); --table prints several records side by side (scripts/signal_sweep.sh
 runs the settings of docs/results.md's table).
 """
@@ -55,7 +55,7 @@ def define_flags() -> None:
     config_flags.DEFINE_config_file("config", "config/grpo.py:motion_tiny_cpu",
                                     "preset (config/grpo.py:<name>[+method])")
     flags.DEFINE_integer("repeats", 6, "independent epochs sampled at the base (>= 2)")
-    flags.DEFINE_string("out", "", "also write the whole update's numbers and the CPU seconds to this JSON file")
+    flags.DEFINE_string("out", "", "also write the whole update's numbers and the wall seconds per sample to this JSON file")
     flags.DEFINE_string("label", "", "the setting's name in the JSON record (--table's first column)")
     flags.DEFINE_string("table", "", "comma-separated JSON files from --out: print their table and exit")
 
@@ -137,9 +137,10 @@ def epoch_gradients(trainer: GRPOTrainer, epoch: int, seconds: dict | None = Non
 
 def update_record(G: torch.Tensor, n: int, seconds: list[dict], label: str, argv: list[str]) -> dict:
     """The whole update's numbers from G (R, T, D), R epochs of n samples each and their timings: signal share with
-    its 95% interval, cosine, samples for a cosine of 1/2, and the CPU seconds an update of that many samples takes
-    at this setting's measured seconds per sample (sampling, scoring and one backward pass over each sample):
-    the cost of signal, comparable across settings that differ in per-sample cost (k, objectives, steps)."""
+    its 95% interval, cosine, samples for a cosine of 1/2, and the seconds an update of that many samples takes at
+    this setting's measured wall seconds per sample (sampling, scoring and one backward pass over each sample): the
+    cost of signal, comparable across settings that differ in per-sample cost (k, objectives, steps) when they were
+    timed on equally loaded cores."""
     whole = G.sum(1)
     a = agreement(whole)
     share, half = share_interval(whole) if len(whole) >= 3 else (a["signal_share"], math.nan)
@@ -158,8 +159,8 @@ def _fmt(x: float) -> str:
 
 def table(paths: list[str]) -> str:
     """A markdown table of --out records: one row each, in the given order."""
-    rows = ["| setting | signal share (95%) | cosine | s / sample | samples for cosine 1/2 (at least) | "
-            "CPU s for cosine 1/2 |", "|---|---|---|---|---|---|"]
+    rows = ["| setting | signal share (95%) | cosine | wall s / sample | samples for cosine 1/2 (at least) | "
+            "wall s for cosine 1/2 |", "|---|---|---|---|---|---|"]
     for path in paths:
         try:
             r = json.loads(Path(path).read_text())

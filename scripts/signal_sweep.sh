@@ -15,7 +15,7 @@ py=${PYTHON:-python}
 case "$domain" in
   camera)
     p=tiny_cpu
-    # label|preset suffix|overrides (k at 128 samples per update; noise: sample.noise_level, the preset's is 0.7;
+    # label|preset suffix|overrides (k at 128 samples per update, a sampling batch holding whole groups; noise: sample.noise_level, the preset's is 0.7;
     # subspace: cosine components along the 32-pixel width)
     settings=(
       "preset (k 4, a 0.7)|"
@@ -24,7 +24,7 @@ case "$domain" in
       "nft|+nft"
       "awm|+awm"
       "k 8|||--config.sample.k=8"
-      "k 16|||--config.sample.k=16"
+      "k 16|||--config.sample.k=16 --config.sample.batch_size=16 --config.sample.num_batches_per_epoch=8"
       "noise a 0.4|||--config.sample.noise_level=0.4"
       "noise a 1.0|||--config.sample.noise_level=1.0"
       "subspace m 4|||--config.sample.noise_frequencies=4"
@@ -41,7 +41,7 @@ case "$domain" in
       "nft|+nft"
       "awm|+awm"
       "k 8|||--config.sample.k=8"
-      "k 16|||--config.sample.k=16"
+      "k 16|||--config.sample.k=16 --config.sample.batch_size=16 --config.sample.num_batches_per_epoch=4"
       "noise eta 0.3|||--config.motion.eta=0.3"
       "noise eta 0.6|||--config.motion.eta=0.6"
       "subspace m 8|||--config.sample.noise_frequencies=8"

@@ -130,7 +130,7 @@ def test_share_interval_is_the_jackknife_of_a_loop():
         share_interval(g[:2])
 
 
-def test_update_record_prices_the_signal_in_cpu_seconds(tmp_path):
+def test_update_record_prices_the_signal_in_seconds(tmp_path):
     # 4 epochs of 2 trained steps: the record is about the whole update (the steps summed)
     G = torch.randn(4, 2, 30, generator=torch.Generator().manual_seed(5), dtype=torch.float64) + 0.3
     seconds = [{"sample": 3.0 + e, "train": 1.0} for e in range(4)]
