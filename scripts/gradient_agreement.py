@@ -55,7 +55,7 @@ def define_flags() -> None:
     config_flags.DEFINE_config_file("config", "config/grpo.py:motion_tiny_cpu",
                                     "preset (config/grpo.py:<name>[+method])")
     flags.DEFINE_integer("repeats", 6, "independent epochs sampled at the base (>= 2)")
-    flags.DEFINE_string("out", "", "also write the whole update's numbers and the wall seconds per sample to this JSON file")
+    flags.DEFINE_string("out", "", "also write the whole update's numbers and seconds per sample to this JSON file")
     flags.DEFINE_string("label", "", "the setting's name in the JSON record (--table's first column)")
     flags.DEFINE_string("table", "", "comma-separated JSON files from --out: print their table and exit")
 

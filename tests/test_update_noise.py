@@ -218,3 +218,48 @@ def test_the_script_s_per_step_split_sums_to_the_trainer_s_gradient_and_runs_log
     assert "grad_cosine_prev" not in steps[0] and len(steps) == 4
     assert all(-1 <= s["grad_cosine_prev"] <= 1 for s in steps[1:])
     assert [s["step_samples"] for s in steps] == [32] * 4
+
+
+def test_signal_sweep_runs_each_setting_once_and_resumes(tmp_path):
+    """scripts/signal_sweep.sh with a stand-in for python that records its arguments and writes each --out: every
+    setting is run once with its overrides, a rerun skips the finished ones, and the table gets every record."""
+    import json
+    import subprocess
+
+    calls = tmp_path / "calls.txt"
+    fake = tmp_path / "fake_python"
+    fake.write_text(f"""#!/usr/bin/env bash
+echo "$*" >> {calls}
+args=("$@")
+for i in "${{!args[@]}}"; do
+  if [ "${{args[$i]}}" = --out ]; then echo '{{}}' > "${{args[$((i + 1))]}}"; fi
+done
+""")
+    fake.chmod(0o755)
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "motion"
+
+    def sweep(*extra, folder=out):
+        return subprocess.run(["bash", str(root / "scripts/signal_sweep.sh"), "motion", str(folder), "3", *extra],
+                              env={**__import__("os").environ, "PYTHON": str(fake)}, capture_output=True, text=True,
+                              check=True)
+
+    sweep()
+    lines = calls.read_text().splitlines()
+    runs = [x for x in lines if "--out" in x]
+    tables = [x for x in lines if x.startswith("scripts/gradient_agreement.py --table")]
+    assert len(runs) == 11 and len(tables) == 1 and len(tables[0].split(",")) == 11
+    assert all("--config.num_threads=1" in x and "--repeats 3" in x for x in runs)
+    k16 = next(x for x in runs if "--label k 16" in x)
+    assert "--config.sample.k=16 --config.sample.batch_size=16 --config.sample.num_batches_per_epoch=4" in k16
+    assert any("config/grpo.py:motion_tiny_cpu+nft" in x for x in runs)
+    assert json.loads((out / "nft.json").read_text()) == {}
+    calls.write_text("")
+    sweep()  # resumed: nothing left to run, the table again
+    assert [x for x in calls.read_text().splitlines() if "--out" in x] == []
+    calls.write_text("")
+    sweep("motion_tiny_gpu", folder=tmp_path / "gpu")  # a GPU preset: its own threads, its batches hold 16
+    gpu = [x for x in calls.read_text().splitlines() if "--out" in x]
+    assert len(gpu) == 11 and not any("num_threads" in x for x in gpu)
+    assert all("config/grpo.py:motion_tiny_gpu" in x for x in gpu)
+    assert next(x for x in gpu if "--label k 16" in x).endswith("--config.sample.k=16")
