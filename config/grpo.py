@@ -218,7 +218,7 @@ def motion_tiny_cpu():
     c.train.batch_size = 8
     c.train.gradient_accumulation_steps = 4  # 8 micro-batches of 8: two optimizer steps per epoch
     c.train.timestep_fraction = 0.3  # 6 of the 20 steps trained: the noisiest, where a motion's content forms
-    c.train.learning_rate = 1e-4
+    c.train.learning_rate = 5e-5  # of 5e-5 / 1e-4 / 2e-4: validation alignment still rising at the end (results.md)
     c.train.beta = 0.01
     c.reward.weights = ml_collections.ConfigDict({"motion_alignment": 1.0, "motion_physics": 0.5})
     c.reward.constraint = ""
@@ -380,7 +380,8 @@ def tiny_gpu():
     k 4, one optimizer step per epoch), because a camera update at the base measured about 6% signal at 128
     samples and needs on the order of 2,000 for a cosine of 1/2 between updates (docs/results.md). Learning rate
     and epochs are tiny_cpu's until a GPU run measures better ones; scripts/device_check.py runs it under a time
-    cap (max_train_seconds)."""
+    cap (max_train_seconds). Its recipe is tiny_cpu's too: no setting's signal share at 128 samples stood apart from
+    another's (docs/results.md, issue 44); `bash scripts/signal_sweep.sh camera OUT 4 tiny_gpu` measures them here."""
     c = tiny_cpu()
     c.run_name = "tiny_gpu"
     c.run_dir = "runs/tiny_gpu"
@@ -397,7 +398,9 @@ def motion_tiny_gpu():
     """motion_tiny_cpu at the batch size one GPU affords: 2,048 samples per update (16 batches of 128 = 512
     captions x k 4, one optimizer step per epoch), because a motion update at the base measured about 2% signal
     at 1,024 samples (docs/results.md). Learning rate and epochs are motion_tiny_cpu's until a GPU run measures
-    better ones; scripts/device_check.py runs it under a time cap (max_train_seconds)."""
+    better ones; scripts/device_check.py runs it under a time cap (max_train_seconds). The recipe is
+    motion_tiny_cpu's: no setting's share at 64 samples stood apart (docs/results.md, issue 44); `bash
+    scripts/signal_sweep.sh motion OUT 4 motion_tiny_gpu` measures them at 2,048."""
     c = motion_tiny_cpu()
     c.run_name = "motion_tiny_gpu"
     c.run_dir = "runs/motion_tiny_gpu"
