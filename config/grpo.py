@@ -195,8 +195,8 @@ def motion_tiny_cpu():
     motion_retrieval reported; evaluation on 128 held-out captions (four pools of 32 for R-precision), graded by
     checkpoints/motion_grader (a transformer evaluator trained apart from the reward's GRU one) with the reward
     network's own numbers beside it, and 32 validation captions that choose the reported checkpoint. What these
-    settings gain, and the settings tried (learning rates, trained steps, rewards), are in docs/results.md: the
-    held-out gain is small.
+    settings gain, and the settings tried (learning rates, trained steps, rewards), are in docs/results.md: over
+    three seeds the grader's held-out R@3 gains +0.031 +- 0.024 (issue 44), inside one run's noise at 128 captions.
     Sized for well under 15 minutes on 2 CPU cores (one torch thread: these small ops gain
     nothing from a second one, and lose much when the machine is shared)."""
     c = base_config()
