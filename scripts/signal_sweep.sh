@@ -14,46 +14,33 @@ preset=${4:-}
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python}
 
+# label|preset suffix|overrides; the methods and k (at the preset's samples per update) are common to both domains
+common=(
+  "flow_grpo_fast|+flow_grpo_fast"
+  "mixgrpo|+mixgrpo"
+  "nft|+nft"
+  "awm|+awm"
+  "k 8|||--config.sample.k=8"
+)
 case "$domain" in
   camera)
     p=${preset:-tiny_cpu}
     # k 16 needs sampling batches that hold whole groups: the CPU preset's 8 become 16 (at the same 128 samples)
     k16="--config.sample.k=16"
     [ "$p" = tiny_cpu ] && k16="$k16 --config.sample.batch_size=16 --config.sample.num_batches_per_epoch=8"
-    # label|preset suffix|overrides (k at the preset's samples per update; noise: sample.noise_level, the preset's
-    # is 0.7; subspace: cosine components along the 32-pixel width)
-    settings=(
-      "preset (k 4, a 0.7)|"
-      "flow_grpo_fast|+flow_grpo_fast"
-      "mixgrpo|+mixgrpo"
-      "nft|+nft"
-      "awm|+awm"
-      "k 8|||--config.sample.k=8"
-      "k 16|||$k16"
-      "noise a 0.4|||--config.sample.noise_level=0.4"
-      "noise a 1.0|||--config.sample.noise_level=1.0"
-      "subspace m 4|||--config.sample.noise_frequencies=4"
-      "subspace m 8|||--config.sample.noise_frequencies=8"
-    ) ;;
+    # noise: sample.noise_level, the preset's is 0.7; subspace: cosine components along the 32-pixel width
+    settings=("preset (k 4, a 0.7)|" "${common[@]}" "k 16|||$k16"
+      "noise a 0.4|||--config.sample.noise_level=0.4" "noise a 1.0|||--config.sample.noise_level=1.0"
+      "subspace m 4|||--config.sample.noise_frequencies=4" "subspace m 8|||--config.sample.noise_frequencies=8") ;;
   motion)
     p=${preset:-motion_tiny_cpu}
     k16="--config.sample.k=16"
     [ "$p" = motion_tiny_cpu ] && k16="$k16 --config.sample.batch_size=16 --config.sample.num_batches_per_epoch=4"
     # noise: the trained steps' DDIM eta (motion.eta, the preset's is 1.0); subspace: cosine components along the
     # 196 frames
-    settings=(
-      "preset (k 4, eta 1.0)|"
-      "flow_grpo_fast|+flow_grpo_fast"
-      "mixgrpo|+mixgrpo"
-      "nft|+nft"
-      "awm|+awm"
-      "k 8|||--config.sample.k=8"
-      "k 16|||$k16"
-      "noise eta 0.3|||--config.motion.eta=0.3"
-      "noise eta 0.6|||--config.motion.eta=0.6"
-      "subspace m 8|||--config.sample.noise_frequencies=8"
-      "subspace m 32|||--config.sample.noise_frequencies=32"
-    ) ;;
+    settings=("preset (k 4, eta 1.0)|" "${common[@]}" "k 16|||$k16"
+      "noise eta 0.3|||--config.motion.eta=0.3" "noise eta 0.6|||--config.motion.eta=0.6"
+      "subspace m 8|||--config.sample.noise_frequencies=8" "subspace m 32|||--config.sample.noise_frequencies=32") ;;
   *) echo "[recam] domain must be camera or motion, got $domain" >&2; exit 2 ;;
 esac
 # one torch thread on the CPU presets (their own num_threads elsewhere)
