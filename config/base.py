@@ -124,7 +124,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train = ml_collections.ConfigDict()
     c.train.batch_size = 8  # samples per process per optimizer micro-batch
     # AdamW learning rate (full fine-tuning of the tiny model, one step per epoch). 1e-4 of 1e-4 / 2e-4 / 4e-4: the one
-    # that gained held-out cam_score without costing fidelity (2e-4 paid 0.006-0.016 of it, 4e-4 0.03; docs/results.md)
+    # that gained held-out cam_score without costing fidelity (2e-4 paid 0.006-0.018 of it, 4e-4 0.03; docs/results.md)
     c.train.learning_rate = 1e-4
     c.train.adam_beta1 = 0.9  # AdamW beta1
     c.train.adam_beta2 = 0.999  # AdamW beta2

@@ -150,7 +150,7 @@ def update_record(G: torch.Tensor, n: int, seconds: list[dict], label: str, argv
             "share": share, "ci95": half, "cosine": a["cosine"], "cosine_std": a["cosine_std"],
             "samples_for_half": half_signal, "samples_for_half_at_least": samples_for_half(share + half, n),
             "seconds_per_sample": per_sample, "seconds_sample": [s["sample"] for s in seconds],
-            "seconds_train": [s["train"] for s in seconds], "cpu_seconds_for_half": half_signal * per_sample}
+            "seconds_train": [s["train"] for s in seconds], "seconds_for_half": half_signal * per_sample}
 
 
 def _fmt(x: float) -> str:
@@ -168,11 +168,11 @@ def table(paths: list[str]) -> str:
             raise SystemExit(f"[recam] {path}: not a gradient_agreement record ({e})") from None
         rows.append(f"| {r['label']} | {r['share']:.3f} ± {r['ci95']:.3f} | {r['cosine']:.3f} | "
                     f"{r['seconds_per_sample']:.3f} | {_fmt(r['samples_for_half'])} "
-                    f"({_fmt(r['samples_for_half_at_least'])}) | {_fmt(r['cpu_seconds_for_half'])} |")
+                    f"({_fmt(r['samples_for_half_at_least'])}) | {_fmt(r['seconds_for_half'])} |")
     return "\n".join(rows)
 
 
-def main(argv):
+def main(_):
     if FLAGS.table:
         print(table([p for p in FLAGS.table.split(",") if p]))
         return

@@ -3,8 +3,11 @@ and sample.same_initial_noise."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -140,10 +143,10 @@ def test_update_record_prices_the_signal_in_seconds(tmp_path):
     per_sample = (4.0 + 5.0 + 6.0 + 7.0) / (4 * 16)  # seconds per sample by hand: 22 s over 64 samples
     assert r["seconds_per_sample"] == pytest.approx(per_sample)
     assert r["samples_for_half"] == pytest.approx(16 * (1 - share) / share)
-    assert r["cpu_seconds_for_half"] == pytest.approx(16 * (1 - share) / share * per_sample)
+    assert r["seconds_for_half"] == pytest.approx(16 * (1 - share) / share * per_sample)
     assert r["samples_for_half_at_least"] == pytest.approx(samples_for_half(share + half, 16))
     path = tmp_path / "nft.json"
-    path.write_text(__import__("json").dumps(r))
+    path.write_text(json.dumps(r))
     rows = table([str(path)]).splitlines()
     assert len(rows) == 3 and rows[2].startswith(f"| nft | {share:.3f} ± {half:.3f} |")
     (tmp_path / "bad.json").write_text("{not json")
@@ -223,9 +226,6 @@ def test_the_script_s_per_step_split_sums_to_the_trainer_s_gradient_and_runs_log
 def test_signal_sweep_runs_each_setting_once_and_resumes(tmp_path):
     """scripts/signal_sweep.sh with a stand-in for python that records its arguments and writes each --out: every
     setting is run once with its overrides, a rerun skips the finished ones, and the table gets every record."""
-    import json
-    import subprocess
-
     calls = tmp_path / "calls.txt"
     fake = tmp_path / "fake_python"
     fake.write_text(f"""#!/usr/bin/env bash
@@ -241,7 +241,7 @@ done
 
     def sweep(*extra, folder=out):
         return subprocess.run(["bash", str(root / "scripts/signal_sweep.sh"), "motion", str(folder), "3", *extra],
-                              env={**__import__("os").environ, "PYTHON": str(fake)}, capture_output=True, text=True,
+                              env={**os.environ, "PYTHON": str(fake)}, capture_output=True, text=True,
                               check=True)
 
     sweep()
