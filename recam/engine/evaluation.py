@@ -14,7 +14,7 @@ from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 
 from recam.engine.domain import decode
-from recam.engine.rollout import deterministic_sample, per_sample_noise
+from recam.engine.rollout import deterministic_sample, noise_source
 from recam.engine.selection import select_checkpoint
 from recam.infra import reports
 from recam.infra.checkpoint import SELECTED, point
@@ -91,9 +91,8 @@ class Evaluator:
                           disable=not self.log.enabled):
             chunk = idx[start:start + e.batch_size]
             batch = self.domain.collate(dataset, chunk)
-            noise = per_sample_noise([(e.seed, i) for i in chunk], 1, self.sample_shape)[:, 0]
-            final = deterministic_sample(self.domain.denoiser(self.net, batch, self.autocast), noise.to(acc.device),
-                                         self.scheduler)
+            noise = noise_source([(e.seed, i) for i in chunk], 1, self.sample_shape, acc.device).draw(0)
+            final = deterministic_sample(self.domain.denoiser(self.net, batch, self.autocast), noise, self.scheduler)
             decoded = decode(self.domain, final, batch)
             rows += self.score_rows(decoded, batch, chunk)
             items += self.split_items(decoded, batch, chunk)

@@ -11,6 +11,7 @@ nothing about models, domains or configs.
 
 from __future__ import annotations
 
+import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -99,18 +100,18 @@ def per_sample_noise(keys: list[tuple[int, ...]], num_draws: int, shape: tuple[i
 
     Keying noise by a sample's global position (not by process) makes a run's samples independent of how
     many processes share the batch: 1 process x 8 samples and 2 x 4 draw identical noise. Drawn on the CPU
-    whatever the default device, so every accelerator (and the CPU) sees the same numbers.
+    whatever the default device, up front; the noise of every run on the CPU device (noise_source), whose
+    documented results rest on these exact numbers. An accelerator draws KeyedNoise instead.
 
     Each stream is sequential, but the streams are independent, so they are drawn on `workers` threads (default
-    torch's intra-op thread count; torch lets go of the GIL while it draws). On a GPU this is the sampler's main
+    torch's intra-op thread count; torch lets go of the GIL while it draws). On a GPU this was the sampler's main
     CPU cost: 2,048 motion samples of 21 draws each took 13-24 s on one thread of a 2-core machine
-    (docs/real_scale.md).
+    (docs/real_scale.md), which is why accelerators draw KeyedNoise.
     """
     out = torch.empty(len(keys), num_draws, *shape, device="cpu")
 
     def draw(i: int) -> None:
-        seed = int(np.random.SeedSequence([int(k) for k in keys[i]]).generate_state(1, dtype=np.uint64)[0])
-        out[i].normal_(generator=torch.Generator(device="cpu").manual_seed(seed % (2**63)))
+        out[i].normal_(generator=torch.Generator(device="cpu").manual_seed(_stream_seed(keys[i]) % (2**63)))
 
     workers = min(len(keys), torch.get_num_threads() if workers is None else workers)
     if workers <= 1:
@@ -120,6 +121,111 @@ def per_sample_noise(keys: list[tuple[int, ...]], num_draws: int, shape: tuple[i
         with ThreadPoolExecutor(workers) as pool:
             list(pool.map(draw, range(len(keys))))
     return out
+
+
+def _stream_seed(key: tuple[int, ...], words: int = 1) -> int | np.ndarray:
+    # SeedSequence mixes the key so that nearby keys ((seed, batch, 0), (seed, batch, 1)) give unrelated streams
+    state = np.random.SeedSequence([int(k) for k in key]).generate_state(words, dtype=np.uint64 if words == 1
+                                                                         else np.uint32)
+    return int(state[0]) if words == 1 else state
+
+
+class TensorNoise:
+    """Draws made up front: noise (N, num_draws, *shape); draw(j) is noise[:, j]."""
+
+    def __init__(self, noise: torch.Tensor):
+        self.noise = noise
+
+    def draw(self, j: int) -> torch.Tensor:
+        return self.noise[:, j]
+
+
+_MASK32 = 0xFFFFFFFF
+# lowbias32's multipliers (a 32-bit integer hash whose output bits each depend on every input bit)
+_MIX = (0x7FEB352D, 0x846CA68B)
+# counters per launch: bounds the int64 temporaries (8 bytes each, a few alive at once) to a few hundred MB
+_CHUNK = 1 << 25
+
+
+def _mul32(x: torch.Tensor, m: int) -> torch.Tensor:
+    # x * m mod 2^32 for x in [0, 2^32) without an int64 product above 2^63 (signed overflow is not defined)
+    lo, hi = m & 0xFFFF, m >> 16
+    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _MASK32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    x = x ^ (x >> 16)
+    x = _mul32(x, _MIX[0])
+    x = x ^ (x >> 15)
+    x = _mul32(x, _MIX[1])
+    return x ^ (x >> 16)
+
+
+def keyed_uniform_bits(counters: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """32 random bits per counter: counters (...) int64 in [0, 2^32), key (..., 3) int64 words in [0, 2^32)
+    broadcast against them. Each round is a bijection of the counter for a fixed key word, so one key's counters
+    never collide, and each key word enters before a full mix, so keys that differ in one bit give unrelated
+    streams (a counter-based generator: any draw is computed on its own, on any device)."""
+    x = counters
+    for w in range(3):
+        x = _mix32(x ^ key[..., w])
+    return x
+
+
+class KeyedNoise:
+    """Standard normal draws computed on `device` from (the sample's key, the draw's index, the element), read
+    step by step as the rollout needs them: nothing is drawn for a step that reads no noise, and nothing crosses
+    from the host but three key words per sample.
+
+    A sample's numbers depend on its key alone, never on its batch, so 1 process x 8 samples and 2 x 4 draw
+    identical noise on one device type (the bits are integer hashing; Box-Muller's float32 log and cos may differ
+    in the last place between device types). They differ from
+    per_sample_noise's torch.Generator streams, which stay the CPU device's noise. draw(0) is the initial x, drawn
+    from initial_keys[i] when given (one start per condition, shared by its k copies); draw(j + 1) is step j's.
+    """
+
+    def __init__(self, keys: list[tuple[int, ...]], num_draws: int, shape: tuple[int, ...], device,
+                 initial_keys: list[tuple[int, ...]] | None = None):
+        self.num_draws, self.shape, self.device = num_draws, tuple(shape), torch.device(device)
+        self.numel = int(np.prod(self.shape))
+        if 2 * num_draws * self.numel > 2**32:
+            raise ValueError(f"{num_draws} draws of {self.numel} elements exceed a 32-bit counter per sample")
+        self.keys = self._words(keys)
+        self.initial = self._words(initial_keys) if initial_keys is not None else self.keys
+
+    def _words(self, keys) -> torch.Tensor:
+        words = np.stack([_stream_seed(k, 3) for k in keys]).astype(np.int64)
+        return torch.from_numpy(words).to(self.device)
+
+    def draw(self, j: int) -> torch.Tensor:
+        if not 0 <= j < self.num_draws:
+            raise IndexError(f"draw {j} of {self.num_draws}")
+        keys = self.initial if j == 0 else self.keys
+        n = keys.shape[0]
+        out = torch.empty(n, self.numel, device=self.device)
+        rows = max(1, _CHUNK // (2 * self.numel))
+        # two uniforms per element: counters 2c and 2c + 1 of the element's index c in the sample's draws
+        c = (2 * (j * self.numel + torch.arange(self.numel, device=self.device)))[None]
+        for r in range(0, n, rows):
+            key = keys[r:r + rows, None, :]
+            a, b = keyed_uniform_bits(c, key), keyed_uniform_bits(c + 1, key)
+            # the top 24 bits as floats in (0, 1]: log never sees 0, and float32 holds them exactly
+            u1 = ((a >> 8) + 1).float() * 2.0**-24
+            u2 = (b >> 8).float() * 2.0**-24
+            out[r:r + rows] = torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2 * math.pi * u2)
+        return out.view(n, *self.shape)
+
+
+def noise_source(keys: list[tuple[int, ...]], num_draws: int, shape: tuple[int, ...], device,
+                 initial_keys: list[tuple[int, ...]] | None = None) -> TensorNoise | KeyedNoise:
+    """A rollout's noise for samples keyed by keys[i]: on the CPU device, per_sample_noise's streams drawn up front
+    (documented results rest on them bit for bit); on an accelerator, KeyedNoise, drawn on the device as read."""
+    if torch.device(device).type != "cpu":
+        return KeyedNoise(keys, num_draws, shape, device, initial_keys)
+    noise = per_sample_noise(keys, num_draws, shape)
+    if initial_keys is not None:
+        noise[:, 0] = per_sample_noise(initial_keys, 1, shape)[:, 0]
+    return TensorNoise(noise)
 
 
 @torch.no_grad()
@@ -133,8 +239,8 @@ def rollout(denoise, noise: torch.Tensor, scheduler, mask: torch.Tensor | None =
     trained step is responsible for it; steps before it are deterministic so that only the trained steps draw
     noise (Flow-GRPO-Fast). With T = 0 the whole trajectory is deterministic and nothing is stored.
 
-    noise: (N, S + 1, *sample_shape) standard normal draws: [:, 0] the initial x, [:, j + 1] step j's noise (read
-        only inside the window).
+    noise: a noise source (noise_source) or a tensor (N, S + 1, *sample_shape) of standard normal draws: draw 0
+        the initial x, draw j + 1 step j's noise (read only inside the window, and by SA-Solver's steps).
     mask: the elements the log-probs average over (broadcastable to a sample batch), all when None.
     store_means: keep each stored transition's mean (objectives that compare with the sampling policy's means).
     ode_solver: "euler" (the scheduler's deterministic step), "dpm2" (DPM-Solver++(2M), flow schedulers only;
@@ -157,7 +263,8 @@ def rollout(denoise, noise: torch.Tensor, scheduler, mask: torch.Tensor | None =
                          f"trained steps, got {T}")
     if solver_scope not in SOLVER_SCOPES:
         raise ValueError(f"solver_scope must be one of {SOLVER_SCOPES}, got {solver_scope!r}")
-    x = noise[:, 0]
+    noise = TensorNoise(noise) if isinstance(noise, torch.Tensor) else noise
+    x = noise.draw(0)
     states, log_probs, means = [], [], []
     previous = None  # the 2M solver's last x0 prediction; None restarts it at first order
     grid, j = scheduler, 0  # the grid becomes the compressed one after the window
@@ -165,7 +272,7 @@ def rollout(denoise, noise: torch.Tensor, scheduler, mask: torch.Tensor | None =
         out = denoise(x, grid.model_time(j, x.shape[0]))
         if start <= j < start + T:
             states.append(x)
-            step = scheduler.transition(j, out, x, noise=noise[:, j + 1], mask=mask)
+            step = scheduler.transition(j, out, x, noise=noise.draw(j + 1), mask=mask)
             x = step.prev_sample
             log_probs.append(step.log_prob)
             if store_means:
@@ -175,7 +282,7 @@ def rollout(denoise, noise: torch.Tensor, scheduler, mask: torch.Tensor | None =
         elif ode_solver == "dpm2" and (solver_scope == "all" or j >= start + T):
             x, previous = grid.deterministic_2m(j, out, x, previous)
         elif ode_solver == "sa_solver":
-            x = grid.stochastic_adams(j, out, x, sa_eta, sa_sigma_range, noise[:, j + 1])
+            x = grid.stochastic_adams(j, out, x, sa_eta, sa_sigma_range, noise.draw(j + 1))
         else:
             x = grid.deterministic(j, out, x)
         if T and j == start + T - 1:

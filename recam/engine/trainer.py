@@ -37,7 +37,7 @@ from recam.engine.reward_runner import (
     gather_details,
     masked_group_advantages,
 )
-from recam.engine.rollout import per_sample_noise, rollout, solver_options
+from recam.engine.rollout import noise_source, rollout, solver_options
 from recam.engine.run_checkpoints import RunCheckpoints
 from recam.engine.sampler import KRepeatBatchSampler
 from recam.infra import runlog
@@ -184,13 +184,13 @@ class GRPOTrainer:
             indices = self.sampler.batch_at(position)
             batch = self.domain.collate(self.train_set, indices, self.epoch_cache)
             keys = [(self.config.seed, position, self.rank * s.batch_size + n) for n in range(len(indices))]
-            noise = per_sample_noise(keys, self.scheduler.num_steps + 1, self.sample_shape)
-            if s.same_initial_noise:  # one start per condition and epoch, shared by its k copies on every process
-                starts = [(self.config.seed, epoch, int(i), INITIAL_NOISE_STREAM) for i in indices]
-                noise[:, 0] = per_sample_noise(starts, 1, self.sample_shape)[:, 0]
-            denoise = self.budget.counted(self.domain.denoiser(model, batch, self.autocast), "sampling")
+            # one start per condition and epoch, shared by its k copies on every process
+            starts = [(self.config.seed, epoch, int(i), INITIAL_NOISE_STREAM) for i in indices]
             dev, store = self.accelerator.device, getattr(self.objective, "needs_old_means", False)
-            out = rollout(denoise, noise.to(dev), self.scheduler, element_mask(self.domain, batch, dev), start=start,
+            noise = noise_source(keys, self.scheduler.num_steps + 1, self.sample_shape, dev,
+                                 starts if s.same_initial_noise else None)
+            denoise = self.budget.counted(self.domain.denoiser(model, batch, self.autocast), "sampling")
+            out = rollout(denoise, noise, self.scheduler, element_mask(self.domain, batch, dev), start=start,
                           store_means=store, **solver_options(s))
             samples = decode(self.domain, out.final, batch)  # rewards see what the domain decodes (pixels, motions)
             self.runner.submit(position, samples, batch.conditions)  # scored while the next batch samples
