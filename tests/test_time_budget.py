@@ -58,6 +58,9 @@ def test_the_budget_stops_the_run_after_the_epoch_that_reaches_it(tmp_path):
         running += e["epoch_seconds"]
         assert e["train_seconds"] == pytest.approx(running, rel=1e-9)
         assert e["seconds_sampling"] + e["seconds_rewards"] + e["seconds_training"] <= e["epoch_seconds"]
+        # one process: its own wall time is the epoch's, split into the passes' time and the rest
+        assert 0 < e["seconds_device"] < e["epoch_seconds"]
+        assert e["seconds_device"] + e["seconds_host"] == pytest.approx(e["epoch_seconds"], rel=1e-9)
         # hand counts: every step of every sample; training rescores the 5 trained steps, no reference (beta 0)
         assert e["nfe_sampling"] == STEPS * SAMPLES and e["nfe_training"] == 5 * SAMPLES
     assert epochs[-1]["nfe_sampling_total"] == len(epochs) * STEPS * SAMPLES
@@ -67,6 +70,43 @@ def test_the_budget_stops_the_run_after_the_epoch_that_reaches_it(tmp_path):
     assert "max_train_seconds" in (tmp_path / "summary.md").read_text()
     state = json.loads((tmp_path / "checkpoints" / f"epoch_{len(epochs):04d}" / "state.json").read_text())
     assert state["budget"]["train_seconds"] == epochs[-1]["train_seconds"]
+
+
+def test_the_device_clock_sums_its_calls_and_nothing_else(monkeypatch):
+    """On the CPU a call's wall time; on an accelerator its events' span, read once at take()."""
+    import time
+
+    from recam.engine.budget import DeviceClock
+
+    clock = DeviceClock(torch.device("cpu"))
+    nap = clock.timed(lambda s: time.sleep(s) or s)
+    assert nap(0.02) == 0.02
+    time.sleep(0.05)  # outside any timed call: not device time
+    nap(0.01)
+    taken = clock.take()
+    assert 0.03 <= taken < 0.05 and clock.take() == 0.0
+
+    class Event:  # a stand-in for torch.cuda.Event: records host time, elapsed in milliseconds
+        synchronized = 0
+
+        def __init__(self, enable_timing):
+            assert enable_timing
+
+        def record(self):
+            self.t = time.perf_counter()
+
+        def synchronize(self):
+            Event.synchronized += 1
+
+        def elapsed_time(self, end):
+            return (end.t - self.t) * 1000.0
+
+    clock.events = Event
+    with pytest.raises(ZeroDivisionError):  # a call that raises is still timed, and the error goes through
+        clock.timed(lambda: time.sleep(0.01) or 1 / 0)()
+    nap(0.02)
+    assert len(clock.spans) == 2 and Event.synchronized == 0  # nothing waits inside the loop
+    assert 0.03 <= clock.take() < 0.05 and Event.synchronized == 1 and clock.spans == []
 
 
 def test_the_evaluation_grid_fires_where_training_time_crosses_it(tmp_path):

@@ -273,8 +273,8 @@ class GRPOTrainer:
                 acc_metrics = []
                 for c, sel in enumerate(chunk):
                     mb = self.micro_batch(rollouts, sel, adv, traj, weight, inner)
-                    acc_metrics += self.objective.accumulate(mb, accumulating_backward(
-                        self.accelerator, self.policy, last_micro_batch=c == len(chunk) - 1))
+                    acc_metrics += self.objective.accumulate(mb, self.budget.timed(accumulating_backward(
+                        self.accelerator, self.policy, last_micro_batch=c == len(chunk) - 1)))
                 stats = self.optimizer_step(acc_metrics, signal, kept=int(keep_all[:, positions].sum()))
                 steps.append(stats)
                 bar.update(1)
