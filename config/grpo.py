@@ -376,40 +376,45 @@ def balanced():
 VARIANT_PRESETS = (ema, gradient_adaptive, amic, ptrw, temporal_decay, asymmetric, conservative, aggressive,
                    balanced)
 def tiny_gpu():
-    """tiny_cpu at the batch size one GPU affords: 2,048 samples per update (32 batches of 64 = 512 conditions x
-    k 4, one optimizer step per epoch), because a camera update at the base measured about 6% signal at 128
-    samples and needs on the order of 2,000 for a cosine of 1/2 between updates (docs/results.md). Learning rate
-    and epochs are tiny_cpu's until a GPU run measures better ones; scripts/device_check.py runs it under a time
-    cap (max_train_seconds). Its recipe is tiny_cpu's too: no setting's signal share at 128 samples stood apart from
-    another's (docs/results.md, issue 44); `bash scripts/signal_sweep.sh camera OUT 4 tiny_gpu` measures them here."""
+    """tiny_cpu at the batch sizes one GPU affords: 2,048 samples per update (2 sampling batches of 1,024 = 512
+    conditions x k 4, one optimizer step of 4 micro-batches of 512), because a camera update's signal share measured
+    about 6% at 128 samples and needs on the order of 2,000 for a cosine of 1/2 between updates (docs/results.md,
+    issue 44). The batches are sized for an 80 GB GPU: a trained step keeps 24 MB per sample for its backward (the
+    tiny transformer's attention at 8 x 32 x 32), so a micro-batch of 512 holds about 12 GB, and sampling holds no
+    graph. Learning rate and recipe are tiny_cpu's: no setting's signal share at 128 samples stood apart from
+    another's; `bash scripts/signal_sweep.sh camera OUT 4 tiny_gpu` ranks them at 2,048. scripts/device_check.py
+    runs it under a time cap (max_train_seconds)."""
     c = tiny_cpu()
     c.run_name = "tiny_gpu"
     c.run_dir = "runs/tiny_gpu"
     c.data.num_train_conditions = 1024
-    c.sample.batch_size = 64
-    c.sample.num_batches_per_epoch = 32
-    c.train.batch_size = 64
-    c.train.gradient_accumulation_steps = 32  # the epoch's 32 micro-batches in one optimizer step
-    c.eval.batch_size = 32
+    c.sample.batch_size = 1024
+    c.sample.num_batches_per_epoch = 2
+    c.train.batch_size = 512
+    c.train.gradient_accumulation_steps = 4  # the epoch's 4 micro-batches in one optimizer step
+    c.eval.batch_size = 256
     return c
 
 
 def motion_tiny_gpu():
-    """motion_tiny_cpu at the batch size one GPU affords: 2,048 samples per update (16 batches of 128 = 512
-    captions x k 4, one optimizer step per epoch), because a motion update at the base measured about 2% signal
-    at 1,024 samples (docs/results.md). Learning rate and epochs are motion_tiny_cpu's until a GPU run measures
-    better ones; scripts/device_check.py runs it under a time cap (max_train_seconds). The recipe is
-    motion_tiny_cpu's: no setting's share at 64 samples stood apart (docs/results.md, issue 44); `bash
-    scripts/signal_sweep.sh motion OUT 4 motion_tiny_gpu` measures them at 2,048."""
+    """motion_tiny_cpu at the batch sizes one GPU affords: 16,384 samples per update (4 sampling batches of 4,096 =
+    4,096 captions x k 4, one optimizer step of 8 micro-batches of 2,048), because a motion update's signal share
+    measured 1-6% at 64 samples, so half of an update is signal only at 8,400 to 42,000 samples (docs/results.md,
+    issue 44). Sized for an 80 GB GPU: a trained step keeps 4.5 MB per sample for its backward (a micro-batch of
+    2,048 holds about 9 GB), and the epoch's stored states (7 per sample, 0.2 MB each) stay on the device, about
+    24 GB. The synthetic world draws as many captions as asked, so every group of an update is a caption of its
+    own. Learning rate and recipe are motion_tiny_cpu's (no setting's share at 64 samples stood apart; `bash
+    scripts/signal_sweep.sh motion OUT 4 motion_tiny_gpu` ranks them at this size)."""
     c = motion_tiny_cpu()
     c.run_name = "motion_tiny_gpu"
     c.run_dir = "runs/motion_tiny_gpu"
     c.num_threads = 0  # the device's own
-    c.sample.batch_size = 128
-    c.sample.num_batches_per_epoch = 16
-    c.train.batch_size = 128
-    c.train.gradient_accumulation_steps = 16
-    c.eval.batch_size = 128
+    c.data.num_train_conditions = 4096
+    c.sample.batch_size = 4096
+    c.sample.num_batches_per_epoch = 4
+    c.train.batch_size = 2048
+    c.train.gradient_accumulation_steps = 8
+    c.eval.batch_size = 512
     return c
 
 

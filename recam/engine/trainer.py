@@ -195,11 +195,11 @@ class GRPOTrainer:
             samples = decode(self.domain, out.final, batch)  # rewards see what the domain decodes (pixels, motions)
             self.runner.submit(position, samples, batch.conditions)  # scored while the next batch samples
             index.append(torch.tensor(indices))
-            states.append(out.states.cpu())
-            log_probs.append(out.log_probs.cpu())
-            finals.append(out.final.cpu())
+            states.append(out.states)  # kept where sampled: no round trip through the host
+            log_probs.append(out.log_probs)
+            finals.append(out.final)
             if out.means is not None:
-                means.append(out.means.cpu())
+                means.append(out.means)
             if keep_decoded:
                 decoded.append(samples)
         return Rollouts(torch.cat(index), torch.cat(states), torch.cat(log_probs), decoded, start=start,
