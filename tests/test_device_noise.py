@@ -6,8 +6,7 @@ import pytest
 import torch
 from scipy import stats
 
-from recam.engine.rollout import (KeyedNoise, TensorNoise, keyed_uniform_bits, noise_source, per_sample_noise,
-                                  rollout)
+from recam.engine.rollout import KeyedNoise, TensorNoise, keyed_uniform_bits, noise_source, per_sample_noise, rollout
 from recam.engine.scheduler import FlowMatchScheduler
 
 SHAPE = (3, 5, 7)  # 105 elements: not a power of two, so no row lines up with a chunk by chance
@@ -34,7 +33,7 @@ def test_the_chunked_draw_is_the_unchunked_one(monkeypatch):
     keys = [(0, 0, i) for i in range(7)]
     whole = _all(KeyedNoise(keys, 2, SHAPE, "cpu"), 2)
     import recam.engine.rollout as r
-    monkeypatch.setattr(r, "_CHUNK", 2 * 105 * 3)  # three rows per launch, so 7 rows take three launches
+    monkeypatch.setattr(r, "_CHUNK", 53 * 3)  # three rows of 53 pairs per launch, so 7 rows take three launches
     assert torch.equal(_all(KeyedNoise(keys, 2, SHAPE, "cpu"), 2), whole)
 
 
@@ -62,12 +61,34 @@ def test_keyed_noise_is_standard_normal_and_independent_across_samples_draws_and
 
 
 def test_the_hash_is_a_bijection_of_the_counter_for_a_fixed_key():
-    counters = torch.arange(1 << 16, dtype=torch.int64)
-    bits = keyed_uniform_bits(counters, torch.tensor([12345, 678, 2**32 - 1]))
-    assert bits.min() >= 0 and bits.max() < 2**32 and len(torch.unique(bits)) == len(counters)
+    counters = torch.arange(1 << 16, dtype=torch.int32)
+    key = torch.from_numpy(np.array([12345, 678, 2**32 - 1], dtype=np.uint32).view(np.int32))
+    bits = keyed_uniform_bits(counters, key)
+    assert bits.dtype == torch.int32 and len(torch.unique(bits)) == len(counters)
     # and its bits are balanced: each of the 32 output bits is set about half the time
     share = torch.stack([(bits >> b) & 1 for b in range(32)]).double().mean(1)
     assert (share - 0.5).abs().max() < 5 * 0.5 / np.sqrt(len(counters))
+
+
+def test_the_int32_hash_is_lowbias32_computed_by_hand():
+    """The in-place int32 passes are the hash's unsigned 32-bit arithmetic, checked against Python integers."""
+    def mix(x):
+        x ^= x >> 16
+        x = (x * 0x7FEB352D) & 0xFFFFFFFF
+        x ^= x >> 15
+        x = (x * 0x846CA68B) & 0xFFFFFFFF
+        return x ^ (x >> 16)
+
+    key = [0xDEADBEEF, 7, 0x80000001]
+    counters = [0, 1, 2, 0x7FFFFFFF, 123456789]
+    expected = []
+    for c in counters:
+        x = mix(c ^ key[0])
+        x = mix(x ^ key[1])
+        expected.append(mix(x ^ key[2]))
+    got = keyed_uniform_bits(torch.tensor(counters, dtype=torch.int32),
+                             torch.from_numpy(np.array(key, dtype=np.uint32).view(np.int32)))
+    assert [int(v) & 0xFFFFFFFF for v in got] == expected
 
 
 def test_the_initial_draw_comes_from_the_initial_keys_the_steps_from_the_sample_keys():

@@ -140,35 +140,37 @@ class TensorNoise:
         return self.noise[:, j]
 
 
-_MASK32 = 0xFFFFFFFF
-# lowbias32's multipliers (a 32-bit integer hash whose output bits each depend on every input bit)
-_MIX = (0x7FEB352D, 0x846CA68B)
-# counters per launch: bounds the int64 temporaries (8 bytes each, a few alive at once) to a few hundred MB
+# lowbias32's multipliers (a 32-bit integer hash whose output bits each depend on every input bit), as int32
+_MIX = (0x7FEB352D, 0x846CA68B - 2**32)
+# pairs of elements per launch: bounds the int32 temporaries (a few alive at once) to a few hundred MB
 _CHUNK = 1 << 25
 
 
-def _mul32(x: torch.Tensor, m: int) -> torch.Tensor:
-    # x * m mod 2^32 for x in [0, 2^32) without an int64 product above 2^63 (signed overflow is not defined)
-    lo, hi = m & 0xFFFF, m >> 16
-    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _MASK32
+def _xor_shift_(x: torch.Tensor, s: int) -> None:
+    # x ^= x >>> s on int32 words: torch's >> is arithmetic, so the sign's copies are masked off
+    x ^= (x >> s) & ((1 << (32 - s)) - 1)
 
 
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    x = x ^ (x >> 16)
-    x = _mul32(x, _MIX[0])
-    x = x ^ (x >> 15)
-    x = _mul32(x, _MIX[1])
-    return x ^ (x >> 16)
+def _mix32_(x: torch.Tensor) -> None:
+    # in place, one pass per operation: on an accelerator this hash is memory-bound, so every pass counts.
+    # int32 products wrap modulo 2^32, which is the hash's arithmetic.
+    _xor_shift_(x, 16)
+    x *= _MIX[0]
+    _xor_shift_(x, 15)
+    x *= _MIX[1]
+    _xor_shift_(x, 16)
 
 
 def keyed_uniform_bits(counters: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
-    """32 random bits per counter: counters (...) int64 in [0, 2^32), key (..., 3) int64 words in [0, 2^32)
-    broadcast against them. Each round is a bijection of the counter for a fixed key word, so one key's counters
-    never collide, and each key word enters before a full mix, so keys that differ in one bit give unrelated
-    streams (a counter-based generator: any draw is computed on its own, on any device)."""
-    x = counters
-    for w in range(3):
-        x = _mix32(x ^ key[..., w])
+    """32 random bits per counter, as int32 words: counters (...) int32, key (..., 3) int32 words broadcast against
+    them. Each round is a bijection of the counter for a fixed key word, so one key's counters never collide, and
+    each key word enters before a full mix, so keys that differ in one bit give unrelated streams (a counter-based
+    generator: any draw is computed on its own, on any device)."""
+    x = (counters ^ key[..., 0]).contiguous()
+    _mix32_(x)
+    for w in (1, 2):
+        x ^= key[..., w]
+        _mix32_(x)
     return x
 
 
@@ -188,13 +190,14 @@ class KeyedNoise:
                  initial_keys: list[tuple[int, ...]] | None = None):
         self.num_draws, self.shape, self.device = num_draws, tuple(shape), torch.device(device)
         self.numel = int(np.prod(self.shape))
-        if 2 * num_draws * self.numel > 2**32:
-            raise ValueError(f"{num_draws} draws of {self.numel} elements exceed a 32-bit counter per sample")
+        self.pairs = (self.numel + 1) // 2  # Box-Muller makes two normals of two uniforms
+        if 2 * num_draws * self.pairs >= 2**31:
+            raise ValueError(f"{num_draws} draws of {self.numel} elements exceed a 31-bit counter per sample")
         self.keys = self._words(keys)
         self.initial = self._words(initial_keys) if initial_keys is not None else self.keys
 
     def _words(self, keys) -> torch.Tensor:
-        words = np.stack([_stream_seed(k, 3) for k in keys]).astype(np.int64)
+        words = np.stack([_stream_seed(k, 3) for k in keys]).view(np.int32)
         return torch.from_numpy(words).to(self.device)
 
     def draw(self, j: int) -> torch.Tensor:
@@ -202,18 +205,20 @@ class KeyedNoise:
             raise IndexError(f"draw {j} of {self.num_draws}")
         keys = self.initial if j == 0 else self.keys
         n = keys.shape[0]
-        out = torch.empty(n, self.numel, device=self.device)
-        rows = max(1, _CHUNK // (2 * self.numel))
-        # two uniforms per element: counters 2c and 2c + 1 of the element's index c in the sample's draws
-        c = (2 * (j * self.numel + torch.arange(self.numel, device=self.device)))[None]
+        out = torch.empty(n, self.pairs, 2, device=self.device)
+        rows = max(1, _CHUNK // self.pairs)
+        # pair p of draw j takes counters 2 (j P + p) and 2 (j P + p) + 1: one uniform for the radius, one for the
+        # angle, and the pair's two normals are the cosine's and the sine's
+        c = 2 * (j * self.pairs + torch.arange(self.pairs, dtype=torch.int32, device=self.device))[None]
         for r in range(0, n, rows):
             key = keys[r:r + rows, None, :]
             a, b = keyed_uniform_bits(c, key), keyed_uniform_bits(c + 1, key)
-            # the top 24 bits as floats in (0, 1]: log never sees 0, and float32 holds them exactly
-            u1 = ((a >> 8) + 1).float() * 2.0**-24
-            u2 = (b >> 8).float() * 2.0**-24
-            out[r:r + rows] = torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2 * math.pi * u2)
-        return out.view(n, *self.shape)
+            # the top 24 bits as floats: u1 in (0, 1] (log never sees 0), u2 in [0, 1); float32 holds both exactly
+            radius = torch.sqrt(-2.0 * torch.log((((a >> 8) & 0xFFFFFF) + 1).float() * 2.0**-24))
+            angle = ((b >> 8) & 0xFFFFFF).float() * (2 * math.pi * 2.0**-24)
+            out[r:r + rows, :, 0] = radius * torch.cos(angle)
+            out[r:r + rows, :, 1] = radius * torch.sin(angle)
+        return out.view(n, 2 * self.pairs)[:, :self.numel].reshape(n, *self.shape)
 
 
 def noise_source(keys: list[tuple[int, ...]], num_draws: int, shape: tuple[int, ...], device,
