@@ -6,8 +6,9 @@ Per epoch: sample k copies of each condition with log-probs -> score with the re
 processes -> group-relative advantages -> clipped-ratio policy updates with a KL pull toward the frozen
 reference -> health guard -> checkpoint -> evaluate held-out conditions with deterministic sampling
 (recam/engine/trainer.py). Exit status: 0 when the run ends, 3 when it stopped early (reward server down, at
-start or mid-run, or the health guard), 2 for an invalid config, 4 when a resume finds no checkpoint it can trust
-(every one corrupt, or its state disagreeing with the metrics log); nothing is changed then.
+start or mid-run, the health guard, or a full disk: `latest` then names the last intact checkpoint), 2 for an
+invalid config or a run_dir that cannot hold a run, 4 when a resume finds no checkpoint it can trust (every one
+corrupt, or its state disagreeing with the metrics log); nothing is changed then.
 """
 
 from __future__ import annotations
@@ -29,13 +30,14 @@ from absl import app, flags  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from config import resume  # noqa: E402
 from config.plugins import add_loss_settings, import_plugins  # noqa: E402
 from config.validate import ConfigError, eval_report_rewards, validate, validate_files  # noqa: E402
 from recam.domains import build_domain  # noqa: E402
 from recam.engine.reward_runner import RewardServerDown  # noqa: E402
 from recam.engine.trainer import GRPOTrainer  # noqa: E402
 from recam.infra import runlog  # noqa: E402
-from recam.infra.checkpoint import CheckpointCorrupt, ResumeMismatch  # noqa: E402
+from recam.infra.checkpoint import CheckpointCorrupt, ResumeMismatch, is_disk_full, pointed_checkpoint  # noqa: E402
 from recam.infra.distributed import use_cpu_if_no_accelerator  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -180,8 +182,36 @@ def resolve_repo_paths(config) -> None:
                 config[section][name] = str(ROOT / value)
 
 
+def resume_changes(config, requested: dict) -> tuple[list[tuple], list[dict]]:
+    """(the fields this start changes from the run's recorded config, the run's resume history with this start's
+    changes added). A field fixed for the run's life (config/resume.py) that differs ends the start here, exit 2,
+    before anything is written."""
+    run_dir = Path(config.run_dir)
+    try:
+        newest = pointed_checkpoint(run_dir / "checkpoints") if config.resume else None
+    except CheckpointCorrupt:
+        return [], []  # the start says why it cannot resume
+    if newest is None:
+        return [], []
+    try:
+        found = resume.recorded(newest, run_dir)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"[recam] cannot resume: the run's recorded config is unreadable: {e}", file=sys.stderr, flush=True)
+        sys.exit(4)
+    if found is None:
+        print(f"[recam] {run_dir} records no config: resuming without comparing configs", flush=True)
+        return [], []
+    old, history, source = found
+    allowed, refused = resume.differences(old, requested)
+    if refused:
+        config_error(resume.refusal(refused, source))
+    change = {"checkpoint": newest.name, "changes": {f: [a, b] for f, a, b in allowed}}
+    return allowed, history + [change] if allowed else history
+
+
 def main(_):
     config = FLAGS.config
+    requested = json.loads(config.to_json())  # as asked for, before repository paths are resolved on this machine
     resolve_repo_paths(config)
     # Validation comes first, before the Accelerator or any model: the process count is the launcher's WORLD_SIZE.
     num_processes = int(os.environ.get("WORLD_SIZE", "1") or 1)
@@ -192,6 +222,10 @@ def main(_):
         validate_files(config)  # paths, in_channels and sample shape against the checkpoint's config.json headers
     except ConfigError as e:
         config_error(str(e))
+    problem = runlog.run_dir_problem(config.run_dir)  # before anything is created or computed
+    if problem:
+        config_error(problem)
+    changes, history = resume_changes(config, requested)
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     use_cpu_if_no_accelerator()
@@ -210,6 +244,11 @@ def main(_):
     try:
         domain = build_domain(config, accelerator.device, log)
         trainer = GRPOTrainer(config, domain, accelerator, log, derived, eval_report_rewards(config))
+        for field, old, new in changes:
+            log.info(resume.statement(field, old, new))
+        log.config_history(history)
+        lr_scale = next((b / a for f, a, b in changes if f == "train.learning_rate"), 1.0)
+        trainer.checkpoints.seal_config({"config": requested, "history": history}, lr_scale)
     except RewardServerDown as e:  # e.g. the UnifiedReward judge is unreachable: nothing was trained
         print(f"[recam] reward server down before training started: {e}", file=sys.stderr, flush=True)
         log.close()
@@ -220,6 +259,12 @@ def main(_):
         print(f"[recam] cannot resume: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
         log.close()
         sys.exit(4)
+    except Exception as e:  # a full disk ends the run; the checkpoint `latest` names is intact (save_checkpoint)
+        if not is_disk_full(e):
+            raise
+        print(f"[recam] stopped: {' '.join(str(e).split())}; free space and run the same command to resume",
+              file=sys.stderr, flush=True)
+        sys.exit(3)
 
     log.close()
     # The DDP reducer must die before its process group, or gloo's teardown deadlocks on the GIL at exit.

@@ -306,11 +306,11 @@ def test_resume_skips_a_corrupt_latest_and_retrains_exactly_what_the_uninterrupt
     assert f"skipping corrupt checkpoint epoch_0002: {run / 'checkpoints' / 'epoch_0002' / 'trainer.pt'}" in p.stdout
     assert "skipped 1 line(s)" in p.stdout and "resumed from" in p.stdout and "epoch_0001 at epoch 1" in p.stdout
     for kind, keys in (("epoch", ("rewards/avg", "advantages", "dataset_indices")),
-                       ("step", ("loss", "mean_ratio", "kl_penalty", "grad_norm"))):
+                       ("step", ("loss", "mean_ratio", "kl_penalty", "grad_norm", "grad_cosine_prev"))):
         a, b = _records(finished, kind), _records(run, kind)
         assert len(a) == len(b) and a
         for ra, rb in zip(a, b, strict=True):
-            assert {k: ra[k] for k in keys} == {k: rb[k] for k in keys}, kind
+            assert {k: ra.get(k) for k in keys} == {k: rb.get(k) for k in keys}, kind
     def finals(path):  # train_seconds is wall-clock time: the one field two runs of the same weights differ in
         return [{k: v for k, v in r.items() if k != "train_seconds"} for r in _records(path, "eval")
                 if r["tag"] == "final"]
@@ -390,3 +390,173 @@ def test_a_nan_written_by_the_optimizer_step_is_never_saved_as_healthy(finished,
     # the stop restored epoch_0001's weights, so the final evaluation is epoch_0001's, and finite
     assert len(final) == 1 and final[0]["checkpoint"] == "epoch_0001"
     assert all(v == v for k, v in final[0].items() if k.startswith("eval/"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# faults found by injection (issue 46): each ends in one line, loses nothing and never guesses
+
+
+def test_a_save_that_runs_out_of_space_leaves_no_temp_folder_and_latest_where_it_was(tmp_path, monkeypatch):
+    import recam.infra.checkpoint as checkpoint
+
+    model, opt, ema = _trained()
+    _save(tmp_path, 1, model, opt, ema)
+
+    def full(model, directory):  # a part of the weights written, then the device is full
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "diffusion_pytorch_model.safetensors").write_bytes(b"\0" * 64)
+        raise RuntimeError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "
+                           "\"No space left on device\" })")  # what safetensors raises, not an OSError
+
+    monkeypatch.setattr(checkpoint, "write_model", full)
+    with pytest.raises(checkpoint.DiskFull, match="no space left on the device writing checkpoint .*epoch_0002; "
+                                                  ".*latest still names epoch_0001"):
+        _save(tmp_path, 2, model, opt, ema)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_0001", "latest"]
+    assert (tmp_path / "latest").read_text() == "epoch_0001"
+    monkeypatch.setattr(checkpoint, "write_model", lambda *a: (_ for _ in ()).throw(ValueError("not a disk")))
+    with pytest.raises(ValueError, match="not a disk"):  # any other failure goes through as itself, also cleaned
+        _save(tmp_path, 2, model, opt, ema)
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_a_run_dir_that_cannot_hold_a_run_ends_before_anything_is_created(tmp_path):
+    taken = tmp_path / "a_file"
+    taken.write_text("")
+    cases = [(f"--config.run_dir={taken}".encode(), "exists and is not a folder"),
+             (b"--config.run_dir=" + bytes(tmp_path) + b"/run\xff", "is not valid UTF-8"),
+             (b"--config.run_dir=/proc/recam_run", "cannot be written")]  # /proc refuses new folders, even to root
+    for arg, problem in cases:
+        p = subprocess.run([sys.executable.encode(), *[a.encode() for a in TRAIN[1:]], arg], cwd=ROOT,
+                           capture_output=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        err = p.stderr.decode("utf-8", "replace").strip()
+        assert p.returncode == 2, err[-2000:]
+        assert len(err.splitlines()) == 1 and err.startswith("config error: run_dir ") and problem in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]  # the non-UTF-8 folder was never made
+
+
+FULL_DISK_AT_SECOND_SAVE = """
+import runpy, sys
+import recam.infra.checkpoint as c
+write, calls = c.write_model, []
+def full(model, directory):
+    calls.append(directory)
+    if len(calls) == 2:  # the first save of this resumed run succeeds, the second finds the disk full
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "diffusion_pytorch_model.safetensors").write_bytes(b"0" * 64)
+        raise OSError(28, "No space left on device")
+    return write(model, directory)
+c.write_model = full
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@needs_base
+def test_a_full_disk_ends_in_one_line_with_exit_3_and_the_same_command_resumes(finished, tmp_path):
+    run = _copy(finished, tmp_path)
+    ckpts = run / "checkpoints"
+    for name in ("epoch_0002", "epoch_0001"):  # back to the base: epochs 0 and 1 are trained again
+        shutil.rmtree(ckpts / name, ignore_errors=True)
+    (ckpts / "latest").write_text("epoch_0000")
+    p = _run(run, prefix=("-c", FULL_DISK_AT_SECOND_SAVE))
+    assert p.returncode == 3, p.stderr[-3000:]
+    lines = [x for x in p.stderr.splitlines() if x.startswith("[recam]")]
+    assert len(lines) == 1 and "no space left on the device writing checkpoint" in lines[0], p.stderr[-3000:]
+    assert "Traceback" not in p.stderr
+    assert (ckpts / "latest").read_text() == "epoch_0001" and not list(ckpts.glob(".tmp-*"))
+    p = _run(run)  # space freed: the same command goes on from the last intact checkpoint
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"resumed from {ckpts / 'epoch_0001'}" in p.stdout
+    assert [r["epoch"] for r in _records(run, "epoch")] == [0, 1]
+
+
+@needs_base
+def test_a_deleted_latest_resumes_from_the_newest_folder_and_leftovers_are_removed(finished, tmp_path):
+    run = _copy(finished, tmp_path)
+    ckpts = run / "checkpoints"
+    shutil.rmtree(ckpts / "epoch_0002")
+    (ckpts / "latest").unlink()
+    (ckpts / ".tmp-epoch_0002").mkdir()  # a save killed half-way, and a pointer's temporary file
+    (ckpts / ".tmp-epoch_0002" / "trainer.pt").write_bytes(b"partial")
+    (ckpts / ".latest.tmp").write_text("epoch_0002")
+    p = _run(run)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"{ckpts / 'latest'} is missing beside 2 checkpoint folder(s): resuming from the newest, epoch_0001" \
+        in p.stdout
+    assert "removed what an interrupted save left" in p.stdout and ".tmp-epoch_0002, .latest.tmp" in p.stdout
+    assert f"resumed from {ckpts / 'epoch_0001'}" in p.stdout
+    assert [r["epoch"] for r in _records(run, "epoch")] == [0, 1]  # epoch 1 trained once, not twice
+    assert (ckpts / "latest").read_text() == "epoch_0002" and not list(ckpts.glob(".tmp-*"))
+
+
+@needs_base
+def test_a_start_with_no_checkpoint_archives_the_records_it_finds(finished, tmp_path):
+    run = _copy(finished, tmp_path)
+    old = read_records(run / "metrics.jsonl")
+    shutil.rmtree(run / "checkpoints")  # e.g. killed before its first checkpoint, or a folder reused
+    p = _run(run)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "holds records but no checkpoint exists" in p.stdout
+    archived = read_records(run / "rolled_back.jsonl")
+    assert [{k: v for k, v in r.items() if k != "rolled_back"} for r in archived] == old
+    assert {r["rolled_back"] for r in archived} == {"a fresh start: no checkpoint to resume from"}
+    assert len([r for r in _records(run, "eval") if r["tag"] == "start"]) == 1
+    assert len(_records(run, "reference")) <= 1 and [r["epoch"] for r in _records(run, "epoch")] == [0, 1]
+
+
+@needs_base
+def test_a_resume_refuses_a_changed_fixed_field_in_one_line_and_changes_nothing(finished, tmp_path):
+    run = _copy(finished, tmp_path)
+    shutil.rmtree(run / "checkpoints" / "epoch_0002")
+    (run / "checkpoints" / "latest").write_text("epoch_0001")
+    before = {name: (run / name).read_bytes() for name in ("metrics.jsonl", "config.json")}
+    p = _run(run, "--config.sample.k=2", "--config.seed=7")
+    assert p.returncode == 2, p.stderr[-3000:]
+    err = p.stderr.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("config error: resume: "), err
+    assert "sample.k is 2 here but 4 in the run" in err and "seed is 7 here but 0 in the run" in err
+    assert "epoch_0001/run_config.json" in err
+    assert {name: (run / name).read_bytes() for name in before} == before
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["epoch_0000", "epoch_0001", "latest"]
+
+
+@needs_base
+def test_a_resume_applies_a_changed_learning_rate_says_so_and_records_both_values(finished, tmp_path):
+    run = _copy(finished, tmp_path)
+    shutil.rmtree(run / "checkpoints" / "epoch_0002")
+    (run / "checkpoints" / "latest").write_text("epoch_0001")
+    old = json.loads((run / "checkpoints" / "epoch_0001" / "run_config.json").read_text())["config"]
+    lr = old["train"]["learning_rate"]
+    p = _run(run, f"--config.train.learning_rate={lr * 5}", "--config.num_epochs=3")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"resuming with train.learning_rate {json.dumps(lr)} -> {json.dumps(lr * 5)}: the learning rate" in p.stdout
+    assert "resuming with num_epochs 2 -> 3: how far the run goes" in p.stdout
+    steps = _records(run, "step")
+    assert {s["epoch"]: s["learning_rate"] for s in steps}[0] == pytest.approx(lr)
+    assert all(s["learning_rate"] == pytest.approx(lr * 5) for s in steps if s["epoch"] >= 1)
+    change = {"checkpoint": "epoch_0001", "changes": {"num_epochs": [2, 3], "train.learning_rate": [lr, lr * 5]}}
+    assert json.loads((run / "config.json").read_text())["resume_history"] == [change]
+    sealed = json.loads((run / "checkpoints" / "epoch_0003" / "run_config.json").read_text())
+    assert sealed["history"] == [change] and sealed["config"]["train"]["learning_rate"] == lr * 5
+
+
+def test_the_guide_lists_exactly_the_fields_a_resume_may_change():
+    from config.resume import MUTABLE
+
+    guide = (ROOT / "docs" / "guide.md").read_text()
+    section = guide.split("### What a resume may change", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
+    rows = [line.split("|")[1].strip().strip("`") for line in section.splitlines()
+            if line.startswith("| `")]
+    assert rows == list(MUTABLE)
+
+
+@needs_base
+def test_the_smoke_run_repeats_its_committed_numbers(finished):
+    """The standing fingerprint of this module's smoke run (scripts/run_fingerprint.py; the toy run's is in
+    tests/test_fingerprint.py): every record within 1e-5 relative, and the final weights' sums."""
+    from scripts.run_fingerprint import check
+
+    committed = ROOT / "tests" / "fingerprints" / "smoke.json"
+    assert json.loads(committed.read_text())["command"] == ["scripts/train_recam.py", *TRAIN[2:]]
+    assert check(finished, committed) is None

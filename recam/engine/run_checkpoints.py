@@ -16,6 +16,7 @@ from recam.engine.health import SAMPLE_RULES
 from recam.infra import runlog
 from recam.infra.checkpoint import (
     BASE_EVAL,
+    RUN_CONFIG,
     Checkpoint,
     ResumeMismatch,
     apply_model_weights,
@@ -26,6 +27,7 @@ from recam.infra.checkpoint import (
     pointed_checkpoint,
     read_intact,
     read_pointer,
+    remove_leftovers,
     save_checkpoint,
     set_rng_state,
 )
@@ -53,13 +55,21 @@ class RunCheckpoints:
     run: config's resume, num_epochs, save_freq and eval.freq; evaluator: recam.engine.evaluation.Evaluator."""
 
     def __init__(self, root: Path, accelerator, log, model, optimizer, ema, hooks: list, objective, keep: int,
-                 batches_per_epoch: int, evaluator, budget, net=None):
+                 batches_per_epoch: int, evaluator, budget, net=None, cosine=None):
         self.root, self.accelerator, self.log = root, accelerator, log
         self.model, self.optimizer, self.ema, self.hooks, self.objective = model, optimizer, ema, hooks, objective
         self.net = model if net is None else net  # the FSDP root, when sharded (recam.infra.distributed)
         self.keep, self.batches_per_epoch, self.evaluator, self.budget = keep, batches_per_epoch, evaluator, budget
         self.base_record: dict | None = None  # the base's "start" evaluation record, sealed in every checkpoint
         self.resumed_from: Path | None = None
+        self.run_config: dict | None = None  # the config as asked for and its resume history (seal_config)
+        self.lr_scale = 1.0
+        self.cosine = cosine  # the gradient cosine's last gradient, so a resumed run logs what an unbroken one does
+
+    def seal_config(self, run_config: dict, lr_scale: float = 1.0) -> None:
+        """Seal `run_config` in every checkpoint from now on (what a later resume compares with); lr_scale: a
+        learning rate changed on resume, applied to the resumed optimizer (whose rate a rollback may have cut)."""
+        self.run_config, self.lr_scale = run_config, lr_scale
 
     # ---- a run's start and end
 
@@ -67,8 +77,12 @@ class RunCheckpoints:
         """Resume from `latest` (or, when it is corrupt, the newest intact checkpoint below it), or evaluate the base
         and save it as the first healthy checkpoint with that evaluation sealed in; returns the base's evaluation,
         which a resumed run reads from its checkpoint and never recomputes from weights that are not the base."""
+        if self.accelerator.is_main_process and (gone := remove_leftovers(self.root)):
+            self.log.info(f"removed what an interrupted save left in {self.root}: {', '.join(gone)}")
         newest = self.newest() if resume else None
         if newest is None:
+            if self.log.path.exists() and self.log.path.stat().st_size:  # a start killed before its checkpoint, or
+                self.log.archive_all("a fresh start: no checkpoint to resume from")  # an earlier run's records
             self.evaluator.evaluate_references(loop.global_step)
             summary, self.base_record = self.base_eval_record(loop, "epoch_0000")
             self.save(loop.state(0), self.base_record)
@@ -77,6 +91,10 @@ class RunCheckpoints:
         ckpt = loop.load(newest)
         self.check_resume(ckpt)
         loop.restore(ckpt.state)
+        for group in self.optimizer.param_groups:
+            group["lr"] *= self.lr_scale
+        if self.cosine is not None and ckpt.trainer.get("gradient") is not None:
+            self.cosine.previous = [g.to(self.accelerator.device) for g in ckpt.trainer["gradient"]]
         self.resumed_from = ckpt.path
         self.base_record = self.base_evaluation(ckpt, lambda: self.base_eval_record(loop, ckpt.path.name)[1])
         self.log.truncate_after(loop.epoch, base_record=self.base_record)
@@ -139,8 +157,14 @@ class RunCheckpoints:
                 if h.state_key:
                     state[h.state_key] = h.state_dict()
             side_files = {BASE_EVAL: base_record, **self.objective.side_files()}
+            if self.run_config is not None:
+                side_files[RUN_CONFIG] = self.run_config
+            # a sharded gradient is one shard per process, and only this one writes: such a run starts it afresh
+            cos = self.cosine
+            gradient = cos.previous if cos is not None and cos.reduce is None else None
             save_checkpoint(self.root, f"epoch_{state['epoch']:04d}", self.model, self.optimizer, self.ema, state,
-                            keep=self.keep, protect=protect, side_files=side_files, optimizer_state=optimizer_state)
+                            keep=self.keep, protect=protect, side_files=side_files, optimizer_state=optimizer_state,
+                            extra={"gradient": gradient})
 
     def load(self, newest: Path, lr_factor: float = 1.0) -> Checkpoint:
         """Restore weights, optimizer, EMA, RNG, hook and objective state from checkpoint `newest`, or, when it fails

@@ -86,10 +86,11 @@ class GRPOTrainer:
         self.evaluator = Evaluator(config.eval, domain, self.model, self.ema, self.scheduler.with_steps(
             s.eval_num_steps), eval_reward_fn, eval_reward_names, splits, accelerator, log, self.run_dir,
             self.autocast, self.sample_shape, net=self.net)
+        self.gradient_cosine = GradientCosine(sum_over_shards(self.policy)) if t.log_gradient_cosine else None
         self.checkpoints = RunCheckpoints(self.run_dir / "checkpoints", accelerator, log, self.model, self.optimizer,
                                           self.ema, self.hooks, self.objective, config.keep_checkpoints,
-                                          s.num_batches_per_epoch, self.evaluator, self.budget, net=self.net)
-        self.gradient_cosine = GradientCosine(sum_over_shards(self.policy)) if t.log_gradient_cosine else None
+                                          s.num_batches_per_epoch, self.evaluator, self.budget, self.net,
+                                          self.gradient_cosine)
         self.sampler = KRepeatBatchSampler(len(self.train_set), s.batch_size, s.k, self.world_size, self.rank,
                                            config.seed, s.num_batches_per_epoch)
         self.epoch_cache: dict = {}  # work shared by sampling and training within one epoch, renewed by sample()

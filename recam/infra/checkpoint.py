@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 LATEST = "latest"
+RUN_CONFIG = "run_config.json"  # the config a run asked for and its resume history (config/resume.py)
 SELECTED = "selected"  # the checkpoint a run reports (chosen on validation conditions, see recam.engine.selection)
 MANIFEST = "manifest.json"
 BASE_EVAL = "base_eval.json"
@@ -45,6 +46,11 @@ class CheckpointCorrupt(ValueError):
 
 class ResumeMismatch(ValueError):
     """A checkpoint's state disagrees with itself or with the run's log: resuming would continue the wrong run."""
+
+
+class DiskFull(OSError):
+    """A checkpoint could not be written for want of space: nothing of it was kept, `latest` names the last intact
+    one."""
 
 
 class NonFiniteState(ValueError):
@@ -238,10 +244,11 @@ def verify_checkpoint(ckpt: Path) -> bool:
 
 def save_checkpoint(ckpt_root: Path, name: str, model, optimizer, ema, state: dict, keep: int = 2,
                     protect: tuple[str, ...] = (), side_files: dict[str, dict] | None = None,
-                    optimizer_state: dict | None = None) -> Path:
+                    optimizer_state: dict | None = None, extra: dict | None = None) -> Path:
     """Write checkpoint `name` under ckpt_root atomically and point `latest` at it; prune old ones.
 
-    side_files: extra JSON files (e.g. BASE_EVAL) sealed with the rest. optimizer_state: what to save of the
+    side_files: extra JSON files (e.g. BASE_EVAL) sealed with the rest; extra: more entries of trainer.pt (the
+    gradient cosine's last gradient). optimizer_state: what to save of the
     optimizer, when not optimizer.state_dict() (under FSDP, the gathered state). Raises NonFiniteState, writing
     nothing, when the model, optimizer or EMA holds NaN or inf."""
     if optimizer_state is None:
@@ -253,14 +260,21 @@ def save_checkpoint(ckpt_root: Path, name: str, model, optimizer, ema, state: di
     final = ckpt_root / name
     tmp = ckpt_root / f".tmp-{name}"
     shutil.rmtree(tmp, ignore_errors=True)
-    write_model(model, tmp / "model")
-    torch.save({"optimizer": optimizer_state, "ema": ema.state_dict() if ema is not None else None,
-                "rng": rng_state()}, tmp / "trainer.pt")
-    # the marker tells a reader that a missing manifest was lost, not never written
-    (tmp / "state.json").write_text(json.dumps({**state, "checkpoint_format": MANIFEST_FORMAT}, indent=1))
-    for file_name, content in (side_files or {}).items():
-        (tmp / file_name).write_text(json.dumps(content, indent=1))
-    write_manifest(tmp)
+    try:
+        write_model(model, tmp / "model")
+        torch.save({"optimizer": optimizer_state, "ema": ema.state_dict() if ema is not None else None,
+                    "rng": rng_state(), **(extra or {})}, tmp / "trainer.pt")
+        # the marker tells a reader that a missing manifest was lost, not never written
+        (tmp / "state.json").write_text(json.dumps({**state, "checkpoint_format": MANIFEST_FORMAT}, indent=1))
+        for file_name, content in (side_files or {}).items():
+            (tmp / file_name).write_text(json.dumps(content, indent=1))
+        write_manifest(tmp)
+    except Exception as e:  # a half-written folder is never left behind; `latest` has not moved
+        shutil.rmtree(tmp, ignore_errors=True)
+        if is_disk_full(e):
+            raise DiskFull(28, f"no space left on the device writing checkpoint {final}; "
+                               f"{ckpt_root / LATEST} still names {read_pointer(ckpt_root)}") from e
+        raise
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -268,6 +282,20 @@ def save_checkpoint(ckpt_root: Path, name: str, model, optimizer, ema, state: di
     point_latest(ckpt_root, name)
     _prune(ckpt_root, keep, protect=(name, *protect))
     return final
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """An OSError ENOSPC, or a writer's own error saying so (safetensors raises SafetensorError, not OSError)."""
+    return getattr(error, "errno", None) == 28 or "No space left on device" in str(error)
+
+
+def remove_leftovers(ckpt_root: Path) -> list[str]:
+    """Remove what an interrupted save leaves (.tmp-epoch_NNNN folders, a pointer's temporary file); their names."""
+    gone = []
+    for p in sorted(ckpt_root.glob(".tmp-*")) + sorted(ckpt_root.glob(".*.tmp")):
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        gone.append(p.name)
+    return gone
 
 
 def _sync_dir(directory: Path) -> None:
@@ -324,12 +352,19 @@ def read_pointer(ckpt_root: Path, pointer: str = LATEST) -> str | None:
 def pointed_checkpoint(ckpt_root: Path, say: Callable[[str], None] | None = None) -> Path | None:
     """The folder `latest` names, whatever state it is in (reading it checks it), or None for a fresh run.
 
-    A damaged pointer (empty, garbled, naming no folder that exists) loses nothing: the newest epoch_NNNN folder
-    beside it stands in (reading it, `read_intact` walks down to the newest intact one), and say() gets one line
-    naming the pointer."""
+    A damaged or missing pointer (empty, garbled, naming no folder that exists, deleted) loses nothing: the
+    newest epoch_NNNN folder beside it stands in (reading it, `read_intact` walks down to the newest intact one),
+    and say() gets one line naming the pointer. Without it a run would start again from epoch 0 over good
+    checkpoints."""
     pointer = ckpt_root / LATEST
     if not pointer.exists():
-        return None
+        folders = sorted(p for p in ckpt_root.glob("epoch_*") if p.is_dir() and epoch_of(p) is not None)
+        if not folders:
+            return None  # a fresh run
+        if say is not None:
+            say(f"{pointer} is missing beside {len(folders)} checkpoint folder(s): resuming from the newest, "
+                f"{folders[-1].name}, or the newest intact one below it")
+        return folders[-1]
     name = read_pointer(ckpt_root)
     if name is not None and (ckpt_root / name).is_dir():
         return ckpt_root / name

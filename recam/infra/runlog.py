@@ -47,6 +47,12 @@ class RunLog:
                                     dir=str(run_dir), mode=config.logging.wandb_mode, config=config.to_dict(),
                                     resume="allow")
 
+    def config_history(self, history: list[dict]) -> None:
+        """config.json with the run's resume history: each resume's changed fields, old and new value."""
+        if self.enabled and history:
+            data = json.loads((self.run_dir / "config.json").read_text())
+            (self.run_dir / "config.json").write_text(json.dumps({**data, "resume_history": history}, indent=1))
+
     def info(self, msg: str) -> None:
         """A line for the console (and the log file)."""
         if self.enabled:
@@ -178,6 +184,14 @@ class RunLog:
     def archive_after(self, epoch: int, reason: str) -> None:
         self.truncate_after(epoch, archive_reason=reason)
 
+    def archive_all(self, reason: str) -> None:
+        """Move every record to rolled_back.jsonl (a start with no checkpoint: what it finds in metrics.jsonl
+        describes weights that no longer exist), saying so in one line."""
+        if self.enabled:
+            self.info(f"{self.path} holds records but no checkpoint exists: moved to "
+                      f"{self.run_dir / 'rolled_back.jsonl'} ({reason})")
+        self.truncate_after(-(2**62), archive_reason=reason)
+
     def summary(self, before: dict, after: dict, **kwargs) -> str:
         """summary.md's before/after table (recam.infra.reports.write_summary), printed and written."""
         from recam.infra.reports import write_summary
@@ -193,6 +207,27 @@ class RunLog:
             self._file_handler = None
             for handler, level in self._console_levels:  # the console as it was before capture_logs
                 handler.setLevel(level)
+
+
+def run_dir_problem(run_dir: str) -> str | None:
+    """Why `run_dir` cannot hold a run (one line naming the path and the problem), or None. Checked before the
+    folder is created, so a name that cannot be used leaves nothing behind."""
+    try:
+        str(run_dir).encode("utf-8")
+    except UnicodeEncodeError:
+        return (f"run_dir {str(run_dir).encode('utf-8', 'backslashreplace').decode()} is not valid UTF-8 (the logs "
+                "and wandb write UTF-8 paths); choose a UTF-8 name")
+    path = Path(run_dir)
+    if path.exists() and not path.is_dir():
+        return f"run_dir {path} exists and is not a folder; choose another run_dir"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        return f"run_dir {path} cannot be written: {e.strerror or e}"
+    return None
 
 
 def read_records(path: Path, unreadable: list[bytes] | None = None) -> list[dict]:
