@@ -116,7 +116,8 @@ def difference(a, b, where: str = "") -> str | None:
             return f"{where}: {len(a)} vs {len(b)} items"
         return next((d for i, (x, y) in enumerate(zip(a, b, strict=True)) if (d := difference(x, y, f"{where}[{i}]"))),
                     None)
-    return None if a == b else f"{where}: {a!r} vs {b!r}"
+    same = a == b and isinstance(a, bool) == isinstance(b, bool)  # a flag is not the number 1
+    return None if same else f"{where}: {a!r} vs {b!r}"
 
 
 def check(run_dir: Path, committed: Path) -> str | None:

@@ -456,19 +456,18 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 def test_a_full_disk_ends_in_one_line_with_exit_3_and_the_same_command_resumes(finished, tmp_path):
     run = _copy(finished, tmp_path)
     ckpts = run / "checkpoints"
-    for name in ("epoch_0002", "epoch_0001"):  # back to the base: epochs 0 and 1 are trained again
-        shutil.rmtree(ckpts / name, ignore_errors=True)
-    (ckpts / "latest").write_text("epoch_0000")
-    p = _run(run, prefix=("-c", FULL_DISK_AT_SECOND_SAVE))
+    shutil.rmtree(ckpts / "epoch_0002")  # epochs 1 and 2 left to train: the first save works, the second not
+    (ckpts / "latest").write_text("epoch_0001")
+    p = _run(run, "--config.num_epochs=3", prefix=("-c", FULL_DISK_AT_SECOND_SAVE))
     assert p.returncode == 3, p.stderr[-3000:]
     lines = [x for x in p.stderr.splitlines() if x.startswith("[recam]")]
     assert len(lines) == 1 and "no space left on the device writing checkpoint" in lines[0], p.stderr[-3000:]
-    assert "Traceback" not in p.stderr
-    assert (ckpts / "latest").read_text() == "epoch_0001" and not list(ckpts.glob(".tmp-*"))
-    p = _run(run)  # space freed: the same command goes on from the last intact checkpoint
+    assert "epoch_0003" in lines[0] and "latest still names epoch_0002" in lines[0] and "Traceback" not in p.stderr
+    assert (ckpts / "latest").read_text() == "epoch_0002" and not list(ckpts.glob(".tmp-*"))
+    p = _run(run, "--config.num_epochs=3")  # space freed: the same command goes on from the last intact checkpoint
     assert p.returncode == 0, p.stderr[-3000:]
-    assert f"resumed from {ckpts / 'epoch_0001'}" in p.stdout
-    assert [r["epoch"] for r in _records(run, "epoch")] == [0, 1]
+    assert f"resumed from {ckpts / 'epoch_0002'}" in p.stdout
+    assert [r["epoch"] for r in _records(run, "epoch")] == [0, 1, 2]
 
 
 @needs_base
@@ -482,7 +481,7 @@ def test_a_deleted_latest_resumes_from_the_newest_folder_and_leftovers_are_remov
     (ckpts / ".latest.tmp").write_text("epoch_0002")
     p = _run(run)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert f"{ckpts / 'latest'} is missing beside 2 checkpoint folder(s): resuming from the newest, epoch_0001" \
+    assert f"{ckpts / 'latest'} is missing beside 1 checkpoint folder(s): resuming from the newest, epoch_0001" \
         in p.stdout
     assert "removed what an interrupted save left" in p.stdout and ".tmp-epoch_0002, .latest.tmp" in p.stdout
     assert f"resumed from {ckpts / 'epoch_0001'}" in p.stdout
@@ -518,7 +517,7 @@ def test_a_resume_refuses_a_changed_fixed_field_in_one_line_and_changes_nothing(
     assert "sample.k is 2 here but 4 in the run" in err and "seed is 7 here but 0 in the run" in err
     assert "epoch_0001/run_config.json" in err
     assert {name: (run / name).read_bytes() for name in before} == before
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["epoch_0000", "epoch_0001", "latest"]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["epoch_0001", "latest"]
 
 
 @needs_base
@@ -535,7 +534,9 @@ def test_a_resume_applies_a_changed_learning_rate_says_so_and_records_both_value
     steps = _records(run, "step")
     assert {s["epoch"]: s["learning_rate"] for s in steps}[0] == pytest.approx(lr)
     assert all(s["learning_rate"] == pytest.approx(lr * 5) for s in steps if s["epoch"] >= 1)
-    change = {"checkpoint": "epoch_0001", "changes": {"num_epochs": [2, 3], "train.learning_rate": [lr, lr * 5]}}
+    assert f"resuming with run_dir {str(finished)!r} -> {str(run)!r}: where its folder is" in p.stdout  # copied
+    change = {"checkpoint": "epoch_0001", "changes": {"num_epochs": [2, 3], "run_dir": [str(finished), str(run)],
+                                                      "train.learning_rate": [lr, lr * 5]}}
     assert json.loads((run / "config.json").read_text())["resume_history"] == [change]
     sealed = json.loads((run / "checkpoints" / "epoch_0003" / "run_config.json").read_text())
     assert sealed["history"] == [change] and sealed["config"]["train"]["learning_rate"] == lr * 5
