@@ -5,9 +5,11 @@
     python scripts/diagnose.py step_metrics.json              # one metric dict or a list of them
 
 Exit status: 0 when nothing is critical (warnings allowed), 2 when something is critical, 1 when the input
-could not be read at all, or when nothing readable is critical but some lines could not be read (verdict
-INCOMPLETE: what those lines held was not diagnosed, so the run is not called healthy). A record glued onto noise
-(bytes written before it with no newline of their own) is recovered and said so.
+could not be read at all, or when the verdict is INCOMPLETE: no step or epoch record the schema accepts (an empty
+metrics.jsonl, a file of noise), or nothing readable is critical but some lines could not be read or some records
+failed the schema (recam.infra.schema.RECORD_FIELDS; e.g. a step record without an integer step). What those held
+was not diagnosed, so the run is not called healthy; the report says how many were skipped and why, one line per
+kind. A record glued onto noise (bytes written before it with no newline of their own) is recovered and said so.
 """
 
 from __future__ import annotations
@@ -70,14 +72,43 @@ def _lost(kind: str | None, epoch: int | None) -> str:
     return f"a{'n' if kind[0] in 'aeiou' else ''} {kind} record" + (f" (epoch {epoch})" if epoch is not None else "")
 
 
-def verdict(findings: list, unreadable: list) -> tuple[str, int]:
+def verdict(findings: list, unreadable: list, skipped: int = 0, counted: int = 1) -> tuple[str, int]:
     """(verdict, exit status): CRITICAL / 2 when a readable record shows something critical; INCOMPLETE / 1 when
-    nothing readable does but some lines could not be read; HEALTHY / 0 otherwise."""
+    no step or epoch record was counted, or nothing counted is critical but some lines could not be read or
+    `skipped` records failed the schema; HEALTHY / 0 otherwise. counted: the step and epoch records diagnosed."""
     if not diagnosis.is_healthy(findings):
         return "CRITICAL", 2
-    if unreadable:
+    if not counted or unreadable or skipped:
         return "INCOMPLETE", 1
     return "HEALTHY", 0
+
+
+def _why_incomplete(counted: int, unreadable: list, skipped: int) -> str:
+    if not counted:
+        return "no step or epoch record to diagnose"
+    lost = [f"{len(unreadable)} line(s) could not be read"] if unreadable else []
+    lost += [f"{skipped} record(s) failed the schema"] if skipped else []
+    return f"nothing critical in the records diagnosed, but {' and '.join(lost)}: what they held was not diagnosed"
+
+
+def _rollbacks(source: Path) -> int:
+    """How many times this run's guard rolled back, from rolled_back.jsonl beside the metrics records (0 when there
+    is none). The trainer archives a rollback's records as "rollback <n>: <rule>"; any other reason (a fresh start
+    archiving an earlier run's records) ends what came before, which was another run's."""
+    archive = source.parent / "rolled_back.jsonl"
+    if source.name != "metrics.jsonl" or not archive.exists():
+        return 0
+    reasons: set[str] = set()
+    for line in archive.read_text(errors="replace").splitlines():
+        try:
+            reason = json.loads(line).get("rolled_back")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(reason, str) and reason.startswith("rollback "):
+            reasons.add(reason)
+        elif reason is not None:
+            reasons = set()
+    return len(reasons)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,7 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"cannot read {args.path}: {e}")
         return 1
-    records, unreadable, recovered = parsed.records, parsed.unreadable, parsed.recovered
+    unreadable, recovered = parsed.unreadable, parsed.recovered
+    records, skipped = diagnosis.screen_records(parsed.records)
+    n_skipped = sum(skipped.values())
     lost = {line: (kind, epoch) for line, kind, epoch in parsed.lost}
     try:
         findings = diagnosis.diagnose_run(records, run_dir=_run_dir(source))
@@ -100,32 +133,45 @@ def main(argv: list[str] | None = None) -> int:
                                    "The metrics could not be diagnosed; some record is malformed.",
                                    ["inspect the records named in the error"])]
     excluded, samples, epochs_hit = _exclusions(records)
-    word, status = verdict(findings, unreadable)
+    n_steps = sum(1 for r in records if r.get("type", "step") == "step")
+    n_epochs = sum(1 for r in records if r.get("type") == "epoch")
+    word, status = verdict(findings, unreadable, n_skipped, n_steps + n_epochs)
+    others = diagnosis.unknown_types(records)
+    rollbacks = _rollbacks(source)
     if args.json:
         print(json.dumps({"source": str(source), "verdict": word, "unreadable_lines": [u.line for u in unreadable],
-                          "recovered_lines": [u.line for u in recovered],
-                          "excluded_samples": excluded, "samples": samples,
+                          "recovered_lines": [u.line for u in recovered], "skipped_records": skipped,
+                          "step_records": n_steps, "epoch_records": n_epochs, "unknown_types": others,
+                          "rollbacks": rollbacks, "excluded_samples": excluded, "samples": samples,
                           "healthy": status == 0, "worst": diagnosis.worst_severity(findings),
                           "findings": [f.__dict__ for f in findings]}, indent=1, default=str))
+        return status
+    print(f"# Diagnosis of {source}\n")
+    print(f"{n_steps} step records, {n_epochs} epoch records; {_last_step_line(records)}")
+    if excluded:
+        print(f"excluded samples: {excluded} of {samples} in {epochs_hit} epoch(s) (failed rewards, kept out of "
+              "the advantages; the reward statistics below ignore them)")
+    for u in recovered:
+        print(f"line {u.line}: {u.reason}")
+    for u in unreadable:
+        print(f"could not read line {u.line}: {u.reason}; it held {_lost(*lost.get(u.line, (None, None)))}")
+    for kind, n in skipped.items():
+        print(f"skipped {n} {kind} (recam.infra.schema.RECORD_FIELDS); not diagnosed")
+    for kind, n in others.items():
+        print(f"ignored {n} record(s) of unknown type {kind!r}")
+    if rollbacks:
+        # the guard's history restarts at each rollback; these records are compared with every epoch kept
+        print(f"the run's guard rolled back {rollbacks} time(s) (rolled_back.jsonl) and compared each epoch only with "
+              "those since its last rollback; this diagnosis compares it with every epoch metrics.jsonl keeps")
+    why = (_why_incomplete(n_steps + n_epochs, unreadable, n_skipped) if word == "INCOMPLETE"
+           else f"worst: {diagnosis.worst_severity(findings) or 'none'}")
+    print(f"\nverdict: {word} ({why})\n")
+    if not n_steps + n_epochs:
+        print("No step or epoch record was diagnosed: nothing is known about this run's health.")
+    elif not findings and word == "INCOMPLETE":  # not "the metrics look healthy": some were never looked at
+        print("No findings in the records diagnosed; what could not be read or failed the schema is unknown.")
     else:
-        n_steps = sum(1 for r in records if r.get("type", "step") == "step")
-        n_epochs = sum(1 for r in records if r.get("type") == "epoch")
-        print(f"# Diagnosis of {source}\n")
-        print(f"{n_steps} step records, {n_epochs} epoch records; {_last_step_line(records)}")
-        if excluded:
-            print(f"excluded samples: {excluded} of {samples} in {epochs_hit} epoch(s) (failed rewards, kept out of "
-                  "the advantages; the reward statistics below ignore them)")
-        for u in recovered:
-            print(f"line {u.line}: {u.reason}")
-        for u in unreadable:
-            print(f"could not read line {u.line}: {u.reason}; it held {_lost(*lost.get(u.line, (None, None)))}")
-        why = (f"nothing critical in the readable records, but {len(unreadable)} line(s) could not be read and were "
-               "not diagnosed" if word == "INCOMPLETE" else f"worst: {diagnosis.worst_severity(findings) or 'none'}")
-        print(f"\nverdict: {word} ({why})\n")
         print(diagnosis.format_findings(findings), end="")
-    if not records:
-        print("no metric records found")
-        return 1
     return status
 
 

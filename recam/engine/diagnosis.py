@@ -2,13 +2,19 @@
 ratio), the update's noise over a run, and `diagnose_run(records)`, which replays a whole metrics.jsonl through
 these and the step rules of recam.engine.health and reports each rule once, with the steps and epochs it fired on
 (scripts/diagnose.py, diagnosis.md). Nothing here runs on the way to an optimizer step.
+
+The reward rules see what the trainer's guard sees (health.reward_evidence: each term's mean and standard error,
+the constraint's weight), and compare an epoch only with the earlier epochs the guard judged, so that the two agree
+on the same records. A finding the guard cannot make (a rule only an epoch or a whole run knows, an epoch that took
+no optimizer step) says why in its explanation. Records are screened against recam.infra.schema first
+(`screen_records`): one the schema rejects is left out and counted, never diagnosed as if it were a step.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections import deque
+from collections import Counter, deque
 from dataclasses import replace
 from typing import Any
 
@@ -22,13 +28,71 @@ from recam.engine.health import (
     _sorted,
     _where,
     diagnose_step,
+    reward_evidence,
     rule_advantage_signal,
     rule_first_step_ratio,
     rule_non_finite,
     rule_reward,
     rule_reward_term,
 )
+from recam.infra.schema import RECORD_FIELDS, RECORD_TYPES, REWARD_BOOKKEEPING
 from recam.infra.stats import t975
+
+# ----------------------------------------------------------------------------------------------------------
+# which records count: recam.infra.schema's fields, checked before any rule reads a record
+
+_KIND_WORDS = {"integer": "an integer", "number": "a number"}
+_LABELS = {"step": "step record(s)", "epoch": "epoch record(s)", None: "metric dict(s)"}
+
+
+def _is_kind(value: Any, kind: str) -> bool:
+    if isinstance(value, bool):  # JSON true/false: Python counts it as an int, the schema does not
+        return False
+    return isinstance(value, int) if kind == "integer" else isinstance(value, (int, float))
+
+
+def _has_metric(record: dict) -> bool:
+    return any(_is_kind(v, "number") for k, v in record.items() if k not in ("type", "step", "epoch"))
+
+
+def record_problem(record: dict) -> str | None:
+    """Why `record` cannot be counted as the step or epoch record it says it is, or as a bare metric dict (no
+    "type": a JSON file of step metrics), in words that follow its kind ("without an integer step"); None when it
+    can, and for records of the other types, which no rule here reads."""
+    kind = record.get("type")
+    if kind is None:
+        return None if _has_metric(record) else "without a single number"
+    fields = RECORD_FIELDS.get(kind) if isinstance(kind, str) else None
+    if fields is None:
+        return None
+    missing = [f"{_KIND_WORDS[want]} {key}" for key, want in fields.items() if not _is_kind(record.get(key), want)]
+    if missing:
+        return "without " + " or ".join(missing)
+    if kind == "step" and not _has_metric(record):  # a step that measured nothing gives a rule nothing to judge
+        return "without a single metric"
+    return None
+
+
+def screen_records(records: list) -> tuple[list[dict], dict[str, int]]:
+    """(the records the rules may read, {"step record(s) without an integer step": 3, ...}): each record the
+    schema rejects is left out and counted under its kind and reason, so that a report can say so line by line."""
+    kept, skipped = [], Counter()
+    for r in records:
+        if not isinstance(r, dict):
+            skipped["item(s) that are not a JSON object"] += 1
+            continue
+        why = record_problem(r)
+        if why is None:
+            kept.append(r)
+        else:
+            skipped[f"{_LABELS.get(r.get('type'), 'record(s)')} {why}"] += 1
+    return kept, dict(skipped)
+
+
+def unknown_types(records: list[dict]) -> dict[str, int]:
+    """{type: count} of records of a type recam.infra.runlog never writes: nothing reads them, and a report says so."""
+    return dict(Counter(str(r["type"]) for r in records if r.get("type") is not None
+                        and r.get("type") not in RECORD_TYPES))
 
 
 def _per_sample(record: dict, key: str) -> list[float] | None:
@@ -92,6 +156,7 @@ def epoch_metrics(record: dict) -> dict:
     reward = _num(record, "reward_avg")
     if reward is not None:
         m["mean_reward"] = reward
+    m.update(reward_evidence(record))  # the guard's own reward inputs, standard errors and constraint weight included
     std = _epoch_reward_std(record)
     if std is not None:
         m["std_reward"] = std
@@ -145,18 +210,47 @@ def diagnose_epoch(record: dict, earlier_epochs=(), *, thresholds: Thresholds | 
     return _sorted(out)
 
 
-def _merge(findings: list[tuple[Finding, dict]]) -> list[Finding]:
-    """One finding per rule: the first at its worst severity, with where it fired at that severity."""
-    by_rule: dict[str, list[tuple[Finding, dict]]] = {}
-    for f, where in findings:
-        by_rule.setdefault(f.rule, []).append((f, where))
+# Findings the trainer's guard cannot make, and why: it judges each optimizer step's metrics with the epoch's
+# health.reward_signal merged in, so what only the rest of an epoch record or a whole run shows is the diagnosis's.
+GUARD_CANNOT_JUDGE = {
+    "off_policy_first_step": "the first step's ratio reaches the epoch record after the epoch's updates (the guard "
+                             "judges each step's ratio as ratio_explosion)",
+    "excluded_samples": "the trainer excludes failed rewards itself; they are not a fault to stop for",
+    "update_noise": "it is a statistic over the whole run's steps",
+}
+_GUARD_EPOCH_KEYS = frozenset({"zero_std_ratio", "mean_reward", "epoch", "step"})
+
+
+def guard_cannot_judge(f: Finding) -> str | None:
+    """Why the trainer's guard cannot make this epoch- or run-level finding; None when it can (the same rule on
+    the same inputs)."""
+    if f.rule in GUARD_CANNOT_JUDGE:
+        return GUARD_CANNOT_JUDGE[f.rule]
+    if f.rule == "reward_collapse" and "std_reward" in f.numbers:
+        return ("the guard is not given the rewards' spread over all samples (at 0 every group's is 0 too, and the "
+                "guard stops on no_advantage_signal)")
+    if f.rule == "non_finite":
+        keys = f.numbers.get("keys") or []
+        unseen = [k for k in keys if k not in _GUARD_EPOCH_KEYS
+                  and not (k.startswith("reward_") and k not in REWARD_BOOKKEEPING)]
+        if len(unseen) == len(keys) and keys:
+            return "of an epoch record the guard reads only zero_std_ratio and the reward means"
+    return None
+
+
+def _merge(findings: list[tuple[Finding, dict, str | None]]) -> list[Finding]:
+    """One finding per rule: the first at its worst severity, with where it fired at that severity, and why the
+    guard could not have made it when none of those firings was the guard's to make."""
+    by_rule: dict[str, list[tuple[Finding, dict, str | None]]] = {}
+    for item in findings:
+        by_rule.setdefault(item[0].rule, []).append(item)
     out = []
     for rule, items in by_rule.items():
-        top = max(_RANK[f.severity] for f, _ in items)
-        items = [(f, w) for f, w in items if _RANK[f.severity] == top]  # milder firings would blur where it hit
+        top = max(_RANK[f.severity] for f, _, _ in items)
+        items = [it for it in items if _RANK[it[0].severity] == top]  # milder firings would blur where it hit
         first = items[0][0]
-        steps = sorted({w["step"] for _, w in items if isinstance(w.get("step"), int)})
-        epochs = sorted({w["epoch"] for _, w in items if isinstance(w.get("epoch"), int)})
+        steps = sorted({w["step"] for _, w, _ in items if isinstance(w.get("step"), int)})
+        epochs = sorted({w["epoch"] for _, w, _ in items if isinstance(w.get("epoch"), int)})
         nums = dict(first.numbers)
         nums["occurrences"] = len(items)
         if steps:
@@ -165,6 +259,9 @@ def _merge(findings: list[tuple[Finding, dict]]) -> list[Finding]:
             nums["epochs"] = epochs if len(epochs) <= 12 else epochs[:6] + ["…"] + epochs[-3:]
         where = (f" Fired {len(items)} time(s)" + (f", steps {steps[0]}..{steps[-1]}" if steps else "")
                  + (f", epochs {epochs[0]}..{epochs[-1]}" if epochs else "") + ".") if steps or epochs else ""
+        blind = [why for _, _, why in items]
+        if all(blind):
+            where += f" The run's guard does not judge this: {blind[0]}."
         out.append(replace(first, rule=rule, numbers=nums, explanation=first.explanation + where))
     return _sorted(out)
 
@@ -211,35 +308,53 @@ def rule_update_noise(steps: list[dict], th: Thresholds) -> list[Finding]:
          "scripts/gradient_agreement.py measures each step's share)"])]
 
 
+def _judged_by_guard(record: dict, step_epochs: set | None) -> bool:
+    """Whether the trainer's guard saw this epoch's rewards: it judges them at the epoch's optimizer steps, so an
+    epoch that took none (every sample excluded) never entered its history. step_epochs: the epochs of the run's
+    step records, None when they do not say (no step records, or some without an epoch)."""
+    taken = record.get("optimizer_steps")
+    if isinstance(taken, list):
+        return bool(taken)
+    return step_epochs is None or record.get("epoch") in step_epochs
+
+
 def diagnose_run(records: list[dict], *, thresholds: Thresholds | None = None,
                  run_dir: str = "<run_dir>") -> list[Finding]:
-    """Replay a run's records (step and epoch; others ignored; untyped dicts count as steps).
+    """Replay a run's records (step and epoch; others ignored; untyped dicts count as steps). Records the schema
+    rejects are left out (screen_records; scripts/diagnose.py says how many and why).
 
     Step rules see the epoch's zero_std_ratio merged in (the epoch record is written after its steps, so
-    it is looked up by epoch number).
+    it is looked up by epoch number). An epoch's reward rules compare it with the earlier epochs the guard judged,
+    on the guard's own inputs (epoch_metrics), so that the two agree on the same records.
     """
     th = thresholds or DEFAULT
-    epochs = [r for r in records if isinstance(r, dict) and r.get("type") == "epoch"]
+    records, _ = screen_records(records)
+    epochs = [r for r in records if r.get("type") == "epoch"]
     zero_std = {r.get("epoch"): r["zero_std_ratio"] for r in epochs
                 if _ok(_num(r, "zero_std_ratio"))}  # NaN: nothing was kept, and no step was taken
-    collected: list[tuple[Finding, dict]] = []
+    collected: list[tuple[Finding, dict, str | None]] = []
     history: deque = deque(maxlen=max(th.median_window, th.kl_window))
     steps = []
     for r in records:
-        if not isinstance(r, dict) or r.get("type", "step") != "step":
+        if r.get("type", "step") != "step":
             continue
         m = {k: v for k, v in r.items() if k != "type"}
         steps.append(m)
         if "zero_std_ratio" not in m and m.get("epoch") in zero_std:
             m["zero_std_ratio"] = zero_std[m["epoch"]]
         for f in diagnose_step(m, history, thresholds=th, run_dir=run_dir):
-            collected.append((f, _where(m)))
+            collected.append((f, _where(m), None))
         history.append(m)
+    step_epochs = ({m["epoch"] for m in steps} if steps and all(isinstance(m.get("epoch"), int) for m in steps)
+                   else None)
+    judged = [_judged_by_guard(r, step_epochs) for r in epochs]
     for i, r in enumerate(epochs):
-        for f in diagnose_epoch(r, epochs[:i], thresholds=th, run_dir=run_dir):
+        earlier = [e for e, seen in zip(epochs[:i], judged[:i], strict=True) if seen]
+        unseen = None if judged[i] else f"epoch {r.get('epoch')} took no optimizer step, so the guard never judged it"
+        for f in diagnose_epoch(r, earlier, thresholds=th, run_dir=run_dir):
             # an epoch record's step is where its updates start; only step records locate a step
-            collected.append((f, {"epoch": r.get("epoch")}))
-    collected += [(f, {}) for f in rule_update_noise(steps, th)]
+            collected.append((f, {"epoch": r.get("epoch")}, guard_cannot_judge(f) or unseen))
+    collected += [(f, {}, guard_cannot_judge(f)) for f in rule_update_noise(steps, th)]
     return _merge(collected)
 
 

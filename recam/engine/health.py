@@ -375,11 +375,19 @@ def _sorted(findings: list[Finding]) -> list[Finding]:
     return sorted(findings, key=lambda f: -_RANK[f.severity])
 
 
+def reward_evidence(record: dict) -> dict:
+    """What rule_reward and rule_reward_term compare between epochs, from an epoch record: each reward term's mean
+    (reward_avg included) and standard error, and the constraint's weight. The guard (reward_signal) and the
+    offline diagnosis (recam.engine.diagnosis.epoch_metrics) both build their reward inputs with it, so that the
+    two judge the same records alike."""
+    return {**reward_terms(record, include_avg=True), "term_sem": term_standard_errors(record),
+            "constraint_weight": record.get("constraint_weight")}
+
+
 def reward_signal(record: dict) -> dict:
     """What the guard's reward rules compare between epochs, from an epoch record: the zero-std share, each reward
     term's mean and standard error, the constraint's weight."""
-    return {"zero_std_ratio": record["zero_std_ratio"], **reward_terms(record, include_avg=True),
-            "term_sem": term_standard_errors(record), "constraint_weight": record.get("constraint_weight")}
+    return {"zero_std_ratio": record["zero_std_ratio"], **reward_evidence(record)}
 
 
 def nonfinite_findings(bad: list[str]) -> list[Finding]:
