@@ -111,7 +111,7 @@ def write_reports(run_dir: Path) -> dict:
     # The verifier exits 0 on PASS and on WARN alike: the word in its headline is what the summary must repeat.
     status = re.search(r": (PASS|WARN|FAIL) \(", headline)
     status = status.group(1) if status else ("FAIL" if v_code else "unknown")
-    word = {0: "healthy", 1: "not diagnosed in full: unreadable lines", 2: "NOT healthy"}.get(d_code, "failed")
+    word = {0: "healthy", 1: "INCOMPLETE: not everything could be diagnosed", 2: "NOT healthy"}.get(d_code, "failed")
     return {"verification": f"{verification} ({status})", "diagnosis": f"{diagnosis} ({word})"}
 
 
