@@ -2,8 +2,10 @@
 
     python scripts/device_check.py --out runs/device_check              # one NVIDIA GPU, about 8 minutes
     python scripts/device_check.py --out /tmp/device_check --tiny       # every stage at tiny sizes on the CPU
-    python scripts/device_check.py --out runs/learning --stages learning --learning-seconds 200
+    python scripts/device_check.py --out runs/learning --stages learning --learning-seconds 180
                                                                         # both learning runs, longer: ~10 min
+    python scripts/device_check.py --out runs/learning2 --stages learning --learning-seconds 180 \
+        --resume runs/learning                                          # the next window continues them
 
 Stages run in order, each under its own time cap, and DIR/device_check.json is rewritten after each one, so a
 stage that fails or runs out of time keeps what the earlier ones measured (its entry then says why).
@@ -21,8 +23,12 @@ DIR/device_check.md summarises the same numbers.
   motion    MDM's size (8 layers, 512 wide) on a batch of 64 x 196 frames, 50 DDIM steps with guidance.
   fsdp      one smoke epoch through config/accelerate/fsdp.yaml on one GPU (skipped on the CPU: accelerate's
             FSDP plugin needs an accelerator).
-  learning  presets tiny_gpu and motion_tiny_gpu (2,048 samples per update) run by scripts/train_recam.py within
-            a time cap each: held-out base and final scores and the gain with its 95% interval over conditions.
+  learning  presets tiny_gpu and motion_tiny_gpu run by scripts/train_recam.py within a time cap each: the
+            held-out curve (an evaluation every few updates, drawn in DIR/learning_<domain>.png), the base and
+            final scores and the gain with its 95% interval over conditions, seconds per update and the device's
+            busy share. The runs add up over GPU windows: --resume DIR continues each run DIR/runs/<preset> of an
+            earlier check for --learning-seconds more training seconds, and each run folder is left as a small
+            bundle (the checkpoint `latest` names and `selected`'s, metrics.jsonl gzipped) to bring back for that.
   overhead  per stage, the share of its wall time spent outside the model's forward / backward passes (the
             passes timed alone at the same shapes).
 
@@ -35,8 +41,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import gzip
 import json
+import math
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -61,7 +70,8 @@ SIZES = {
                   "trained_steps": 1, "ratio_samples": 2, "repeats": 1},
         "vae": {"config": {}, "clip": (3, 81, 480, 832)},
         "motion": {"model": "mdm", "batch": 64, "frames": 196, "sample_steps": 5, "trained_steps": 2, "repeats": 3},
-        "learning": {"presets": ("tiny_gpu", "motion_tiny_gpu"), "seconds": 30, "overrides": ()},
+        # eval_freq: a held-out point every 5 updates (one update per epoch), about every 2-3 minutes on the H100
+        "learning": {"presets": ("tiny_gpu", "motion_tiny_gpu"), "seconds": 30, "eval_freq": 5, "overrides": ()},
         # 480 s in all: the whole check fits one 10-minute command with room to spare; each learning run gets
         # half its stage's cap (start-up, evaluations and an epoch that crosses the 30 s budget included)
         "caps": {"peak": 15, "recam": 180, "vae": 40, "motion": 30, "fsdp": 45, "learning": 170},
@@ -72,25 +82,25 @@ SIZES = {
                   "ratio_samples": 2, "repeats": 5},
         "vae": {"config": {"base_dim": 8}, "clip": (3, 5, 32, 32)},
         "motion": {"model": "tiny", "batch": 4, "frames": 196, "sample_steps": 3, "trained_steps": 2, "repeats": 5},
-        # the GPU presets' code path at smoke size: one epoch of 8 samples, a few held-out conditions
-        "learning": {"presets": ("tiny_gpu", "motion_tiny_gpu"), "seconds": 0, "overrides": {
+        # the GPU presets' code path at smoke size: epochs of 8 samples, a few held-out conditions; a cap below any
+        # epoch's time, so that each window (the first, and each --resume) trains exactly one epoch
+        "learning": {"presets": ("tiny_gpu", "motion_tiny_gpu"), "seconds": 0.01, "eval_freq": 1, "overrides": {
             "tiny_gpu": ("--config.data.num_train_conditions=16", "--config.sample.num_batches_per_epoch=1",
                          "--config.sample.batch_size=8",
                          "--config.train.batch_size=8", "--config.train.gradient_accumulation_steps=1",
-                         "--config.num_epochs=1", "--config.data.num_heldout_conditions=4",
-                         "--config.data.num_val_conditions=4", "--config.eval.num_videos=0",
+                         "--config.data.num_heldout_conditions=4", "--config.data.num_val_conditions=4",
                          "--config.sample.num_steps=3", "--config.sample.eval_num_steps=3"),
             "motion_tiny_gpu": ("--config.data.num_train_conditions=16", "--config.sample.num_batches_per_epoch=1",
                                 "--config.sample.batch_size=8",
                                 "--config.train.batch_size=8", "--config.train.gradient_accumulation_steps=1",
-                                "--config.num_epochs=1", "--config.sample.num_steps=4",
+                                "--config.sample.num_steps=4",
                                 "--config.sample.eval_num_steps=4", "--config.data.num_heldout_conditions=32",
                                 "--config.data.num_val_conditions=0", "--config.eval.select_by=",
-                                "--config.eval.select_guard=", "--config.eval.num_videos=0",
+                                "--config.eval.select_guard=",
                                 "--config.motion.eval_repetitions=1", "--config.health.action=warn")}},
         # a stage's cap only ends a hung stage; a machine busy with other jobs (a CI beside training runs) takes
         # two to three times a quiet one's seconds, which a tiny run must survive
-        "caps": {"peak": 30, "recam": 90, "vae": 60, "motion": 60, "fsdp": 30, "learning": 150},
+        "caps": {"peak": 30, "recam": 90, "vae": 60, "motion": 60, "fsdp": 30, "learning": 200},
     },
 }
 
@@ -113,6 +123,8 @@ def set_learning(mode: str, seconds: float | None, presets: str | None) -> None:
             raise SystemExit(f"--learning-presets: unknown {unknown}; choose from {sorted(SCORES)}")
         size["presets"] = wanted
     if seconds is not None:
+        if not seconds > 0:  # the runs' num_epochs never ends them: the cap does
+            raise SystemExit(f"--learning-seconds must be positive, got {seconds:g}")
         size["seconds"] = seconds
         SIZES[mode]["caps"]["learning"] = len(size["presets"]) * (seconds + LEARNING_MARGIN_S) + 10
 
@@ -433,60 +445,259 @@ def stage_fsdp(device: torch.device, work: Path) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# learning at GPU batch sizes, through scripts/train_recam.py
+# learning at GPU batch sizes, through scripts/train_recam.py, across GPU windows
 
 
 # per preset: the held-out score whose gain is reported (paired over the held-out conditions: motion's R-precision
 # per caption is its hit rate over the protocol's shuffles), and a second score reported beside it.
 SCORES = {"tiny_gpu": ("eval/cam_score", "eval/fidelity"),
           "motion_tiny_gpu": ("eval/r_precision_top3", "eval/motion_alignment")}
+NAMES = {"tiny_gpu": "camera", "motion_tiny_gpu": "motion"}
+
+# The learning runs end on their time cap, never on num_epochs (the presets' 12 and 30 epochs would end a run that
+# adds up over several windows); one value for every window, so that a resumed run's config differs from its first
+# window's only in the cumulative cap.
+LEARNING_EPOCHS = 100_000
+# what a bundle holds instead of metrics.jsonl: the epoch records carry every sample's rewards, advantages and
+# reward details, about 0.9 kB per camera sample and 0.5 kB per motion one at the presets' step counts (CPU runs of
+# 64 samples): 1.7 MB per camera update of 2,048 samples, 8 MB per motion update of 16,384, which gzip packs to a
+# third (camera) or a quarter (motion)
+PACKED_LOG = "metrics.jsonl.gz"
 
 
-def run_preset(preset: str, seconds: float, overrides: tuple[str, ...], run_dir: Path, cap: float) -> dict:
+def carry_over(prior: Path, run_dir: Path) -> dict:
+    """A previous window's run folder (its bundle) copied to run_dir with its log unpacked, and where it stopped:
+    the checkpoint `latest` names, checked against its manifest before anything is read from it. The window's
+    training seconds start from that checkpoint's budget, the state the run resumes from (a run killed between an
+    epoch's record and its checkpoint logged an epoch the resume drops)."""
+    from recam.infra.checkpoint import read_pointer, verify_checkpoint
     from recam.infra.runlog import read_records
 
-    cmd = [sys.executable, str(ROOT / "scripts" / "train_recam.py"), f"--config={ROOT / 'config' / 'grpo.py'}:{preset}",
-           f"--config.run_dir={run_dir}", "--config.logging.wandb_mode=disabled", *overrides]
-    if seconds:
-        cmd.append(f"--config.max_train_seconds={seconds}")
-    t0 = time.perf_counter()
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=cap)
-    out = {"seconds": time.perf_counter() - t0, "exit": p.returncode, "command": " ".join(cmd[1:])}
-    if p.returncode not in (0, 3):
-        out["error"] = (p.stderr or p.stdout)[-1500:]
-        return out
+    if prior.resolve() != run_dir.resolve():
+        shutil.copytree(prior, run_dir)
+    log, packed = run_dir / "metrics.jsonl", run_dir / PACKED_LOG
+    if packed.exists():
+        if log.exists():
+            raise RuntimeError(f"{run_dir} holds both metrics.jsonl and {PACKED_LOG}: which is the run's log is "
+                               "not known")
+        with gzip.open(packed, "rb") as src, log.open("wb") as dst:
+            shutil.copyfileobj(src, dst)
+        packed.unlink()
+    root = run_dir / "checkpoints"
+    name = read_pointer(root)
+    if name is None or not (root / name).is_dir():
+        raise RuntimeError(f"{prior / 'checkpoints' / 'latest'} names no checkpoint folder there: nothing to continue")
+    verify_checkpoint(root / name)  # raises CheckpointCorrupt naming the file
+    state = json.loads((root / name / "state.json").read_text())
+    seconds = state.get("budget", {}).get("train_seconds")
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
+        raise RuntimeError(f"{root / name / 'state.json'} holds no budget.train_seconds: the run's cumulative cap "
+                           "cannot be set from it")
+    logged = [r for r in read_records(log) if r.get("type") == "epoch" and r.get("epoch") == state["epoch"] - 1]
+    return {"from": str(prior), "checkpoint": name, "epochs": state["epoch"], "step": state["global_step"],
+            "train_seconds": float(seconds), "log_train_seconds": logged[-1].get("train_seconds") if logged else None}
+
+
+def pack(run_dir: Path) -> dict:
+    """Leave in run_dir what continuing it needs and what it reports: the checkpoint `latest` names (weights,
+    optimizer state, the base's evaluation) and the one `selected` names (the run never prunes it either), the log
+    gzipped. A `latest` that names no folder prunes nothing. Returns the bundle's size."""
+    from recam.infra.checkpoint import SELECTED, read_pointer
+
+    root = run_dir / "checkpoints"
+    latest = read_pointer(root)
+    kept = sorted(n for n in {latest, read_pointer(root, SELECTED)} - {None} if (root / n).is_dir())
+    out: dict = {"checkpoints": kept}
+    if latest not in kept:
+        out["pruned"] = f"nothing: {root / 'latest'} names no checkpoint folder"
+        out["checkpoints"] = sorted(p.name for p in root.glob("epoch_*") if p.is_dir())
+    else:
+        for folder in sorted(root.iterdir()):  # epoch_* and the .tmp-* of a save that was killed
+            if folder.is_dir() and folder.name not in kept:
+                shutil.rmtree(folder)
+    log = run_dir / "metrics.jsonl"
+    if log.exists():
+        with log.open("rb") as src, gzip.open(run_dir / PACKED_LOG, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        log.unlink()
+    files = [p for p in run_dir.rglob("*") if p.is_file()]
+    largest = max(files, key=lambda p: p.stat().st_size, default=None)
+    out.update({"bytes": sum(p.stat().st_size for p in files),
+                "largest_file": None if largest is None else str(largest.relative_to(run_dir)),
+                "largest_file_bytes": None if largest is None else largest.stat().st_size})
+    return out
+
+
+def curve_points(evals: list[dict], score: str, beside: str) -> list[dict]:
+    """One point per evaluation: `epoch` is the epochs trained (the checkpoint epoch_NNNN evaluated; 0 = the
+    base), train_seconds the cumulative training time at it."""
+    from recam.infra.checkpoint import epoch_of
+
+    return [{"tag": r.get("tag"), "epoch": epoch_of(Path(str(r.get("checkpoint") or ""))), "step": r.get("step"),
+             "train_seconds": r.get("train_seconds"), "score": r.get(score), "beside": r.get(beside)} for r in evals]
+
+
+def merged_evals(prior: list[dict], now: list[dict], resumed_epochs: int | None) -> list[dict]:
+    """The run's evaluations over every window, in training order. A resumed run drops a window's "final"
+    evaluation from its log (it evaluates its own end anew); that evaluation stays in the curve when it evaluated
+    weights the run continued from (or earlier ones), and any other the log no longer holds is left out."""
+    from recam.infra.checkpoint import epoch_of
+
+    def key(r):
+        return r.get("tag"), r.get("checkpoint"), r.get("step")
+
+    seen = {key(r) for r in now}
+    kept = [r for r in prior if key(r) not in seen and resumed_epochs is not None
+            and (epoch_of(Path(str(r.get("checkpoint") or ""))) or 0) <= resumed_epochs]
+    both = [*now, *kept]
+    return [r for _, r in sorted(enumerate(both), key=lambda x: (x[1].get("train_seconds") or 0.0, x[0]))]
+
+
+def update_timing(epochs: list[dict]) -> dict:
+    """Seconds per update (median over epochs of epoch_seconds / optimizer steps) and the device's busy share:
+    medians of seconds_device and seconds_host, and device / (device + host) over the epochs that carry both; None
+    for what no epoch record carries."""
+    def number(x):
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    per = [r["epoch_seconds"] / len(r["optimizer_steps"]) for r in epochs
+           if number(r.get("epoch_seconds")) and r.get("optimizer_steps")]
+    timed = [(r["seconds_device"], r["seconds_host"]) for r in epochs
+             if number(r.get("seconds_device")) and number(r.get("seconds_host"))]
+    total = sum(d + h for d, h in timed)
+    return {"seconds_per_update": statistics.median(per) if per else None,
+            "seconds_device": statistics.median(d for d, _ in timed) if timed else None,
+            "seconds_host": statistics.median(h for _, h in timed) if timed else None,
+            "device_share": sum(d for d, _ in timed) / total if total > 0 else None,
+            "epochs_device_timed": len(timed)}
+
+
+def plot_curve(path: Path, title: str, points: list[dict], panels: list[tuple]) -> None:
+    """Held-out score against training seconds, one panel per (key, label, base, gain, ci95): the base as a
+    horizontal line, the end's paired 95% interval as an error bar at base + gain."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8))
+    for ax, (key, label, base, gain, half) in zip(list(getattr(axes, "flat", [axes])), panels, strict=True):
+        xy = [(p["train_seconds"], p[key]) for p in points
+              if isinstance(p["train_seconds"], (int, float)) and isinstance(p[key], (int, float))]
+        ax.plot([x for x, _ in xy], [y for _, y in xy], "o-", color="C0", label="held-out")
+        if isinstance(base, (int, float)):
+            ax.axhline(base, ls="--", color="grey", label="base")
+            if xy and all(isinstance(v, float) and math.isfinite(v) for v in (gain, half)):
+                ax.errorbar([xy[-1][0]], [base + gain], yerr=[half], fmt="s", color="C3", capsize=4,
+                            label=f"end: {gain:+.4f} +- {half:.4f} (95%)")
+        ax.set_xlabel("training seconds")
+        ax.set_ylabel(label)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def learning_result(preset: str, run_dir: Path, prior_evals: list[dict], resumed_epochs: int | None,
+                    out_dir: Path) -> dict:
+    """What the run's log says: the curve over every window, the end's paired change against the base, the
+    seconds per update, and the curve's plot (out_dir/learning_<name>.png)."""
+    from recam.infra.runlog import read_records
+
     records = read_records(run_dir / "metrics.jsonl")
     epochs = [r for r in records if r.get("type") == "epoch"]
     evals = [r for r in records if r.get("type") == "eval"]
     score, beside = SCORES[preset]
-    start, final = evals[0], next(r for r in reversed(evals) if r["tag"] == "final")
-    mean, half, n = paired_change(start.get(f"rows/{score}", []), final.get(f"rows/{score}", []))
-    other = paired_change(start.get(f"rows/{beside}", []), final.get(f"rows/{beside}", []))
-    per_update = epochs[0]["samples_per_epoch"] / max(1, len(epochs[0]["optimizer_steps"])) if epochs else None
-    out.update({"score": score, "samples_per_update": per_update, "epochs": len(epochs),
-                "train_seconds": final.get("train_seconds"), "base": start.get(score), "final": final.get(score),
-                "gain": mean, "ci95": half, "conditions": n,
-                "beside": {"score": beside, "base": start.get(beside), "final": final.get(beside), "gain": other[0],
-                           "ci95": other[1]}})
+    out = {"score": score, "epochs": len(epochs), **update_timing(epochs),
+           "samples_per_update": epochs[0]["samples_per_epoch"] / max(1, len(epochs[0]["optimizer_steps"]))
+           if epochs else None}
+    if not evals:
+        return {**out, "curve": []}
+    start, end = evals[0], evals[-1]  # the base (a resumed run's log keeps it first) and the newest evaluation
+    mean, half, n = paired_change(start.get(f"rows/{score}", []), end.get(f"rows/{score}", []))
+    other = paired_change(start.get(f"rows/{beside}", []), end.get(f"rows/{beside}", []))
+    points = curve_points(merged_evals(prior_evals, evals, resumed_epochs), score, beside)
+    out.update({"train_seconds": end.get("train_seconds"), "base": start.get(score), "final": end.get(score),
+                "end": end.get("tag"), "gain": mean, "ci95": half, "conditions": n,
+                "beside": {"score": beside, "base": start.get(beside), "final": end.get(beside), "gain": other[0],
+                           "ci95": other[1]},
+                "curve": points})
     if preset == "motion_tiny_gpu":
         # the score above is the grader's; the reward's own network grades too, beside it, unless it is the grader
-        own = final.get("eval/grader_is_reward_net") != 0.0
+        own = end.get("eval/grader_is_reward_net") != 0.0
         out["grader"] = "the reward's own network" if own else "motion.metric_evaluator, independent of the reward"
         out["reward_net_base"] = start.get("eval/reward_net/r_precision_top3")
-        out["reward_net_final"] = final.get("eval/reward_net/r_precision_top3")
+        out["reward_net_final"] = end.get("eval/reward_net/r_precision_top3")
+    plot = out_dir / f"learning_{NAMES[preset]}.png"
+    try:
+        plot_curve(plot, f"{preset}: held-out score over training ({len(points)} evaluations)", points,
+                   [("score", score, start.get(score), mean, half),
+                    ("beside", beside, start.get(beside), other[0], other[1])])
+        out["plot"] = plot.name  # beside device_check.json
+    except Exception as e:  # noqa: BLE001 - a plot that fails leaves the numbers standing, and says why
+        out["plot"], out["plot_error"] = None, f"{type(e).__name__}: {e}"
     return out
 
 
-def stage_learning(size: dict, cap: float, work: Path) -> dict:
+def run_preset(preset: str, size: dict, out_dir: Path, cap: float, prior: Path | None) -> dict:
+    """One learning run in out_dir/runs/<preset>: fresh, or (prior: a previous window's run folder) continued from
+    it for `size["seconds"]` more training seconds. Afterwards the folder is packed (`pack`) to come back small."""
+    from recam.infra.runlog import read_records
+
+    run_dir = out_dir / "runs" / preset
+    out: dict = {"resumed_from": None}
+    if run_dir.exists() and (prior is None or prior.resolve() != run_dir.resolve()):
+        # train_recam would continue it by itself, from a cap that does not count its earlier seconds
+        return {"error": f"{run_dir} exists: continue it with --resume {out_dir}, or choose a new --out"}
+    prior_evals, resumed_epochs, earlier = [], None, 0.0
+    if prior is not None:
+        try:
+            carried = carry_over(prior, run_dir)
+        except Exception as e:  # noqa: BLE001 - an unusable bundle is this preset's error; the other runs go on
+            if prior.resolve() != run_dir.resolve():  # the copy, so that a corrected --resume can use this --out
+                shutil.rmtree(run_dir, ignore_errors=True)
+            return {"error": f"cannot continue {prior}: {type(e).__name__}: {e}"}
+        out["resumed_from"] = carried
+        earlier, resumed_epochs = carried["train_seconds"], carried["epochs"]
+        prior_evals = [r for r in read_records(run_dir / "metrics.jsonl") if r.get("type") == "eval"]
+    out["max_train_seconds"] = earlier + size["seconds"]
+    overrides = size["overrides"].get(preset, ()) if isinstance(size["overrides"], dict) else ()
+    cmd = [sys.executable, str(ROOT / "scripts" / "train_recam.py"), f"--config={ROOT / 'config' / 'grpo.py'}:{preset}",
+           f"--config.run_dir={run_dir}", "--config.logging.wandb_mode=disabled", *overrides,
+           f"--config.num_epochs={LEARNING_EPOCHS}", f"--config.eval.freq={size['eval_freq']}",
+           "--config.eval.num_videos=0", f"--config.max_train_seconds={out['max_train_seconds']}"]
+    out["command"] = " ".join(cmd[1:])
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=cap)
+        out["exit"] = p.returncode
+        if p.returncode not in (0, 3):
+            out["error"] = (p.stderr or p.stdout)[-1500:]
+    except subprocess.TimeoutExpired:
+        # killed: its checkpoints are whole (written aside, then renamed), so the next window continues from the
+        # newest, and what it logged so far is reported
+        out["exit"], out["error"] = None, f"did not finish within its cap of {cap:.0f} s"
+    out["seconds"] = time.perf_counter() - t0
+    if (run_dir / "metrics.jsonl").exists():
+        out.update(learning_result(preset, run_dir, prior_evals, resumed_epochs, out_dir))
+    if run_dir.exists():
+        out["bundle"] = pack(run_dir)
+    return out
+
+
+def stage_learning(size: dict, cap: float, out_dir: Path, resume: Path | None) -> dict:
     out = {}
     per = cap / len(size["presets"])
     for preset in size["presets"]:
-        overrides = size["overrides"].get(preset, ()) if isinstance(size["overrides"], dict) else ()
-        name = "camera" if preset == "tiny_gpu" else "motion"
-        try:
-            out[name] = run_preset(preset, size["seconds"], overrides, work / preset, per)
-        except subprocess.TimeoutExpired:
-            out[name] = {"error": f"did not finish within its cap of {per:.0f} s"}
+        prior = None if resume is None else resume / "runs" / preset
+        if prior is not None and not prior.is_dir():
+            out[NAMES[preset]] = {**run_preset(preset, size, out_dir, per, None),
+                                  "note": f"{prior} does not exist: this run started afresh"}
+            continue
+        out[NAMES[preset]] = run_preset(preset, size, out_dir, per, prior)
+    # what the next window needs brought back: out_dir/runs (the plots and device_check.json besides are small)
+    out["bundle_bytes"] = sum(r["bundle"]["bytes"] for r in out.values() if "bundle" in r)
     return out
 
 
@@ -527,6 +738,18 @@ def fmt(v) -> str:
     return "n/a" if v is None else str(v)
 
 
+def curve_tables(learning: dict) -> list[str]:
+    lines = []
+    for name, r in learning.items():
+        if not isinstance(r, dict) or not r.get("curve"):
+            continue
+        lines += [f"### {name}: held-out curve ({r['score']}, beside it {r['beside']['score']})", "",
+                  "| tag | epoch | train_seconds | score | beside |", "|---|---|---|---|---|"]
+        lines += [f"| {p['tag']} | {fmt(p['epoch'])} | {fmt(p['train_seconds'])} | {fmt(p['score'])} | "
+                  f"{fmt(p['beside'])} |" for p in r["curve"]] + [""]
+    return lines
+
+
 def write(out_dir: Path, results: dict) -> None:
     (out_dir / "device_check.json").write_text(json.dumps(results, indent=1, default=str))
     lines = [f"# Device check: {results['device']}", "",
@@ -538,11 +761,15 @@ def write(out_dir: Path, results: dict) -> None:
         lines += [f"## {stage}", ""]
         flat = {f"{k}.{kk}": vv for k, v in r.items() if isinstance(v, dict) for kk, vv in v.items()}
         flat.update({k: v for k, v in r.items() if not isinstance(v, dict)})
-        lines += [f"- {k}: {fmt(v)}" for k, v in flat.items() if k != "traceback"] + [""]
+        lines += [f"- {k}: {fmt(v)}" for k, v in flat.items()
+                  if k != "traceback" and not k.endswith(".curve")] + [""]
+        if stage == "learning":
+            lines += curve_tables(r)
     (out_dir / "device_check.md").write_text("\n".join(lines))
 
 
-def run_stage(name: str, mode: str, work: Path, out_dir: Path, peak_tflops: float | None) -> dict:
+def run_stage(name: str, mode: str, work: Path, out_dir: Path, peak_tflops: float | None,
+              resume: Path | None = None) -> dict:
     """One stage in this process (the child side of `main`)."""
     size = SIZES[mode]
     device = torch.device("cuda" if torch.cuda.is_available() and mode == "full" else "cpu")
@@ -554,7 +781,7 @@ def run_stage(name: str, mode: str, work: Path, out_dir: Path, peak_tflops: floa
         "vae": lambda: stage_vae(device, size["vae"]),
         "motion": lambda: stage_motion(device, size["motion"]),
         "fsdp": lambda: stage_fsdp(device, work),
-        "learning": lambda: stage_learning(size["learning"], size["caps"]["learning"] - 10, out_dir / "runs"),
+        "learning": lambda: stage_learning(size["learning"], size["caps"]["learning"] - 10, out_dir, resume),
     }
     return stages[name]()
 
@@ -568,6 +795,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="training seconds per learning run (default 30; the stage's cap follows)")
     ap.add_argument("--learning-presets", default=None,
                     help="comma-separated subset of the learning presets: " + ", ".join(SCORES))
+    ap.add_argument("--resume", default=None, metavar="DIR",
+                    help="a previous check's --out folder: continue each learning run DIR/runs/<preset> there is "
+                         "for --learning-seconds more training seconds")
     ap.add_argument("--stage", help=argparse.SUPPRESS)  # internal: run one stage in this process
     ap.add_argument("--peak-tflops", type=float, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -575,9 +805,12 @@ def main(argv: list[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     mode = "tiny" if args.tiny else "full"
     set_learning(mode, args.learning_seconds, args.learning_presets)
+    resume = Path(args.resume) if args.resume else None
+    if resume is not None and not (resume / "runs").is_dir():
+        ap.error(f"--resume {resume}: no runs/ folder there (the --out of a check with the learning stage)")
     if args.stage:  # child: one stage, its result as JSON in a file the parent reads
         with tempfile.TemporaryDirectory() as tmp:
-            result = run_stage(args.stage, mode, Path(tmp), out_dir, args.peak_tflops)
+            result = run_stage(args.stage, mode, Path(tmp), out_dir, args.peak_tflops, resume)
         (out_dir / f".stage_{args.stage}.json").write_text(json.dumps(result, default=str))
         return 0
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
@@ -592,6 +825,7 @@ def main(argv: list[str] | None = None) -> int:
                *(["--tiny"] if args.tiny else []),
                *(["--learning-seconds", str(args.learning_seconds)] if args.learning_seconds is not None else []),
                *(["--learning-presets", args.learning_presets] if args.learning_presets else []),
+               *(["--resume", str(resume)] if resume is not None else []),
                *(["--peak-tflops", str(results["peak_tflops"])] if results.get("peak_tflops") else [])]
         t0 = time.perf_counter()
         staged = out_dir / f".stage_{name}.json"
@@ -603,6 +837,8 @@ def main(argv: list[str] | None = None) -> int:
             if p.returncode == 0 and staged.exists():
                 results[name] = json.loads(staged.read_text())
                 status = "skipped" if "skipped" in results[name] else "ok"
+                if any(isinstance(v, dict) and "error" in v for v in results[name].values()):
+                    status = "error"  # a part of it (a learning run) failed: its entry says why
             else:
                 results[name], status = {"error": (p.stderr or p.stdout)[-3000:] or f"exit {p.returncode}"}, "error"
         except subprocess.TimeoutExpired:

@@ -1,9 +1,11 @@
 """scripts/device_check.py: every stage at tiny sizes on the CPU writes every key a GPU run reports, a stage that
-runs out of time is recorded without losing the others, and the learning stage's interval is a paired t-interval."""
+runs out of time is recorded without losing the others, the learning stage's interval is a paired t-interval, and
+its runs draw a held-out curve, come back small and continue in a later window (--resume)."""
 
 from __future__ import annotations
 
 import copy
+import gzip
 import importlib.util
 import json
 import math
@@ -27,7 +29,21 @@ KEYS = {
     "vae": ("encode_s", "decode_s", "peak_memory_gib"),
     "motion": ("sampling_step_s", "trained_step_s", "peak_memory_gib"),
 }
-LEARNING = ("samples_per_update", "epochs", "seconds", "base", "final", "gain", "ci95")
+LEARNING = ("samples_per_update", "epochs", "seconds", "base", "final", "gain", "ci95", "curve", "plot",
+            "seconds_per_update", "seconds_device", "seconds_host", "device_share", "bundle", "max_train_seconds")
+
+
+def check_tiny(*args: str) -> tuple[int, dict]:
+    p = subprocess.run([sys.executable, "scripts/device_check.py", "--tiny", *args], cwd=ROOT, capture_output=True,
+                       text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})  # as conftest.py's
+    out = Path(args[args.index("--out") + 1])
+    return p.returncode, json.loads((out / "device_check.json").read_text()) if p.returncode in (0, 1) else {
+        "stderr": p.stderr[-3000:]}
+
+
+def log_records(run_dir: Path) -> list[dict]:
+    with gzip.open(run_dir / device_check.PACKED_LOG, "rt") as f:
+        return [json.loads(line) for line in f]
 
 
 @pytest.fixture(scope="module")
@@ -66,10 +82,78 @@ def test_tiny_run_writes_every_key(tiny):
         assert learning["exit"] in (0, 3) and learning["epochs"] >= 1 and learning["conditions"] >= 2
         assert math.isfinite(learning["gain"]) and math.isfinite(learning["ci95"])
         assert math.isfinite(learning["beside"]["gain"]), learning["beside"]  # fidelity / motion_alignment
+        # a point per evaluation (freq 1: the base, epoch 1, the end), the end's interval the reported one
+        curve = learning["curve"]
+        assert len(curve) >= 2 and curve[0]["tag"] == "start" and curve[0]["epoch"] == 0, curve
+        assert curve[-1]["score"] == learning["final"] and curve[-1]["epoch"] == learning["epochs"]
+        assert [p["train_seconds"] for p in curve] == sorted(p["train_seconds"] for p in curve)
+        assert (out / learning["plot"]).stat().st_size > 0
+        assert learning["seconds_per_update"] > 0 and learning["samples_per_update"] == 8
+        timed = learning["seconds_device"]  # measured by the trainer, or None where its records lack it
+        assert (timed is None) == (learning["device_share"] is None) and (timed is None or 0 < learning[
+            "device_share"] <= 1)
+        # the bundle: the checkpoint `latest` names (and `selected`'s), the log packed
+        run = out / "runs" / ("tiny_gpu" if name == "camera" else "motion_tiny_gpu")
+        folders = sorted(p.name for p in (run / "checkpoints").glob("epoch_*"))
+        assert folders == learning["bundle"]["checkpoints"] and "epoch_0001" in folders and len(folders) <= 2
+        assert not (run / "metrics.jsonl").exists() and (run / device_check.PACKED_LOG).exists()
+        assert learning["bundle"]["bytes"] == sum(p.stat().st_size for p in run.rglob("*") if p.is_file())
     assert r["learning"]["motion"]["score"] == "eval/r_precision_top3"  # its gain paired per caption
     assert set(r["overhead"]) == {"recam_sampling", "recam_training", "motion_sampling", "motion_training"}
     summary = (out / "device_check.md").read_text()
     assert "# Device check: cpu" in summary and "sampling_step_s" in summary and "learning" in summary
+    assert "### camera: held-out curve" in summary and "| start | 0 |" in summary
+
+
+def test_a_learning_run_continues_in_a_later_window(tmp_path):
+    """--resume DIR: the run DIR brought back continues at its next epoch for the window's seconds more; its log
+    and curve hold both windows, no epoch twice; a run folder already there is never continued silently."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    one = ("--stages", "learning", "--learning-presets", "motion_tiny_gpu")
+    rc, r1 = check_tiny("--out", str(first), *one)
+    assert rc == 0, r1
+    rc, r2 = check_tiny("--out", str(second), *one, "--resume", str(first))
+    assert rc == 0, r2
+    a, b = r1["learning"]["motion"], r2["learning"]["motion"]
+    assert a["resumed_from"] is None and a["epochs"] == 1  # the tiny cap: one epoch per window
+    carried = b["resumed_from"]
+    assert carried["epochs"] == 1 and carried["checkpoint"] == "epoch_0001"
+    assert carried["train_seconds"] == carried["log_train_seconds"] == a["train_seconds"]
+    assert b["max_train_seconds"] == pytest.approx(a["train_seconds"] + device_check.SIZES["tiny"]["learning"][
+        "seconds"])
+    assert b["epochs"] == 2 and b["train_seconds"] > a["train_seconds"]
+
+    def points(r):
+        return [(p["tag"], p["epoch"], p["train_seconds"], p["score"]) for p in r["curve"]]
+    assert points(b)[:len(points(a))] == points(a)  # the first window's end kept, though the log drops it
+    assert {p[1] for p in points(b)[len(points(a)):]} == {2} and points(b)[-1][0] == "final"
+    assert b["base"] == a["base"] and (second / b["plot"]).exists()
+
+    records = log_records(second / "runs" / "motion_tiny_gpu")
+    assert [r["epoch"] for r in records if r["type"] == "epoch"] == [0, 1]
+    assert [r["step"] for r in records if r["type"] == "step"] == [1, 2]
+    assert sorted(p.name for p in (second / "runs" / "motion_tiny_gpu" / "checkpoints").glob("epoch_*")) == [
+        "epoch_0002"]
+    assert (first / "runs" / "motion_tiny_gpu" / "checkpoints" / "epoch_0001").is_dir()  # copied, not moved
+
+    rc, r3 = check_tiny("--out", str(second), *one)  # no --resume: refused, nothing trained
+    assert rc == 1 and r3["stages"]["learning"]["status"] == "error"
+    assert "--resume" in r3["learning"]["motion"]["error"]
+    assert [r["epoch"] for r in log_records(second / "runs" / "motion_tiny_gpu") if r["type"] == "epoch"] == [0, 1]
+
+
+def test_seconds_per_update_and_the_device_share_are_none_where_no_record_has_them():
+    epochs = [{"epoch_seconds": 30.0, "optimizer_steps": [{}]}, {"epoch_seconds": 20.0, "optimizer_steps": [{}, {}]},
+              {"epoch_seconds": 12.0, "optimizer_steps": [{}]}]
+    t = device_check.update_timing(epochs)
+    assert t["seconds_per_update"] == 12.0 and t["epochs_device_timed"] == 0
+    assert t["seconds_device"] is t["seconds_host"] is t["device_share"] is None
+    epochs[0].update(seconds_device=20.0, seconds_host=10.0)
+    epochs[1].update(seconds_device=16.0, seconds_host=None)  # not measured there: left out, not counted as 0
+    epochs[2].update(seconds_device=8.0, seconds_host=4.0)
+    t = device_check.update_timing(epochs)
+    assert t["epochs_device_timed"] == 2 and t["seconds_device"] == 14.0 and t["seconds_host"] == 7.0
+    assert t["device_share"] == pytest.approx(28 / 42)
 
 
 def test_a_stage_past_its_cap_is_recorded_and_the_others_still_run(tmp_path, monkeypatch):
@@ -99,3 +183,38 @@ def test_a_longer_learning_run_gets_a_cap_that_holds_it_and_unknown_presets_are_
     assert size["caps"]["learning"] == 2 * (100 + device_check.LEARNING_MARGIN_S) + 10
     with pytest.raises(SystemExit, match="unknown \\['camera'\\]"):
         device_check.set_learning("full", None, "camera")
+    with pytest.raises(SystemExit, match="must be positive"):  # num_epochs never ends these runs: the cap must
+        device_check.set_learning("full", 0.0, None)
+
+
+def test_a_bundle_keeps_the_checkpoints_its_pointers_name_and_prunes_nothing_when_latest_names_none(tmp_path):
+    run = tmp_path / "run"
+    for name in ("epoch_0000", "epoch_0001", "epoch_0002", ".tmp-epoch_0003"):  # the last: a save killed midway
+        (run / "checkpoints" / name).mkdir(parents=True)
+        (run / "checkpoints" / name / "state.json").write_text("{}")
+    (run / "checkpoints" / "latest").write_text("epoch_0002")
+    (run / "checkpoints" / "selected").write_text("epoch_0000")
+    (run / "metrics.jsonl").write_text('{"type": "epoch", "epoch": 0}\n')
+    out = device_check.pack(run)
+    assert out["checkpoints"] == ["epoch_0000", "epoch_0002"] and "pruned" not in out
+    assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.is_dir()) == ["epoch_0000", "epoch_0002"]
+    assert log_records(run) == [{"type": "epoch", "epoch": 0}] and not (run / "metrics.jsonl").exists()
+    assert out["bytes"] == sum(p.stat().st_size for p in run.rglob("*") if p.is_file())
+
+    (run / "checkpoints" / "latest").write_text("epoch_0009")  # names nothing there: no guess at what to keep
+    out = device_check.pack(run)
+    assert "nothing" in out["pruned"] and out["checkpoints"] == ["epoch_0000", "epoch_0002"]
+
+
+def test_a_bundle_whose_checkpoint_fails_its_manifest_is_not_continued(tmp_path):
+    prior = tmp_path / "prior" / "runs" / "motion_tiny_gpu"
+    ckpt = prior / "checkpoints" / "epoch_0001"
+    ckpt.mkdir(parents=True)
+    (ckpt / "state.json").write_text('{"epoch": 1, "global_step": 1, "budget": {"train_seconds": 5.0}}')
+    (ckpt / "manifest.json").write_text(json.dumps({"format": 1, "algorithm": "sha256", "files": {
+        "state.json": {"bytes": 3, "sha256": "0" * 64}}}))
+    (prior / "checkpoints" / "latest").write_text("epoch_0001")
+    size = device_check.SIZES["tiny"]["learning"]
+    out = device_check.run_preset("motion_tiny_gpu", size, tmp_path / "out", 60, prior)
+    assert "CheckpointCorrupt" in out["error"] and "state.json" in out["error"]
+    assert not (tmp_path / "out" / "runs" / "motion_tiny_gpu").exists()  # nothing half-copied stays behind
