@@ -111,6 +111,15 @@ class CamScoreSettings:
                                               "min_target_translation", "static_parallax") if k in section})
 
 
+def to_uint8_frames_torch(frames: torch.Tensor) -> torch.Tensor:
+    """rewards.pose.to_uint8_frames in torch on the frames' device, bit for bit: frames float32 in [0, 1] (NaN-free)
+    -> uint8, rounding. Every step is one correctly rounded float32 operation (a clamp, a multiply by 255, an
+    add of one half) followed by truncation, as numpy does it, so no device can round a level differently."""
+    if frames.dtype != torch.float32:
+        raise ValueError(f"frames must be float32 (what cam_score quantises), got {frames.dtype}")
+    return (frames.clamp(0.0, 1.0) * 255.0 + 0.5).to(torch.uint8)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # errors (pure)
 
@@ -277,15 +286,39 @@ class CamScore:
         s = self.settings
         B, F = videos.shape[0], videos.shape[2]
         idx = frame_indices(F, s.max_frames)
-        frames = ((videos.detach().float().cpu()[:, :, idx].permute(0, 2, 3, 4, 1) + 1.0) / 2.0).numpy()
-        finite = np.isfinite(frames).reshape(B, -1).all(1)
-        todo = np.flatnonzero(finite)
-        Ks = [conditions[b].intrinsics.double().numpy() for b in todo]
+        searches_on = getattr(self.estimator, "searches_on", None)  # the landmark estimator, on an accelerator
+        if searches_on is not None and searches_on(videos.device):
+            estimated = self._estimate_where_they_are(videos, idx, conditions)
+        else:
+            estimated = self._estimate_on_host(videos, idx, conditions)
         estimates: list[PoseEstimate] = [PoseEstimate.failed(len(idx), "non_finite_pixels", s.estimator)] * B
-        for b, e in zip(todo, self.estimator.estimate([to_uint8_frames(frames[b]) for b in todo], Ks,
-                                                      [conditions[b] for b in todo]), strict=True):
+        for b, e in estimated.items():
             estimates[b] = e
         return self.score(estimates, [conditions[b].target_cams.double().numpy()[idx] for b in range(B)])
+
+    def _estimate_on_host(self, videos: torch.Tensor, idx: np.ndarray, conditions: list) -> dict[int, PoseEstimate]:
+        """Estimates of the videos whose frames `idx` are all finite, by index: frames quantised on the host and
+        handed to the estimator one video at a time."""
+        frames = ((videos.detach().float().cpu()[:, :, idx].permute(0, 2, 3, 4, 1) + 1.0) / 2.0).numpy()
+        todo = np.flatnonzero(np.isfinite(frames).reshape(len(frames), -1).all(1)).tolist()
+        return dict(zip(todo, self.estimator.estimate([to_uint8_frames(frames[b]) for b in todo],
+                                                      [conditions[b].intrinsics.double().numpy() for b in todo],
+                                                      [conditions[b] for b in todo]), strict=True))
+
+    def _estimate_where_they_are(self, videos: torch.Tensor, idx: np.ndarray, conditions: list
+                                 ) -> dict[int, PoseEstimate]:
+        """_estimate_on_host's estimates, the frames quantised (to_uint8_frames_torch) and handed over as one
+        tensor on the videos' device (the estimator's estimate_device_frames): the batch never crosses to the
+        host."""
+        frames = (videos.detach()[:, :, torch.as_tensor(idx, device=videos.device)].float()
+                  .permute(0, 2, 3, 4, 1) + 1.0) / 2.0
+        finite = torch.isfinite(frames).flatten(1).all(1)
+        todo = torch.nonzero(finite)[:, 0].tolist()
+        if len(todo) < len(frames):
+            frames = frames[finite]
+        return dict(zip(todo, self.estimator.estimate_device_frames(
+            to_uint8_frames_torch(frames), [conditions[b].intrinsics.double().numpy() for b in todo],
+            [conditions[b] for b in todo]), strict=True))
 
     def score(self, estimates: list[PoseEstimate], targets: list[np.ndarray]) -> tuple[torch.Tensor, dict]:
         """Scores and details of estimates against target trajectories (F, 3, 4) of the same frames."""

@@ -54,14 +54,31 @@ def bench_noise(threads: int, repeats: int) -> dict:
     return out
 
 
-def bench_landmarks(videos: int, repeats: int) -> dict:
+def bench_landmarks(videos: int, repeats: int, workers: int | None = None) -> dict:
+    """The camera reward's landmark work, timed on `videos` of the synthetic world and scaled to 2,048 videos.
+
+    The search: numpy frame by frame and as one stack per video (the host path, what cam_score does with videos on
+    the CPU), and torch as one batch of all the videos (find_landmarks_torch, what it does with videos on an
+    accelerator), here on the CPU and, where there is one, on CUDA (frames already there; the time includes
+    bringing uv and found to the host). Then PnP of the found landmarks on the host, video after video and on a
+    thread pool of `workers` (LandmarkEstimator's default: min(videos, os.cpu_count())), the pool's start included.
+    Every arm gives the same numbers to the bit (tests/test_cam_score.py)."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
     from recam.domains.camera.world import SyntheticWorld
+    from rewards.cam_score import to_uint8_frames_torch
 
     world = SyntheticWorld("train", videos, seed=0)
     conds = [world[i] for i in range(videos)]
-    frames = [to_uint8_frames(((c.target_video.permute(1, 2, 3, 0) + 1) / 2).numpy()).astype(np.float64) / 255.0
-              for c in conds]
+    # as cam_score quantises them: (F, H, W, 3) views of each (3, F, H, W) video
+    batch = (torch.stack([c.target_video for c in conds]).permute(0, 2, 3, 4, 1) + 1.0) / 2.0
+    frames = [to_uint8_frames(v.numpy()).astype(np.float64) / 255.0 for v in batch]
+    frames_u8 = to_uint8_frames_torch(batch)
     colors = [c.landmark_colors.double().numpy() for c in conds]
+    points = [c.landmarks.double().numpy() for c in conds]
+    Ks = [c.intrinsics.double().numpy() for c in conds]
+    workers = workers or min(videos, os.cpu_count() or 1)
 
     def per_frame():
         for video, col in zip(frames, colors, strict=True):
@@ -69,14 +86,52 @@ def bench_landmarks(videos: int, repeats: int) -> dict:
                 landmarks.find_landmarks(frame, col)
 
     def stacked():
-        for video, col in zip(frames, colors, strict=True):
-            landmarks.find_landmarks(video, col)
+        return [landmarks.find_landmarks(video, col) for video, col in zip(frames, colors, strict=True)]
 
-    row = {"videos": videos, "frames": int(frames[0].shape[0]), "size": int(frames[0].shape[1])}
+    def batched(on: torch.Tensor):
+        def run():
+            uv, found = landmarks.find_landmarks_torch(on, colors)
+            return uv.cpu(), found.cpu()
+        return run
+
+    found_np = stacked()
+
+    def pnp(b: int):
+        uv, found = found_np[b]
+        return landmarks.poses_from_landmarks(uv, found, Ks[b], points[b])
+
+    def pnp_one_thread():
+        return [pnp(b) for b in range(videos)]
+
+    def pnp_threads():
+        with ThreadPoolExecutor(workers) as pool:
+            return list(pool.map(pnp, range(videos)))
+
+    row = {"videos": videos, "frames": int(frames[0].shape[0]), "size": int(frames[0].shape[1]),
+           "torch_threads": torch.get_num_threads(), "pnp_workers": workers}
     row["per_frame_s"] = timed(per_frame, repeats) * UPDATE / videos
     row["stacked_s"] = timed(stacked, repeats) * UPDATE / videos
     row["speedup"] = row["per_frame_s"] / row["stacked_s"]
+    row["torch_cpu_s"] = timed(batched(frames_u8), repeats) * UPDATE / videos
+    row["torch_cuda_s"] = None
+    if torch.cuda.is_available():
+        on_gpu = frames_u8.cuda()
+        row["torch_cuda_s"] = timed(batched(on_gpu), repeats) * UPDATE / videos
+        row["cuda_device"] = torch.cuda.get_device_name()
+    row["pnp_one_thread_s"] = timed(pnp_one_thread, repeats) * UPDATE / videos
+    row["pnp_threads_s"] = timed(pnp_threads, repeats) * UPDATE / videos
     return row
+
+
+PNP_KEY = "pnp_threads_s"  # the host's PnP seconds in bench_landmarks' row: on the pool cam_score uses
+
+
+def LANDMARK_LINE(lm: dict) -> str:  # noqa: N802  (main's name for it)
+    cuda = "" if lm["torch_cuda_s"] is None else f", {lm['torch_cuda_s']:.2f} s on {lm['cuda_device']}"
+    return (f"landmark search per {UPDATE} videos: numpy {lm['per_frame_s']:.2f} s frame by frame, "
+            f"{lm['stacked_s']:.2f} s as stacks; torch batched {lm['torch_cpu_s']:.2f} s on the CPU "
+            f"(torch threads: {lm['torch_threads']}){cuda}. PnP on the host {lm['pnp_one_thread_s']:.2f} s on one "
+            f"thread, {lm['pnp_threads_s']:.2f} s on {lm['pnp_workers']}")
 
 
 def main() -> None:

@@ -3,6 +3,7 @@ solve on worker results; SfM worker failures (timeout, crash, a video without fe
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -19,9 +20,10 @@ from rewards.cam_score import (
     CamScoreSettings,
     frame_indices,
     geodesic_deg,
+    to_uint8_frames_torch,
     trajectory_errors,
 )
-from rewards.pose import NOT_SENT, PoseEstimate, landmarks
+from rewards.pose import NOT_SENT, PoseEstimate, landmarks, to_uint8_frames
 from rewards.pose.landmarks import estimate_video
 from rewards.pose.sfm import SfMEstimator, SfMSettings, combine
 
@@ -368,6 +370,140 @@ def test_landmarks_of_a_stack_of_frames_are_each_frame_s_pixel_by_pixel():
         uv_f, found_f = _landmarks_pixel_by_pixel(frame, scene.colors)
         np.testing.assert_array_equal(found[f], found_f)
         np.testing.assert_allclose(uv[f], uv_f, rtol=0, atol=1e-9)
+
+
+# ------------------------------------------------------------------------ the landmark search in torch, batched
+
+
+@pytest.fixture
+def one_thread():
+    # a few small tensors per op: on a shared two-core machine a second torch thread only adds contention
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _world_batch(n: int = 8, noisy: int = 3):
+    """The synthetic world's target videos (B, 3, F, H, W) and conditions (6 and 7 landmarks), the last `noisy` of
+    them degraded so that some landmarks are not found: grain, a colour cast, and a frame washed to grey."""
+    from recam.domains.camera.world import SyntheticWorld
+
+    world = SyntheticWorld("train", n, seed=0, conditions_per_scene=1)
+    conds = [world[i] for i in range(n)]
+    videos = torch.stack([c.target_video for c in conds])
+    g = torch.Generator().manual_seed(0)
+    for k, b in enumerate(range(n - noisy, n)):
+        videos[b] = videos[b] + (0.05 + 0.075 * k) * torch.randn(videos[b].shape, generator=g)
+        videos[b, 0] += 0.15 * k  # a red cast
+        videos[b, :, k] = 0.0  # one frame washed out
+    return videos.clamp(-1.2, 1.2), conds
+
+
+def _host_frames(videos: torch.Tensor) -> list[np.ndarray]:
+    """What cam_score hands estimate_video today: each video's uint8 frames as a view of its (3, F, H, W) tensor."""
+    frames = ((videos.float().permute(0, 2, 3, 4, 1) + 1.0) / 2.0).numpy()
+    return [to_uint8_frames(f) for f in frames]
+
+
+def test_torch_quantisation_is_numpy_s_bit_for_bit():
+    levels = np.arange(256, dtype=np.float32) / 255.0
+    edges = np.concatenate([levels, (np.arange(256, dtype=np.float32) + 0.5) / 255.0, [-0.5, -0.0, 1.0, 1.5]])
+    x = np.concatenate([edges, np.nextafter(edges, np.float32(2)), np.nextafter(edges, np.float32(-2)),
+                        np.random.default_rng(0).uniform(-0.1, 1.1, 4096).astype(np.float32)]).astype(np.float32)
+    np.testing.assert_array_equal(to_uint8_frames_torch(torch.from_numpy(x)).numpy(), to_uint8_frames(x))
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_sqrt_nearest_rounds_as_numpy_does():
+    rng = np.random.default_rng(0)
+    s = np.concatenate([rng.random(20000) * 3, rng.random(20000) ** 8, [0.0, 1.0, 4.0, 0.25, 2.0 ** -60],
+                        np.nextafter([1.0, 4.0, 2.0], 0), np.nextafter([1.0, 4.0, 2.0], 9)])
+    np.testing.assert_array_equal(landmarks._sqrt_nearest(torch.from_numpy(s)).numpy(), np.sqrt(s))
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_torch_landmark_search_is_numpy_s_on_world_and_degraded_videos():
+    videos, conds = _world_batch()
+    colors = [c.landmark_colors.double().numpy() for c in conds]
+    counts = [len(c) for c in colors]
+    assert len(set(counts)) > 1  # conditions of different landmark counts share the batch
+    host = _host_frames(videos)
+    frames = to_uint8_frames_torch((videos.permute(0, 2, 3, 4, 1) + 1.0) / 2.0)
+    np.testing.assert_array_equal(frames.numpy(), np.stack(host))
+    uv, found = landmarks.find_landmarks_torch(frames, colors, chunk=3)  # chunks of mixed counts
+    L = max(counts)
+    assert uv.shape == (len(conds), frames.shape[1], L, 2) and found.shape == uv.shape[:-1]
+    missing = 0
+    for b, (video, col) in enumerate(zip(host, colors, strict=True)):
+        uv_np, found_np = landmarks.find_landmarks(np.asarray(video, np.float64) / 255.0, col)
+        n = counts[b]
+        np.testing.assert_array_equal(found[b, :, :n].numpy(), found_np)
+        np.testing.assert_allclose(uv[b, :, :n].numpy(), uv_np, rtol=0, atol=1e-6)  # NaN where NaN
+        # to the bit, in fact, on the frames cam_score hands over (see the next test for why it matters)
+        np.testing.assert_array_equal(uv[b, :, :n].numpy(), uv_np)
+        assert not found[b, :, n:].any() and uv[b, :, n:].isnan().all()  # the padding
+        missing += int((~found_np).sum())
+    assert missing > 0 and found[:-3].float().mean() > 0.8  # the degraded videos lose landmarks, the rest do not
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_torch_landmark_search_gives_a_pixel_to_the_first_colour_at_the_rounded_nearest_distance():
+    """numpy's owner is the first landmark at the least *rounded* distance: a colour listed first whose squared
+    distance is an ulp larger than another's but rounds to the same root takes the pixel (torch's argmin over the
+    squared distances alone would not give it)."""
+    rng = np.random.default_rng(0)
+    frame = rng.integers(0, 256, (2, 12, 12, 3)).astype(np.uint8)
+    x = frame.astype(np.float64) / 255.0
+    base = np.array([0.3, 0.55, 0.7])
+    colors = np.stack([base + [2e-16, 0, 0], base, [0.9, 0.1, 0.2], [0.05, 0.05, 0.9]])
+    sq = (((x[..., None, :] - colors) ** 2).sum(-1))
+    d = np.linalg.norm(x[..., None, :] - colors, axis=-1)
+    assert (sq.argmin(-1) != d.argmin(-1)).any()  # the case arises on these pixels
+    uv_np, found_np = landmarks.find_landmarks(x, colors)
+    uv, found = landmarks.find_landmarks_torch(torch.from_numpy(frame)[None], [colors])
+    np.testing.assert_array_equal(found[0].numpy(), found_np)
+    np.testing.assert_array_equal(uv[0].numpy(), uv_np)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_cam_score_searching_on_the_videos_device_scores_as_the_per_video_numpy_path():
+    from rewards.pose.landmarks import LandmarkEstimator
+
+    videos, conds = _world_batch()
+    conds = list(conds)
+    conds[1] = dataclasses.replace(conds[1], landmarks=conds[1].landmarks[:3],
+                                   landmark_colors=conds[1].landmark_colors[:3])  # footage without landmarks
+    videos[2, :, 1, 0, 0] = float("nan")  # not judged
+    host, batched = CamScore(CamScoreSettings()), CamScore(CamScoreSettings())
+    batched.estimator = LandmarkEstimator(workers=3, torch_on_cpu=True)
+    assert not host.estimator.searches_on(videos.device) and batched.estimator.searches_on(videos.device)
+    scores, details = host(videos, conds)
+    scores_b, details_b = batched(videos, conds)
+    assert float(scores[2]) < 1e-6 and details["frames_ok"][1] == 0 and details["frames_ok"][-1] > 0
+    np.testing.assert_array_equal(scores_b.numpy(), scores.numpy())
+    assert set(details_b) == set(details)
+    for key, value in details.items():
+        if key.startswith("seconds"):
+            continue
+        if isinstance(value, torch.Tensor):
+            np.testing.assert_array_equal(details_b[key].numpy(), value.numpy(), err_msg=key)
+        else:
+            assert details_b[key] == value, key
+    # the estimates themselves, frame by frame
+    idx = frame_indices(videos.shape[2], 16)
+    frames = to_uint8_frames_torch((videos[:, :, idx].permute(0, 2, 3, 4, 1) + 1.0) / 2.0)
+    keep = [b for b in range(len(conds)) if b != 2]
+    Ks = [conds[b].intrinsics.double().numpy() for b in keep]
+    old = host.estimator.estimate([frames[b].numpy() for b in keep], Ks, [conds[b] for b in keep])
+    new = batched.estimator.estimate_device_frames(frames[keep], Ks, [conds[b] for b in keep])
+    for e_old, e_new in zip(old, new, strict=True):
+        np.testing.assert_array_equal(e_new.poses, e_old.poses)
+        np.testing.assert_array_equal(e_new.ok, e_old.ok)
+        assert (e_new.reasons, e_new.method, e_new.video_reason, e_new.confidence) == \
+            (e_old.reasons, e_old.method, e_old.video_reason, e_old.confidence)
+        assert e_new.parallax == e_old.parallax or (math.isnan(e_new.parallax) and math.isnan(e_old.parallax))
+        assert set(e_new.seconds) == set(e_old.seconds)
 
 
 def test_frame_indices_are_even_and_keep_both_ends():

@@ -10,15 +10,26 @@ The estimate's `parallax` is rewards.pose.centre_parallax of the PnP poses, with
 depth of its landmarks in the first placed frame) as the scale: the landmarks fix the poses' unit, so translation
 relative to depth is measured directly, along the view axis too, where the landmarks' image shift at 32 px is
 under a pixel.
+
+The search runs two ways: find_landmarks, numpy on one video's frames on the host (the reference), and
+find_landmarks_torch, torch on a whole batch on the frames' device, which cam_score uses for videos on an
+accelerator (LandmarkEstimator.estimate_device_frames): only the landmarks' positions then cross to the host,
+where PnP runs on a thread pool. On the frames cam_score hands over, both give the same numbers to the bit, since
+PnP's refinement turns a last-bit change of a centroid into a different pose, and so a different score
+(tests/test_cam_score.py compares both).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import cv2
 import numpy as np
+import torch
 
 from rewards.pose import PoseEstimate, centre_parallax, register_estimator
 
@@ -30,6 +41,9 @@ MAX_SPREAD_FRACTION = 0.1  # votes spread wider than this fraction of the frame 
 # the frame of where the landmark projects, which PnP turned into a translation that pans and tilts do not have
 # (docs/results.md, "A camera asked to stand still").
 MAX_BORDER_SHARE = 0.02
+# find_landmarks_torch's default chunk holds about this many (pixel, video, frame, landmark) float64 values per
+# temporary (128 MiB), so thousands of videos' search fits beside a sampler on the same accelerator.
+CHUNK_ELEMENTS = 1 << 24
 
 
 def find_landmarks(frame: np.ndarray, colors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -62,6 +76,165 @@ def find_landmarks(frame: np.ndarray, colors: np.ndarray) -> tuple[np.ndarray, n
     return uv, found
 
 
+def find_landmarks_torch(frames: torch.Tensor, colors: Sequence[np.ndarray], chunk: int | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """find_landmarks over a batch of videos at once, on the frames' device, in float64.
+
+    frames (B, F, H, W, 3) uint8 (rewards.pose.to_uint8_frames' quantisation) on any device; colors: per video its
+    landmark colours (L_b, 3) in [0, 1], float64, L_b may differ between videos. Returns uv (B, F, L, 2) float64 and
+    found (B, F, L) bool on the frames' device, L = max L_b: video b's landmarks are its first L_b entries, the rest
+    are padding (never found, NaN). Video by video, the numbers are find_landmarks' on frames / 255 (tests compare).
+    chunk: videos searched at a time (default: about CHUNK_ELEMENTS values per temporary).
+    """
+    B, F, H, W, _ = frames.shape
+    device = frames.device
+    counts = np.array([len(c) for c in colors], dtype=np.int64)
+    if frames.dtype != torch.uint8 or len(counts) != B:
+        raise ValueError(f"frames must be uint8 with a colour set per video: {frames.dtype}, {B} videos, "
+                         f"{len(counts)} colour sets")
+    L = int(counts.max(initial=0))
+    uv = torch.full((B, F, L, 2), math.nan, dtype=torch.float64, device=device)
+    found = torch.zeros((B, F, L), dtype=torch.bool, device=device)
+    if B == 0 or L == 0:
+        return uv, found
+    palette = np.zeros((B, L, 3))
+    for b, c in enumerate(colors):
+        palette[b, :len(c)] = c
+    palette_t = torch.from_numpy(palette).to(device)
+    pad = torch.from_numpy(np.arange(L) >= counts[:, None]).to(device)
+    # numpy's own uint8 / 255.0, looked up: a device may divide by a scalar as a multiply by its reciprocal, which
+    # can land one ulp away and move a pixel's nearest colour at a tie.
+    levels = torch.from_numpy(np.arange(256, dtype=np.float64) / 255.0).to(device)
+    chunk = chunk or max(1, CHUNK_ELEMENTS // (F * H * W * L))
+    for start in range(0, B, chunk):
+        part = frames[start:start + chunk]
+        pixels_first = part.permute(2, 3, 0, 1, 4).reshape(H * W, *part.shape[:2], 3)  # (P, b, F, 3)
+        chunk_uv, chunk_found = _search(levels[pixels_first.long()], palette_t[start:start + chunk],
+                                        pad[start:start + chunk], H, W)
+        uv[start:start + chunk], found[start:start + chunk] = chunk_uv, chunk_found
+    return uv, found
+
+
+def _in_order_sum(x: torch.Tensor) -> torch.Tensor:
+    """x[0] + x[1] + ... + x[-1] over dim 0, added one after another (numpy's order where the summed axes are not
+    the inner loop: see _search)."""
+    if len(x) == 0:
+        return x.new_zeros(x.shape[1:])
+    acc = x[0].clone()
+    for row in x[1:]:
+        acc += row
+    return acc
+
+
+def _pairwise_sum(x: torch.Tensor) -> torch.Tensor:
+    """Sum over dim 0 in numpy's pairwise order (numpy/_core/src/umath/loops_utils.h.src, pairwise_sum), numpy's
+    order where the summed axis is the inner loop: under 8 terms one after another; up to 128, eight interleaved
+    running sums combined as a tree, then the remainder; above, the two halves (split at a multiple of 8)."""
+    n = len(x)
+    if n < 8:
+        return _in_order_sum(x)
+    if n <= 128:
+        m = n - n % 8
+        r = _in_order_sum(x[:m].reshape(m // 8, 8, *x.shape[1:]))  # r[j] = x[j] + x[j + 8] + ...
+        total = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+        for row in x[m:]:
+            total = total + row
+        return total
+    half = n // 2 - (n // 2) % 8
+    return _pairwise_sum(x[:half]) + _pairwise_sum(x[half:])
+
+
+def _beyond_midpoints(s: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Whether s >= 0 lies above the square of the midpoint between y >= 0 and the next float64 up, and whether it
+    lies below that of the midpoint to the next one down: that is, whether sqrt(s) rounds to a float above y, or
+    below it. Exact, with plain float64 operations (no fused multiply-add), for y within a few ulps of sqrt(s)
+    or s further above: y * y = hi + lo exactly (Dekker's product on Veltkamp's split); s - hi is exact (Sterbenz,
+    hi within a factor 2 of s), or else far larger than what it is compared with; and in units of ulp(y)^2 the
+    remaining comparison is between integers, which rounding cannot flip, the midpoints' squares differing from
+    y^2 +- y ulp(y) by less than a unit. No square root is a midpoint, so there are no ties."""
+    up, down = torch.nextafter(y, torch.full_like(y, math.inf)), torch.nextafter(y, torch.zeros_like(y))
+    split = y * 134217729.0  # 2^27 + 1
+    y_hi = split - (split - y)
+    y_lo = y - y_hi
+    hi = y * y
+    lo = ((y_hi * y_hi - hi) + 2.0 * (y_hi * y_lo)) + y_lo * y_lo
+    excess = (s - hi) - lo
+    return (excess - y * (up - y)) > 0, ((excess + y * (y - down)) <= 0) & (y > 0)
+
+
+def _sqrt_nearest(s: torch.Tensor) -> torch.Tensor:
+    """sqrt(s) rounded to the nearest float64, as IEEE 754 and numpy define it, for s >= 0 (normal or 0).
+
+    torch's own sqrt is not that everywhere (its CPU float64 sqrt is an ulp off for about 1 value in 80), and an
+    ulp in a distance moves a weight, a centroid and, through PnP's refinement, the pose. So the device's sqrt is
+    moved an ulp at a time until it is the nearest (_beyond_midpoints)."""
+    y = torch.sqrt(s)
+    for _ in range(8):
+        above, below = _beyond_midpoints(s, y)
+        if not bool((above | below).any()):
+            return y
+        y = torch.where(above, torch.nextafter(y, torch.full_like(y, math.inf)),
+                        torch.where(below, torch.nextafter(y, torch.zeros_like(y)), y))
+    raise RuntimeError("torch.sqrt is more than 8 ulps from the nearest square root on this device")
+
+
+def _search(pixels: torch.Tensor, palette: torch.Tensor, pad: torch.Tensor, H: int, W: int
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """find_landmarks' rule on pixels (P = H * W, b, F, 3) float64 (row-major pixel order first) against palette
+    (b, L, 3), pad (b, L) True where a video has fewer landmarks. Returns uv (b, F, L, 2), found (b, F, L).
+
+    Every number is numpy's to the bit: the same operations (the channel sum of the squared distance, a true
+    division by the radius), square roots rounded as numpy's are, and each sum over pixels added in the order
+    numpy adds it. numpy takes that order from the memory layout of its operands, so it is reproduced for the
+    frames cam_score hands to estimate_video: a (F, H, W, 3) view of a (3, F, H, W) video, channels outermost.
+    There the weights are laid out landmark by landmark and their sums over a frame's pixels are one pairwise sum
+    (_pairwise_sum), as are those over each edge row and column; the spread's terms come out C-contiguous, summed
+    pixel after pixel (_in_order_sum). (numpy on C-contiguous frames sums all of them pixel after pixel: its
+    centroids then differ from these in the last bits.)"""
+    L = palette.shape[1]
+    device = pixels.device
+    diff = [pixels[..., k, None] - palette[None, :, None, :, k] for k in range(3)]
+    sq = diff[0] * diff[0] + diff[1] * diff[1] + diff[2] * diff[2]  # (P, b, F, L)
+    del diff
+    sq = sq.masked_fill(pad[None, :, None], math.inf)  # a pad is never the nearest and gets no vote
+    # Only the nearest colour's distance is needed: the rounded root of the least squared distance. numpy's owner
+    # is the first landmark at that rounded distance. Exact ties are common (the palette's saturated colours are
+    # equidistant from a grey); the first of them is argmin's. A landmark before it whose larger squared distance
+    # rounds to the same root would be numpy's owner instead: that takes one within a relative 2^-50 of the least,
+    # and only then is each landmark's rounding checked exactly.
+    owner = sq.argmin(-1)  # the first of equal least squared distances
+    least = sq.gather(-1, owner[..., None])
+    nearest = _sqrt_nearest(least[..., 0])  # (P, b, F)
+    ahead = torch.arange(L, device=device) < owner[..., None]
+    if bool(((sq <= least * (1.0 + 2.0 ** -48)) & ahead).any()):
+        rounds_above, _ = _beyond_midpoints(sq, nearest[..., None])
+        owner = (~rounds_above).to(torch.int32).argmax(-1)  # argmax: the first of the maxima
+        del rounds_above
+    del sq, ahead
+    radius = torch.tensor(COLOUR_RADIUS, dtype=torch.float64, device=device)  # a tensor: no reciprocal shortcut
+    closeness = (1.0 - nearest / radius).clamp_min(0.0)
+    weight = (closeness * closeness)[..., None] * (owner[..., None] == torch.arange(L, device=device))
+    grid = np.arange(H * W).reshape(H, W)
+    index = torch.from_numpy(grid).to(device)
+    u = (index % W).to(torch.float64).reshape(-1, 1, 1, 1)  # (P, 1, 1, 1): each pixel's column
+    v = (index // W).to(torch.float64).reshape(-1, 1, 1, 1)
+    mass, u_sum, v_sum = _pairwise_sum(torch.stack([weight, weight * u, weight * v], 1))
+    safe = torch.where(mass > 0, mass, torch.ones_like(mass))
+    u_c, v_c = u_sum / safe, v_sum / safe
+    du, dv = u - u_c, v - v_c
+    spread = _sqrt_nearest(_in_order_sum(weight * (du * du + dv * dv)) / safe)
+    del du, dv
+    # the frame's outermost pixels as find_landmarks picks them: the first and last rows, and the first and last
+    # columns of the rows between, each edge summed on its own
+    edges = [grid[0], grid[-1], grid[1:-1, 0], grid[1:-1, -1]]
+    top, bottom, left, right = (_pairwise_sum(weight[torch.from_numpy(np.ascontiguousarray(e)).to(device)])
+                                for e in edges)
+    border = (top + bottom) + (left + right)
+    found = (mass >= MIN_MASS) & (spread <= MAX_SPREAD_FRACTION * max(H, W)) & (border <= MAX_BORDER_SHARE * mass)
+    uv = torch.stack([u_c, v_c], -1).masked_fill(~found[..., None], math.nan)
+    return uv, found
+
+
 def estimate_pose(uv: np.ndarray, found: np.ndarray, landmarks: np.ndarray, K: np.ndarray):
     """World-to-camera (3, 4) pose from found landmarks by PnP, or (None, reason)."""
     if found.sum() < MIN_LANDMARKS:
@@ -82,12 +255,20 @@ def estimate_pose(uv: np.ndarray, found: np.ndarray, landmarks: np.ndarray, K: n
 def estimate_video(frames: np.ndarray, K: np.ndarray, landmarks: np.ndarray, colors: np.ndarray) -> PoseEstimate:
     """frames (F, H, W, 3) uint8; landmarks (L, 3) world; colors (L, 3) in [0, 1]."""
     start = time.perf_counter()
-    F = len(frames)
-    poses, ok, reasons = np.full((F, 3, 4), np.nan), np.zeros(F, bool), []
     if len(landmarks) < MIN_LANDMARKS:  # real footage: no known 3D landmarks, so no frame is estimable
-        return PoseEstimate.failed(F, "scene_has_too_few_landmarks", "landmarks")
+        return PoseEstimate.failed(len(frames), "scene_has_too_few_landmarks", "landmarks")
     uvs, founds = find_landmarks(np.asarray(frames, np.float64) / 255.0, colors)
-    found_counts = founds.sum(-1)
+    return poses_from_landmarks(uvs, founds, K, landmarks, time.perf_counter() - start)
+
+
+def poses_from_landmarks(uvs: np.ndarray, founds: np.ndarray, K: np.ndarray, landmarks: np.ndarray,
+                         search_seconds: float = 0.0) -> PoseEstimate:
+    """One video's estimate from its landmarks' image positions: uvs (F, L, 2), founds (F, L) (find_landmarks'),
+    PnP frame by frame. search_seconds: the search's share of the video's time, counted in seconds["pnp"] as
+    estimate_video always has."""
+    start = time.perf_counter()
+    F = len(uvs)
+    poses, ok, reasons = np.full((F, 3, 4), np.nan), np.zeros(F, bool), []
     for f, (uv, found) in enumerate(zip(uvs, founds, strict=True)):
         pose, reason = estimate_pose(uv, found, landmarks, K)
         reasons.append(reason)
@@ -99,20 +280,64 @@ def estimate_video(frames: np.ndarray, K: np.ndarray, landmarks: np.ndarray, col
         parallax = centre_parallax(poses, ok, float(np.median((landmarks @ ref[:, :3].T + ref[:, 3])[:, 2])))
     return PoseEstimate(poses=poses, ok=ok, reasons=reasons, method="landmarks",
                         video_reason=None if ok.any() else "no_frame_estimated",
-                        confidence={"landmarks_found_mean": float(np.mean(found_counts)),
+                        confidence={"landmarks_found_mean": float(np.mean(founds.sum(-1))),
                                     "frames_ok": float(ok.sum()), "parallax": parallax},
-                        seconds={"pnp": time.perf_counter() - start}, parallax=parallax)
+                        seconds={"pnp": search_seconds + time.perf_counter() - start}, parallax=parallax)
 
 
 class LandmarkEstimator:
-    """PnP against each condition's landmarks (conditions need `landmarks` and `landmark_colors` tensors)."""
+    """PnP against each condition's landmarks (conditions need `landmarks` and `landmark_colors` tensors).
+
+    Two ways in, the same estimates: `estimate` takes each video's uint8 frames on the host and searches it with
+    numpy; `estimate_device_frames` takes the batch as one uint8 tensor where it already is (an accelerator) and
+    searches it there with find_landmarks_torch, so that only the landmarks' positions cross to the host, where
+    PnP runs on a thread pool over videos (OpenCV's solvers release the GIL). cam_score takes the second way for
+    videos on a device `searches_on` accepts: not the CPU, where numpy's per-video search was the faster
+    (scripts/bench_update_cpu.py), unless torch_on_cpu.
+    """
 
     name = "landmarks"
+
+    def __init__(self, workers: int | None = None, chunk: int | None = None, torch_on_cpu: bool = False):
+        self.workers = workers  # PnP threads; None: min(videos, os.cpu_count())
+        self.chunk = chunk  # videos per find_landmarks_torch chunk; None: its default
+        self.torch_on_cpu = torch_on_cpu
+
+    def searches_on(self, device: torch.device) -> bool:
+        """Whether videos on `device` go to estimate_device_frames."""
+        return self.torch_on_cpu or torch.device(device).type != "cpu"
 
     def estimate(self, videos, intrinsics, conditions) -> list[PoseEstimate]:
         return [estimate_video(v, np.asarray(K, np.float64), c.landmarks.double().cpu().numpy(),
                                c.landmark_colors.double().cpu().numpy())
                 for v, K, c in zip(videos, intrinsics, conditions, strict=True)]
+
+    def estimate_device_frames(self, frames: torch.Tensor, intrinsics, conditions) -> list[PoseEstimate]:
+        """frames (B, F, H, W, 3) uint8 on any device (rewards.pose.to_uint8_frames' quantisation); what
+        `estimate` gives for the same frames, but for seconds."""
+        start = time.perf_counter()
+        B, F = frames.shape[:2]
+        if not (B == len(intrinsics) == len(conditions)):
+            raise ValueError(f"{B} videos, {len(intrinsics)} intrinsics, {len(conditions)} conditions")
+        landmarks = [c.landmarks.double().cpu().numpy() for c in conditions]
+        colors = [c.landmark_colors.double().cpu().numpy() for c in conditions]
+        searched = [b for b in range(B) if len(landmarks[b]) >= MIN_LANDMARKS]
+        picked = frames if len(searched) == B else frames[torch.as_tensor(searched, device=frames.device)]
+        uvs, founds = find_landmarks_torch(picked, [colors[b] for b in searched], self.chunk)
+        uvs, founds = uvs.cpu().numpy(), founds.cpu().numpy()
+        share = (time.perf_counter() - start) / max(len(searched), 1)
+
+        def solve(row: int, b: int) -> PoseEstimate:
+            n = len(landmarks[b])
+            return poses_from_landmarks(uvs[row, :, :n], founds[row, :, :n], np.asarray(intrinsics[b], np.float64),
+                                        landmarks[b], share)
+
+        out = [PoseEstimate.failed(F, "scene_has_too_few_landmarks", "landmarks") for _ in range(B)]
+        if searched:
+            with ThreadPoolExecutor(self.workers or min(len(searched), os.cpu_count() or 1)) as pool:
+                for b, estimate in zip(searched, pool.map(solve, range(len(searched)), searched), strict=True):
+                    out[b] = estimate
+        return out
 
     def describe(self) -> str:
         return "landmark PnP (synthetic world)"
