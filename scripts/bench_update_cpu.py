@@ -1,13 +1,20 @@
-"""The CPU work of one 2,048-sample update of the GPU presets (tiny_gpu, motion_tiny_gpu) that no accelerator
-removes: each sample's noise streams, drawn on the CPU so that every device sees the same numbers, and the camera
-reward's landmark search, which runs on a reward thread beside the sampler.
+"""The host's seconds per update of the GPU presets (tiny_gpu: 2,048 samples, motion_tiny_gpu: 16,384), with the
+noise drawn on the device (recam.engine.rollout.KeyedNoise): what an accelerator cannot take off the host.
 
-    python scripts/bench_update_cpu.py                     # both, this machine's torch thread count
-    python scripts/bench_update_cpu.py --threads 16 --repeats 5
+    python scripts/bench_update_cpu.py                     # this machine's torch thread count
+    python scripts/bench_update_cpu.py --threads 16 --repeats 5 --out host.json
 
-Side by side in one run, medians over --repeats: noise drawn one stream after another (one thread) and on
---threads threads; landmarks found frame by frame and as one stack per video. Both arms of each pair give the same
-numbers (tests/test_engine.py, tests/test_cam_score.py). Seconds are scaled to 2,048 samples.
+What stays on the host, per 2,048 samples, medians over --repeats:
+  noise keys   three key words per sample (SeedSequence), for the sample streams and the shared starts
+  pnp          the camera reward's PnP per frame, on the pool cam_score uses (min(videos, CPU count) threads);
+               its landmark search runs on the device
+  records      the epoch record of the update (rewards, advantages (N, T), the reward's per-sample details) built
+               and written as the run log writes it, and the group-relative advantages
+and, side by side, the work that moved to the device (timed here on the CPU, which stands in for it): the noise
+draws a rollout reads (1 + T of S + 1) against the up-front CPU streams of every draw, and the landmark search.
+The host total is the sum of the first three; the target is under 0.5 s per 2,048 samples for both domains.
+Both noise paths are tested for what they draw in tests/test_device_noise.py, the landmark search against its
+numpy reference in tests/test_cam_score.py.
 """
 
 from __future__ import annotations
@@ -25,32 +32,97 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from config.grpo import get_config  # noqa: E402
 from recam.domains.motion.skeleton import MAX_FRAMES, NUM_FEATURES  # noqa: E402  (the motion domain's sample)
-from recam.engine.rollout import per_sample_noise  # noqa: E402
+from recam.engine.reward_runner import RewardDetails, masked_group_advantages  # noqa: E402
+from recam.engine.rollout import KeyedNoise, per_sample_noise  # noqa: E402
+from recam.infra import runlog  # noqa: E402
 from rewards.pose import landmarks, to_uint8_frames  # noqa: E402
 from scripts.bench_model import timed  # noqa: E402  (median of repeats after a warm-up)
 
 UPDATE = 2048
 
 
-def noise_shapes() -> dict[str, tuple[int, int, tuple[int, ...]]]:
-    """Per preset: (samples per sampling batch, draws per sample, one draw's shape)."""
-    cam, motion = get_config("tiny_gpu"), get_config("motion_tiny_gpu")
-    return {"tiny_gpu": (cam.sample.batch_size, cam.sample.num_steps + 1, (3, cam.data.num_frames, cam.data.size,
-                                                                          cam.data.size)),
-            "motion_tiny_gpu": (motion.sample.batch_size, motion.sample.num_steps + 1,
-                                                  (NUM_FEATURES, 1, MAX_FRAMES))}
+def noise_shapes() -> dict[str, dict]:
+    """Per preset: samples per sampling batch, draws per sample and of them those a rollout reads (the initial x
+    and the T trained steps'), one draw's shape, and T."""
+    from config.validate import validate
 
-
-def bench_noise(threads: int, repeats: int) -> dict:
     out = {}
-    for preset, (batch, draws, shape) in noise_shapes().items():
-        keys = [(0, 0, i) for i in range(batch)]
-        row = {"batch": batch, "draws": draws, "shape": list(shape)}
-        for name, workers in (("one_thread_s", 1), ("threads_s", threads)):
-            call = functools.partial(per_sample_noise, keys, draws, shape, workers=workers)
-            row[name] = timed(call, repeats) * UPDATE / batch
-        row["speedup"] = row["one_thread_s"] / row["threads_s"]
+    for preset in ("tiny_gpu", "motion_tiny_gpu"):
+        c = get_config(preset)
+        T = validate(c, 1).plan.trained_steps
+        shape = ((3, c.data.num_frames, c.data.size, c.data.size) if preset == "tiny_gpu"
+                 else (NUM_FEATURES, 1, MAX_FRAMES))
+        out[preset] = {"batch": c.sample.batch_size, "draws": c.sample.num_steps + 1, "read": 1 + T,
+                       "shape": shape, "T": T, "per_update": c.sample.batch_size * c.sample.num_batches_per_epoch}
+    return out
+
+
+def bench_noise(threads: int, repeats: int, rows: int) -> dict:
+    """Keys (host) for a whole sampling batch; draws timed on `rows` samples and scaled (on a GPU they are device
+    work; the up-front CPU streams are what the GPU presets drew before)."""
+    out = {}
+    for preset, p in noise_shapes().items():
+        keys = [(0, 0, i) for i in range(p["batch"])]
+        starts = [(0, 0, i // 4, 1) for i in range(p["batch"])]
+        row = {k: (list(v) if k == "shape" else v) for k, v in p.items()}
+        keyed = functools.partial(KeyedNoise, keys, p["draws"], p["shape"], "cpu", starts)
+        row["keys_s"] = timed(keyed, repeats) * UPDATE / p["batch"]
+        noise = KeyedNoise(keys[:rows], p["draws"], p["shape"], "cpu", starts[:rows])
+        def draws(noise=noise, read=p["read"]):
+            return [noise.draw(j) for j in range(read)]
+        row["device_draws_s"] = timed(draws, repeats) * UPDATE / rows
+        for name, workers in (("cpu_streams_one_thread_s", 1), ("cpu_streams_threads_s", threads)):
+            call = functools.partial(per_sample_noise, keys[:rows], p["draws"], p["shape"], workers=workers)
+            row[name] = timed(call, repeats) * UPDATE / rows
         out[preset] = row
+    return out
+
+
+def _epoch_record_inputs(n: int, T: int, domain: str):
+    """An update's gathered rewards, groups and reward details with the camera's or motion's keys and shapes."""
+    g = torch.Generator().manual_seed(0)
+    index = torch.arange(n // 4).repeat_interleave(4)
+    if domain == "camera":
+        rewards = {"cam_score": torch.rand(n, generator=g), "fidelity": torch.rand(n, generator=g)}
+        frames = 8
+        numbers = {f"cam_score/{k}": torch.rand(n, generator=g) for k in (
+            "rot_err_sum", "trans_err_sum", "cammc_sum", "rot_err_placed_mean", "trans_err_placed_mean",
+            "cammc_placed_mean", "placed_fraction", "frames_ok", "failed_frames", "rotation_only",
+            "translation_scored", "static_target_parallax", "seconds", "seconds_pnp")}
+        lists = {"cam_score/method": ["landmarks"] * n, "cam_score/failure_reason": [None] * n,
+                 "cam_score/translation": ["scored"] * n,
+                 "cam_score/rot_err_per_frame": [[0.1234] * frames for _ in range(n)],
+                 "cam_score/trans_err_per_frame": [[0.1234] * frames for _ in range(n)],
+                 "cam_score/confidence": [{"landmarks_found_mean": 9.5, "frames_ok": 8.0, "parallax": 0.1}] * n}
+    else:
+        rewards = {k: torch.rand(n, generator=g) for k in ("motion_alignment", "motion_physics")}
+        numbers = {f"motion_physics/{k}": torch.rand(n, generator=g) for k in (
+            "skating", "floating", "penetration", "jitter")}
+        numbers["motion_alignment/text_motion_cosine"] = torch.rand(n, generator=g)
+        lists = {}
+    rewards["avg"] = sum(rewards.values()) / len(rewards)
+    return index, rewards, RewardDetails(numbers=numbers, lists=lists, counts={})
+
+
+def bench_records(repeats: int) -> dict:
+    """The update's group-relative advantages, and its epoch record built and written as RunLog writes it."""
+    import tempfile
+
+    out = {}
+    for preset, p in noise_shapes().items():
+        domain = "camera" if preset == "tiny_gpu" else "motion"
+        index, rewards, details = _epoch_record_inputs(p["per_update"], p["T"], domain)
+        keep = torch.ones(len(index), dtype=torch.bool)
+
+        def update_records(index=index, rewards=rewards, keep=keep, details=details, T=p["T"]):
+            adv, _, stats = masked_group_advantages(rewards["avg"], index, keep, "group", 1e-4)
+            record = runlog.epoch_record(0, 0, {}, [f"c{i}" for i in index.tolist()], index, rewards,
+                                        adv[:, None].expand(-1, T), stats, 1.0, details)
+            with tempfile.TemporaryFile("w") as f:
+                f.write(json.dumps({"type": "epoch", **record}) + "\n")
+
+        out[preset] = {"samples": p["per_update"], "records_s": timed(update_records, repeats) * UPDATE /
+                       p["per_update"]}
     return out
 
 
@@ -123,10 +195,7 @@ def bench_landmarks(videos: int, repeats: int, workers: int | None = None) -> di
     return row
 
 
-PNP_KEY = "pnp_threads_s"  # the host's PnP seconds in bench_landmarks' row: on the pool cam_score uses
-
-
-def LANDMARK_LINE(lm: dict) -> str:  # noqa: N802  (main's name for it)
+def landmark_line(lm: dict) -> str:
     cuda = "" if lm["torch_cuda_s"] is None else f", {lm['torch_cuda_s']:.2f} s on {lm['cuda_device']}"
     return (f"landmark search per {UPDATE} videos: numpy {lm['per_frame_s']:.2f} s frame by frame, "
             f"{lm['stacked_s']:.2f} s as stacks; torch batched {lm['torch_cpu_s']:.2f} s on the CPU "
@@ -134,21 +203,40 @@ def LANDMARK_LINE(lm: dict) -> str:  # noqa: N802  (main's name for it)
             f"thread, {lm['pnp_threads_s']:.2f} s on {lm['pnp_workers']}")
 
 
+def host_seconds(result: dict) -> dict:
+    """Per preset, the host's seconds per 2,048 samples: noise keys, records and (camera) PnP on the pool cam_score
+    uses."""
+    out = {}
+    for preset in result["noise"]:
+        parts = {"noise_keys": result["noise"][preset]["keys_s"], "records": result["records"][preset]["records_s"]}
+        if preset == "tiny_gpu":
+            parts["pnp"] = result["landmarks"]["pnp_threads_s"]
+        out[preset] = {**parts, "total": sum(parts.values())}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--videos", type=int, default=64, help="landmark videos timed (scaled to 2,048)")
+    ap.add_argument("--rows", type=int, default=16, help="samples whose noise draws are timed (scaled to 2,048)")
     ap.add_argument("--out", type=Path, default=None, help="also write the results here as JSON")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
     result = {"threads": args.threads, "repeats": args.repeats, "torch": torch.__version__,
-              "noise": bench_noise(args.threads, args.repeats), "landmarks": bench_landmarks(args.videos, args.repeats)}
+              "noise": bench_noise(args.threads, args.repeats, args.rows), "records": bench_records(args.repeats),
+              "landmarks": bench_landmarks(args.videos, args.repeats)}
+    result["host"] = host_seconds(result)
     for preset, row in result["noise"].items():
-        print(f"noise {preset}: {row['one_thread_s']:.2f} s on one thread, {row['threads_s']:.2f} s on "
-              f"{args.threads} ({row['speedup']:.2f}x) per {UPDATE} samples")
-    lm = result["landmarks"]
-    print(f"landmark search: {lm['per_frame_s']:.2f} s frame by frame, {lm['stacked_s']:.2f} s as stacks "
-          f"({lm['speedup']:.2f}x) per {UPDATE} videos")
+        print(f"noise {preset}: keys {row['keys_s']:.3f} s (host); the {row['read']} draws a rollout reads "
+              f"{row['device_draws_s']:.2f} s (device work, here on the CPU); up-front CPU streams of all "
+              f"{row['draws']} {row['cpu_streams_one_thread_s']:.2f} s on one thread, "
+              f"{row['cpu_streams_threads_s']:.2f} s on {args.threads}")
+    print(landmark_line(result["landmarks"]))
+    for preset, row in result["host"].items():
+        parts = ", ".join(f"{k} {v:.3f}" for k, v in row.items() if k != "total")
+        print(f"host {preset}: {row['total']:.3f} s per {UPDATE} samples ({parts})")
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
 
