@@ -125,3 +125,21 @@ def test_a_rollout_reads_only_the_draws_its_stochastic_steps_use():
     # the same rollout from the same draws made up front gives the same samples
     up_front = torch.stack([KeyedNoise(keys, 9, (6,), "cpu").draw(j) for j in range(9)], 1)
     assert torch.equal(rollout(lambda x, t: -x, up_front, sched, start=2).final, out.final)
+
+
+def test_the_host_bench_prices_each_part_and_sums_them(monkeypatch):
+    """scripts/bench_update_cpu.py at a small size: the parts it times are there, positive, and the host total is
+    their sum (camera: PnP included; motion: no PnP)."""
+    from scripts import bench_update_cpu as bench
+
+    noise, records = bench.bench_noise(1, 1, 2), bench.bench_records(1)
+    assert set(noise) == set(records) == {"tiny_gpu", "motion_tiny_gpu"}
+    assert noise["tiny_gpu"]["read"] == 1 + 5 and noise["motion_tiny_gpu"]["read"] == 1 + 6
+    assert records["motion_tiny_gpu"]["samples"] == 16384 and records["tiny_gpu"]["samples"] == 2048
+    for row in noise.values():
+        assert all(row[k] > 0 for k in ("keys_s", "device_draws_s", "cpu_streams_one_thread_s"))
+    host = bench.host_seconds({"noise": noise, "records": records, "landmarks": {"pnp_threads_s": 1.5}})
+    camera, motion = host["tiny_gpu"], host["motion_tiny_gpu"]
+    assert camera["pnp"] == 1.5 and "pnp" not in motion
+    assert camera["total"] == camera["noise_keys"] + camera["records"] + 1.5
+    assert motion["total"] == motion["noise_keys"] + motion["records"]
