@@ -295,6 +295,19 @@ def _copy(finished, tmp_path):
     return tmp_path / "run"
 
 
+def _at_epoch_1(finished, tmp_path):
+    """A copy of the finished run as if killed during epoch 1: its resume trains epoch 1 again."""
+    run = _at_epoch_1(finished, tmp_path)
+    return run
+
+
+# an injection's last lines: run train_recam.py with the arguments after `-c CODE`
+RUN_TRAIN = """
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
 @needs_base
 def test_resume_skips_a_corrupt_latest_and_retrains_exactly_what_the_uninterrupted_run_did(finished, tmp_path):
     run = _copy(finished, tmp_path)
@@ -369,17 +382,13 @@ def poisoned(self, *a, **k):
     torch.optim.AdamW.step = step
     return out
 torch.optim.AdamW.step = poisoned
-sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
+""" + RUN_TRAIN
 
 
 @needs_base
 def test_a_nan_written_by_the_optimizer_step_is_never_saved_as_healthy(finished, tmp_path):
-    run = _copy(finished, tmp_path)
+    run = _at_epoch_1(finished, tmp_path)
     ckpts = run / "checkpoints"
-    shutil.rmtree(ckpts / "epoch_0002")  # as if killed during epoch 1: the resume trains it again
-    (ckpts / "latest").write_text("epoch_0001")
     p = _run(run, "--config.health.action=stop", prefix=("-c", NAN_AT_FIRST_STEP))
     assert p.returncode == 3, p.stderr[-3000:]
     assert (ckpts / "latest").read_text() == "epoch_0001" and not (ckpts / "epoch_0002").exists()
@@ -447,17 +456,13 @@ def full(model, directory):
         raise OSError(28, "No space left on device")
     return write(model, directory)
 c.write_model = full
-sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
+""" + RUN_TRAIN
 
 
 @needs_base
 def test_a_full_disk_ends_in_one_line_with_exit_3_and_the_same_command_resumes(finished, tmp_path):
-    run = _copy(finished, tmp_path)
+    run = _at_epoch_1(finished, tmp_path)  # epochs 1 and 2 left to train: the first save works, the second not
     ckpts = run / "checkpoints"
-    shutil.rmtree(ckpts / "epoch_0002")  # epochs 1 and 2 left to train: the first save works, the second not
-    (ckpts / "latest").write_text("epoch_0001")
     p = _run(run, "--config.num_epochs=3", prefix=("-c", FULL_DISK_AT_SECOND_SAVE))
     assert p.returncode == 3, p.stderr[-3000:]
     lines = [x for x in p.stderr.splitlines() if x.startswith("[recam]")]
@@ -506,9 +511,7 @@ def test_a_start_with_no_checkpoint_archives_the_records_it_finds(finished, tmp_
 
 @needs_base
 def test_a_resume_refuses_a_changed_fixed_field_in_one_line_and_changes_nothing(finished, tmp_path):
-    run = _copy(finished, tmp_path)
-    shutil.rmtree(run / "checkpoints" / "epoch_0002")
-    (run / "checkpoints" / "latest").write_text("epoch_0001")
+    run = _at_epoch_1(finished, tmp_path)
     before = {name: (run / name).read_bytes() for name in ("metrics.jsonl", "config.json")}
     p = _run(run, "--config.sample.k=2", "--config.seed=7")
     assert p.returncode == 2, p.stderr[-3000:]
@@ -522,9 +525,7 @@ def test_a_resume_refuses_a_changed_fixed_field_in_one_line_and_changes_nothing(
 
 @needs_base
 def test_a_resume_applies_a_changed_learning_rate_says_so_and_records_both_values(finished, tmp_path):
-    run = _copy(finished, tmp_path)
-    shutil.rmtree(run / "checkpoints" / "epoch_0002")
-    (run / "checkpoints" / "latest").write_text("epoch_0001")
+    run = _at_epoch_1(finished, tmp_path)
     old = json.loads((run / "checkpoints" / "epoch_0001" / "run_config.json").read_text())["config"]
     lr = old["train"]["learning_rate"]
     p = _run(run, f"--config.train.learning_rate={lr * 5}", "--config.num_epochs=3")
