@@ -6,8 +6,8 @@ noise drawn on the device (recam.engine.rollout.KeyedNoise): what an accelerator
 
 What stays on the host, per 2,048 samples, medians over --repeats:
   noise keys   three key words per sample (SeedSequence), for the sample streams and the shared starts
-  pnp          the camera reward's PnP per frame, on the pool cam_score uses (min(videos, CPU count) threads);
-               its landmark search runs on the device
+  pnp          the camera reward's PnP per frame, on the processes cam_score uses (one per core; threads
+               are timed beside them); its landmark search runs on the device
   records      the epoch record of the update (rewards, advantages (N, T), the reward's per-sample details) built
                and written as the run log writes it, and the group-relative advantages
 and, side by side, the work that moved to the device (timed here on the CPU, which stands in for it): the noise
@@ -23,6 +23,7 @@ import argparse
 import functools
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -179,6 +180,17 @@ def bench_landmarks(videos: int, repeats: int, workers: int | None = None) -> di
         with ThreadPoolExecutor(workers) as pool:
             return list(pool.map(pnp, range(videos)))
 
+    # what cam_score does with a sampling batch of tiny_gpu (1,024 videos): PnP on its estimator's spawned
+    # processes, handed over in as many pieces as estimate_device_frames cuts (the videos repeated: PnP's cost does
+    # not depend on which video it solves)
+    estimator = landmarks.LandmarkEstimator()
+    pooled = get_config("tiny_gpu").sample.batch_size
+    jobs = [(*found_np[b % videos], Ks[b % videos], points[b % videos], 0.0) for b in range(pooled)]
+
+    def pnp_processes():
+        return list(estimator.pool().map(landmarks._solve, jobs,
+                                         chunksize=max(1, pooled // (4 * estimator.processes))))
+
     row = {"videos": videos, "frames": int(frames[0].shape[0]), "size": int(frames[0].shape[1]),
            "torch_threads": torch.get_num_threads(), "pnp_workers": workers}
     row["per_frame_s"] = timed(per_frame, repeats) * UPDATE / videos
@@ -192,6 +204,11 @@ def bench_landmarks(videos: int, repeats: int, workers: int | None = None) -> di
         row["cuda_device"] = torch.cuda.get_device_name()
     row["pnp_one_thread_s"] = timed(pnp_one_thread, repeats) * UPDATE / videos
     row["pnp_threads_s"] = timed(pnp_threads, repeats) * UPDATE / videos
+    t0 = time.perf_counter()
+    estimator.pool().submit(int).result()  # the processes' start, once per run: not part of an update
+    row["pnp_pool_start_s"], row["pnp_processes"] = time.perf_counter() - t0, estimator.processes
+    row["pnp_processes_s"] = timed(pnp_processes, repeats) * UPDATE / pooled
+    estimator.close()
     return row
 
 
@@ -200,17 +217,18 @@ def landmark_line(lm: dict) -> str:
     return (f"landmark search per {UPDATE} videos: numpy {lm['per_frame_s']:.2f} s frame by frame, "
             f"{lm['stacked_s']:.2f} s as stacks; torch batched {lm['torch_cpu_s']:.2f} s on the CPU "
             f"(torch threads: {lm['torch_threads']}){cuda}. PnP on the host {lm['pnp_one_thread_s']:.2f} s on one "
-            f"thread, {lm['pnp_threads_s']:.2f} s on {lm['pnp_workers']}")
+            f"thread, {lm['pnp_threads_s']:.2f} s on {lm['pnp_workers']} threads, {lm['pnp_processes_s']:.2f} s on "
+            f"{lm['pnp_processes']} processes (started once in {lm['pnp_pool_start_s']:.1f} s)")
 
 
 def host_seconds(result: dict) -> dict:
-    """Per preset, the host's seconds per 2,048 samples: noise keys, records and (camera) PnP on the pool cam_score
-    uses."""
+    """Per preset, the host's seconds per 2,048 samples: noise keys, records and (camera) PnP on the processes
+    cam_score uses."""
     out = {}
     for preset in result["noise"]:
         parts = {"noise_keys": result["noise"][preset]["keys_s"], "records": result["records"][preset]["records_s"]}
         if preset == "tiny_gpu":
-            parts["pnp"] = result["landmarks"]["pnp_threads_s"]
+            parts["pnp"] = result["landmarks"]["pnp_processes_s"]
         out[preset] = {**parts, "total": sum(parts.values())}
     return out
 

@@ -476,7 +476,7 @@ def test_cam_score_searching_on_the_videos_device_scores_as_the_per_video_numpy_
                                    landmark_colors=conds[1].landmark_colors[:3])  # footage without landmarks
     videos[2, :, 1, 0, 0] = float("nan")  # not judged
     host, batched = CamScore(CamScoreSettings()), CamScore(CamScoreSettings())
-    batched.estimator = LandmarkEstimator(workers=3, torch_on_cpu=True)
+    batched.estimator = LandmarkEstimator(processes=0, torch_on_cpu=True)
     assert not host.estimator.searches_on(videos.device) and batched.estimator.searches_on(videos.device)
     scores, details = host(videos, conds)
     scores_b, details_b = batched(videos, conds)
@@ -504,6 +504,39 @@ def test_cam_score_searching_on_the_videos_device_scores_as_the_per_video_numpy_
             (e_old.reasons, e_old.method, e_old.video_reason, e_old.confidence)
         assert e_new.parallax == e_old.parallax or (math.isnan(e_new.parallax) and math.isnan(e_old.parallax))
         assert set(e_new.seconds) == set(e_old.seconds)
+
+
+def test_pnp_in_a_pool_of_processes_gives_the_estimates_of_pnp_in_this_thread(monkeypatch):
+    """Large batches solve PnP on spawned processes (threads gave no speedup: the GIL); the estimates are the
+    same, to the bit, as solving them here, and close() ends the processes."""
+    from rewards.pose import landmarks
+
+    videos, conds = _world_batch()
+    idx = frame_indices(videos.shape[2], 16)
+    frames = to_uint8_frames_torch((videos[:, :, idx].permute(0, 2, 3, 4, 1) + 1.0) / 2.0)
+    Ks = [c.intrinsics.double().numpy() for c in conds]
+    here = landmarks.LandmarkEstimator(processes=0, torch_on_cpu=True).estimate_device_frames(frames, Ks, conds)
+    monkeypatch.setattr(landmarks, "MIN_POOLED_VIDEOS", 2)
+    pooled = landmarks.LandmarkEstimator(processes=2, torch_on_cpu=True)
+    try:
+        far = pooled.estimate_device_frames(frames, Ks, conds)
+        assert pooled._pool is not None
+    finally:
+        pooled.close()
+    assert pooled._pool is None and len(far) == len(here) == len(conds)
+    for a, b in zip(here, far, strict=True):
+        np.testing.assert_array_equal(a.poses, b.poses)
+        assert (a.reasons, a.confidence, a.ok.tolist()) == (b.reasons, b.confidence, b.ok.tolist())
+
+
+def test_pool_processes_share_the_node_s_cores(monkeypatch):
+    from rewards.pose.landmarks import pnp_processes
+
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert pnp_processes() == 2
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "32")
+    assert pnp_processes() == 1
 
 
 def test_frame_indices_are_even_and_keep_both_ends():

@@ -138,7 +138,7 @@ def test_the_host_bench_prices_each_part_and_sums_them(monkeypatch):
     assert records["motion_tiny_gpu"]["samples"] == 16384 and records["tiny_gpu"]["samples"] == 2048
     for row in noise.values():
         assert all(row[k] > 0 for k in ("keys_s", "device_draws_s", "cpu_streams_one_thread_s"))
-    host = bench.host_seconds({"noise": noise, "records": records, "landmarks": {"pnp_threads_s": 1.5}})
+    host = bench.host_seconds({"noise": noise, "records": records, "landmarks": {"pnp_processes_s": 1.5}})
     camera, motion = host["tiny_gpu"], host["motion_tiny_gpu"]
     assert camera["pnp"] == 1.5 and "pnp" not in motion
     assert camera["total"] == camera["noise_keys"] + camera["records"] + 1.5

@@ -22,10 +22,11 @@ PnP's refinement turns a last-bit change of a centroid into a different pose, an
 from __future__ import annotations
 
 import math
+import multiprocessing
 import os
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 
 import cv2
 import numpy as np
@@ -285,23 +286,47 @@ def poses_from_landmarks(uvs: np.ndarray, founds: np.ndarray, K: np.ndarray, lan
                         seconds={"pnp": search_seconds + time.perf_counter() - start}, parallax=parallax)
 
 
+# Below this many videos PnP runs in the calling thread: a pool's hand-over costs more than it saves.
+MIN_POOLED_VIDEOS = 64
+
+
+def _solve(job: tuple) -> PoseEstimate:
+    """One video's PnP in a pool process: (uvs, founds, K, landmarks, search_seconds) -> its estimate."""
+    return poses_from_landmarks(*job)
+
+
+def _quiet_worker() -> None:
+    # one pool process per core: the libraries' own thread pools would only contend
+    cv2.setNumThreads(1)
+    torch.set_num_threads(1)
+
+
+def pnp_processes() -> int:
+    """Pool processes per training process: the cores shared among the node's processes (LOCAL_WORLD_SIZE)."""
+    return max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)))
+
+
 class LandmarkEstimator:
     """PnP against each condition's landmarks (conditions need `landmarks` and `landmark_colors` tensors).
 
     Two ways in, the same estimates: `estimate` takes each video's uint8 frames on the host and searches it with
     numpy; `estimate_device_frames` takes the batch as one uint8 tensor where it already is (an accelerator) and
-    searches it there with find_landmarks_torch, so that only the landmarks' positions cross to the host, where
-    PnP runs on a thread pool over videos (OpenCV's solvers release the GIL). cam_score takes the second way for
-    videos on a device `searches_on` accepts: not the CPU, where numpy's per-video search was the faster
-    (scripts/bench_update_cpu.py), unless torch_on_cpu.
+    searches it there with find_landmarks_torch, so that only the landmarks' positions cross to the host. There
+    PnP runs on a pool of processes (`processes`, default pnp_processes(); 0: in the calling thread), started at
+    the first batch of MIN_POOLED_VIDEOS or more and kept until close(): per frame it is OpenCV calls between
+    numpy and Python steps that hold the GIL, so threads gave no speedup (2.65 s per 2,048 videos on one thread,
+    2.80 on two), and two processes halved it (scripts/bench_update_cpu.py). cam_score takes the second way for
+    videos on a device `searches_on` accepts: not the CPU, where numpy's per-video search was the faster, unless
+    torch_on_cpu.
     """
 
     name = "landmarks"
 
-    def __init__(self, workers: int | None = None, chunk: int | None = None, torch_on_cpu: bool = False):
-        self.workers = workers  # PnP threads; None: min(videos, os.cpu_count())
+    def __init__(self, processes: int | None = None, chunk: int | None = None, torch_on_cpu: bool = False):
+        self.processes = pnp_processes() if processes is None else processes
         self.chunk = chunk  # videos per find_landmarks_torch chunk; None: its default
         self.torch_on_cpu = torch_on_cpu
+        self._pool: ProcessPoolExecutor | None = None
 
     def searches_on(self, device: torch.device) -> bool:
         """Whether videos on `device` go to estimate_device_frames."""
@@ -311,6 +336,19 @@ class LandmarkEstimator:
         return [estimate_video(v, np.asarray(K, np.float64), c.landmarks.double().cpu().numpy(),
                                c.landmark_colors.double().cpu().numpy())
                 for v, K, c in zip(videos, intrinsics, conditions, strict=True)]
+
+    def pool(self) -> ProcessPoolExecutor:
+        """The PnP processes, started on first use. Spawned, not forked: the training process holds threads and
+        an accelerator context that a fork would copy mid-use."""
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_quiet_worker)
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
 
     def estimate_device_frames(self, frames: torch.Tensor, intrinsics, conditions) -> list[PoseEstimate]:
         """frames (B, F, H, W, 3) uint8 on any device (rewards.pose.to_uint8_frames' quantisation); what
@@ -326,17 +364,16 @@ class LandmarkEstimator:
         uvs, founds = find_landmarks_torch(picked, [colors[b] for b in searched], self.chunk)
         uvs, founds = uvs.cpu().numpy(), founds.cpu().numpy()
         share = (time.perf_counter() - start) / max(len(searched), 1)
-
-        def solve(row: int, b: int) -> PoseEstimate:
-            n = len(landmarks[b])
-            return poses_from_landmarks(uvs[row, :, :n], founds[row, :, :n], np.asarray(intrinsics[b], np.float64),
-                                        landmarks[b], share)
-
+        jobs = [(uvs[row, :, :len(landmarks[b])], founds[row, :, :len(landmarks[b])],
+                 np.asarray(intrinsics[b], np.float64), landmarks[b], share) for row, b in enumerate(searched)]
+        if self.processes > 0 and len(jobs) >= MIN_POOLED_VIDEOS:
+            chunks = max(1, len(jobs) // (4 * self.processes))  # a few hand-overs per process, not one per video
+            solved = list(self.pool().map(_solve, jobs, chunksize=chunks))
+        else:
+            solved = [_solve(job) for job in jobs]
         out = [PoseEstimate.failed(F, "scene_has_too_few_landmarks", "landmarks") for _ in range(B)]
-        if searched:
-            with ThreadPoolExecutor(self.workers or min(len(searched), os.cpu_count() or 1)) as pool:
-                for b, estimate in zip(searched, pool.map(solve, range(len(searched)), searched), strict=True):
-                    out[b] = estimate
+        for b, estimate in zip(searched, solved, strict=True):
+            out[b] = estimate
         return out
 
     def describe(self) -> str:
