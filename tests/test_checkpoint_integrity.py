@@ -297,7 +297,9 @@ def _copy(finished, tmp_path):
 
 def _at_epoch_1(finished, tmp_path):
     """A copy of the finished run as if killed during epoch 1: its resume trains epoch 1 again."""
-    run = _at_epoch_1(finished, tmp_path)
+    run = _copy(finished, tmp_path)
+    shutil.rmtree(run / "checkpoints" / "epoch_0002")
+    (run / "checkpoints" / "latest").write_text("epoch_0001")
     return run
 
 
