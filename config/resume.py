@@ -54,8 +54,9 @@ MUTABLE = {
 }
 
 
-def is_mutable(field: str) -> bool:
-    return any(field == m or (m.endswith(".") and field.startswith(m)) for m in MUTABLE)
+def why_mutable(field: str) -> str | None:
+    """What changing `field` on resume changes (MUTABLE's entry for it), or None for a field fixed for the run."""
+    return next((w for m, w in MUTABLE.items() if field == m or (m.endswith(".") and field.startswith(m))), None)
 
 
 def flatten(config: dict, prefix: str = "") -> dict:
@@ -77,15 +78,16 @@ def _unrooted(value):
 
 def differences(old: dict, new: dict) -> tuple[list[tuple], list[tuple]]:
     """(allowed, refused): (field, old value, new value) for every field whose value differs between the flat
-    configs. A field the old config does not record (added to the code since) is allowed: its default keeps the
-    old behaviour, and the change is stated like any other."""
+    configs. A field only one of them records (added to the code since, or removed) is allowed: a new field's
+    default keeps the old behaviour, a removed one is read by nothing, and the change is stated like any other."""
     old, new = flatten(old), flatten(new)
     allowed, refused = [], []
     for field in sorted(set(old) | set(new)):
         a, b = _unrooted(old.get(field, "(not recorded)")), _unrooted(new.get(field, "(not recorded)"))
         if a == b:
             continue
-        (allowed if is_mutable(field) or field not in old else refused).append((field, a, b))
+        one_sided = field not in old or field not in new
+        (allowed if why_mutable(field) or one_sided else refused).append((field, a, b))
     return allowed, refused
 
 
@@ -117,6 +119,5 @@ def refusal(refused: list[tuple], source: Path) -> str:
 
 def statement(field: str, old, new) -> str:
     """The line a resume says for a field it changes."""
-    why = next((w for m, w in MUTABLE.items() if field == m or (m.endswith(".") and field.startswith(m))),
-               "a field the run does not record")
+    why = why_mutable(field) or "a field only one of the two configs records"
     return f"resuming with {field} {_show(old)} -> {_show(new)}: {why}"

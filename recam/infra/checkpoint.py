@@ -293,7 +293,10 @@ def remove_leftovers(ckpt_root: Path) -> list[str]:
     """Remove what an interrupted save leaves (.tmp-epoch_NNNN folders, a pointer's temporary file); their names."""
     gone = []
     for p in sorted(ckpt_root.glob(".tmp-*")) + sorted(ckpt_root.glob(".*.tmp")):
-        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
         gone.append(p.name)
     return gone
 
@@ -357,24 +360,18 @@ def pointed_checkpoint(ckpt_root: Path, say: Callable[[str], None] | None = None
     and say() gets one line naming the pointer. Without it a run would start again from epoch 0 over good
     checkpoints."""
     pointer = ckpt_root / LATEST
-    if not pointer.exists():
-        folders = sorted(p for p in ckpt_root.glob("epoch_*") if p.is_dir() and epoch_of(p) is not None)
-        if not folders:
-            return None  # a fresh run
-        if say is not None:
-            say(f"{pointer} is missing beside {len(folders)} checkpoint folder(s): resuming from the newest, "
-                f"{folders[-1].name}, or the newest intact one below it")
-        return folders[-1]
-    name = read_pointer(ckpt_root)
+    name = read_pointer(ckpt_root) if pointer.exists() else None
     if name is not None and (ckpt_root / name).is_dir():
         return ckpt_root / name
     folders = sorted(p for p in ckpt_root.glob("epoch_*") if p.is_dir() and epoch_of(p) is not None)
+    if not folders and not pointer.exists():
+        return None  # a fresh run
+    what = (f"{pointer} is missing beside {len(folders)} checkpoint folder(s)" if not pointer.exists() else
+            f"{pointer} names no epoch_NNNN checkpoint folder here (it holds {pointer.read_bytes()[:40]!r})")
     if not folders:
-        raise CheckpointCorrupt(f"{pointer} names no epoch_NNNN checkpoint folder here (it holds "
-                                f"{pointer.read_bytes()[:40]!r}) and {ckpt_root} has none: nothing to resume from")
+        raise CheckpointCorrupt(f"{what} and {ckpt_root} has none: nothing to resume from")
     if say is not None:
-        say(f"{pointer} names no epoch_NNNN checkpoint folder here (it holds {pointer.read_bytes()[:40]!r}): resuming "
-            f"from the newest folder beside it, {folders[-1].name}, or the newest intact one below it")
+        say(f"{what}: resuming from the newest, {folders[-1].name}, or the newest intact one below it")
     return folders[-1]
 
 

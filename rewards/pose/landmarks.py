@@ -14,7 +14,7 @@ under a pixel.
 The search runs two ways: find_landmarks, numpy on one video's frames on the host (the reference), and
 find_landmarks_torch, torch on a whole batch on the frames' device, which cam_score uses for videos on an
 accelerator (LandmarkEstimator.estimate_device_frames): only the landmarks' positions then cross to the host,
-where PnP runs on a thread pool. On the frames cam_score hands over, both give the same numbers to the bit, since
+where PnP runs on a pool of processes. On the frames cam_score hands over, both give the same numbers to the bit, since
 PnP's refinement turns a last-bit change of a centroid into a different pose, and so a different score
 (tests/test_cam_score.py compares both).
 """

@@ -92,7 +92,7 @@ class MotionRetrieval(MotionAlignment):
         self.temperature = temperature
         self.negatives: list[str] = []
         self._negative_emb: torch.Tensor | None = None
-        self._position: dict[str, int] | None = None
+        self._position: dict[str, int] = {}  # a negative caption's column
 
     def describe(self) -> str:
         return (f"retrieval probability among {RETRIEVAL_POOL} (temperature {self.temperature:g}, "
@@ -104,7 +104,7 @@ class MotionRetrieval(MotionAlignment):
         if len(self.negatives) < 2:
             raise ValueError(f"motion_retrieval needs at least 2 distinct negative captions, got {len(self.negatives)}")
         self._negative_emb = F.normalize(self.evaluator.encode_text(self.negatives).float(), dim=-1)
-        self._position = None
+        self._position = {n: j for j, n in enumerate(self.negatives)}
 
     @torch.no_grad()
     def __call__(self, motions, conditions: list) -> tuple[torch.Tensor, dict]:
@@ -123,10 +123,9 @@ class MotionRetrieval(MotionAlignment):
         # a condition's own caption is not its negative: one lookup per condition (comparing every caption with
         # every negative was 67 million string comparisons per 16,384-sample update)
         weight = torch.ones_like(cos)
-        position = self._negative_index()
-        rows = [b for b, c in enumerate(conditions) if c.caption in position]
+        rows = [b for b, c in enumerate(conditions) if c.caption in self._position]
         if rows:
-            weight[rows, [position[conditions[b].caption] for b in rows]] = 0.0
+            weight[rows, [self._position[conditions[b].caption] for b in rows]] = 0.0
         # mean over the negatives of exp(s_j / tau), relative to exp(s_own / tau) for stability
         rel = torch.exp((cos - own[:, None]) / self.temperature) * weight
         mean_rel = rel.sum(1) / weight.sum(1).clamp_min(1.0)
@@ -134,11 +133,6 @@ class MotionRetrieval(MotionAlignment):
         prob = torch.where(torch.isfinite(own), prob, torch.full_like(prob, float("nan")))
         negative = (cos * weight).sum(1) / weight.sum(1).clamp_min(1.0)
         return prob.cpu(), {"text_motion_cosine": own.cpu(), "negative_cosine": negative.cpu()}
-
-    def _negative_index(self) -> dict[str, int]:
-        if self._position is None:
-            self._position = {n: j for j, n in enumerate(self.negatives)}
-        return self._position
 
 
 class MotionPhysics:
