@@ -13,11 +13,18 @@ Normalisation: every 1-5 value X maps to (X - 1) / 4, so 1 -> 0 and 5 -> 1. Peer
 (1 -> 0.2); the two differ by an affine map, which group-normalised advantages do not see, but (X - 1) / 4
 uses the whole [0, 1] range so rewards from different judges mix on a common scale.
 
+Parsing is strict: the value after the last label must be a plain number (digits, optionally a decimal part
+after "." or ",") inside 1-5. Markdown around it, "/5", "out of 5", a "(1-5)" note and text after it are read;
+another notation ("1e10", "1,000"), another stated scale ("4/10", "4 out of 10", "(1-10)"), a range ("4-5") or
+no number at all is a parse failure, as is an answer body over MAX_BODY_BYTES (refused from its Content-Length,
+or once that much has arrived, so a runaway server costs at most that much memory).
+
 Failures are explicit. A sample whose request failed after all retries, whose answer could not be parsed,
 or whose score lies outside 1-5 gets NaN in the score tensor, True in details["failed"], a reason in
 details["failure_reason"] and the judge's raw text (if any) in details["raw"]. It is never turned into 0:
-a 0 would enter the group statistics as the worst possible video. Parse failures are not retried, because
-at temperature 0 the judge would give the same answer again.
+a 0 would enter the group statistics as the worst possible video. Parse failures are not retried here, because
+at temperature 0 the judge would give the same answer again; the AsyncRewardRunner's "wait" policy re-scores
+failed samples (its max_retries rounds) before it excludes them.
 
 Retries: timeouts, connection errors (including a server closing the socket without answering), HTTP 5xx
 and 429 are retried up to `max_retries` times with exponential backoff backoff_s * 2**(attempt - 1)
@@ -39,6 +46,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import logging
 import math
 import os
@@ -60,6 +68,8 @@ from rewards import register_reward
 PROMPT_FORMATS = ("final_score", "alignment_physics_style")
 APS_KEYS = ("alignment", "physics", "style")
 SCORE_MIN, SCORE_MAX = 1.0, 5.0
+# An answer is a few hundred tokens; a body past this is a server gone wrong, and reading it whole could exhaust memory.
+MAX_BODY_BYTES = 1 << 20
 
 
 class UnifiedServerError(RewardServerDown):
@@ -217,36 +227,89 @@ def build_prompt(caption: str, prompt_format: str, num_frames: int) -> str:
     raise ValueError(f"prompt_format must be one of {PROMPT_FORMATS}, got {prompt_format!r}")
 
 
-_NUMBER = r"([-+]?\d+(?:[.,]\d+)?)"
 # Markdown emphasis / code marks and whitespace the judge may wrap around labels and numbers.
 _DECOR = r"[\s*_`#]*"
-_SCALE_NOTE = r"(?:\s*[(\[]\s*\d+\s*(?:-|–|—|~|to)\s*\d+\s*[)\]])?"
-_DENOMINATOR = r"(?:\s*/\s*(\d+(?:\.\d+)?))?"
 
 
 def _label_pattern(word: str) -> re.Pattern:
-    return re.compile(
-        rf"{word}[\s*_\-]*score{_SCALE_NOTE}{_DECOR}[:：=]{_DECOR}{_NUMBER}{_DENOMINATOR}",
-        re.IGNORECASE,
-    )
+    # The bracket after the label ("(1-5)") is kept: a judge that states another scale there is refused.
+    return re.compile(rf"{word}[\s*_\-]*score(?:\s*[(\[]([^()\[\]\n]{{0,40}})[)\]])?{_DECOR}[:：=]", re.IGNORECASE)
 
 
 _FINAL_RE = _label_pattern("final")
 _ASPECT_RES = {key: _label_pattern(key) for key in APS_KEYS}
+# What follows the label up to the first character that cannot belong to a number: letters, digits, dots and commas
+# run together ("1e10", "1,000", "1.5e3", "4th") are judged whole, never by their first digits.
+_VALUE_RE = re.compile(rf"{_DECOR}([-+]?[^\W_](?:[^\W_]|[.,]|(?<=[eE])[-+])*)")
+_PLAIN_RE = re.compile(r"[0-9]+(?:[.,][0-9]+)?")
+_NUM = r"[-+]?[0-9][^\s)\]/*_`;:]*"
+_RANGE_SEP = r"\s*(?:-|–|—|~|to)\s*"
+_SCALE_LEAD = r"(?:on\s+)?(?:an?\s+|the\s+)?"
+# A scale stated right after the value ("4/10", "4 out of 10", "4 (1-10)", "4 on a scale of 1 to 10", "4 on a
+# 10-point scale") or inside the label's bracket ("Final Score (1-10):"); each gives the scale's top and maybe bottom.
+_SCALE_RES = (
+    re.compile(rf"/\s*(?P<high>{_NUM})"),
+    re.compile(rf"(?:out\s+)?of\s+(?P<high>{_NUM})", re.IGNORECASE),
+    re.compile(rf"{_SCALE_LEAD}(?:scale\s+(?:of|from)\s+)?(?P<low>[0-9][^\s)\]/*_`;:–—~-]*?){_RANGE_SEP}"
+               rf"(?P<high>{_NUM})", re.IGNORECASE),
+    re.compile(rf"{_SCALE_LEAD}(?P<high>[0-9][0-9.,]*?)[\s-]*point", re.IGNORECASE),
+)
+
+
+def _plain_number(token: str) -> float | None:
+    """The value of `token` when it is written as plain digits with an optional decimal part ("4", "3.5", "3,5"),
+    else None. A comma followed by exactly three digits ("1,000") groups thousands as often as it marks decimals,
+    so it is neither."""
+    token = token.rstrip(".,")  # the sentence's own punctuation: "Final Score: 3."
+    if not _PLAIN_RE.fullmatch(token) or re.fullmatch(r"[0-9]+,[0-9]{3}", token):
+        return None
+    return float(token.replace(",", "."))
+
+
+def _stated_scale(text: str) -> tuple[str | None, str] | None:
+    """(bottom or None, top) of a scale stated at the start of `text`; None when it states none."""
+    text = re.sub(rf"^{_DECOR}[(\[]?\s*", "", text)
+    for pattern in _SCALE_RES:
+        m = pattern.match(text)
+        if m:
+            return m.groupdict().get("low"), m.group("high")
+    return None
+
+
+def _check_scale(scale: tuple[str | None, str] | None, label: str) -> None:
+    if scale is None:
+        return
+    low, high = scale
+    if _plain_number(high) != SCORE_MAX or (low is not None and _plain_number(low) != SCORE_MIN):
+        shown = f"{low}-{high}" if low is not None else f"out of {high}"
+        raise UnifiedParseError(f"'{label}' given on a scale {shown.rstrip('.,')}, expected the 1-5 scale")
 
 
 def _read_score(pattern: re.Pattern, text: str, label: str) -> float:
-    """The last `label: X` in text as a raw 1-5 value; the last one, because judges that reason out loud
-    sometimes mention the label before committing to their final value."""
+    """The value after the last `label:` in text, on the 1-5 scale; the last one, because judges that reason out
+    loud sometimes mention the label before committing to their final value. Only a plain number inside 1-5
+    counts: anything else there (another notation, another scale, no number) is a parse failure, never a score,
+    and an earlier label's value does not stand in for it."""
     matches = list(pattern.finditer(text))
     if not matches:
         raise UnifiedParseError(f"no '{label}: X' found")
     m = matches[-1]
-    value = float(m.group(1).replace(",", "."))
-    if m.group(2) is not None and float(m.group(2)) != SCORE_MAX:
-        raise UnifiedParseError(f"'{label}' given out of {m.group(2)}, expected the 1-5 scale")
+    if m.group(1) is not None:
+        _check_scale(_stated_scale(m.group(1).strip()), label)
+    rest = text[m.end():m.end() + 200]
+    v = _VALUE_RE.match(rest)
+    if v is None:
+        raise UnifiedParseError(f"no number after the last '{label}:' ({_short(rest, 40)!r})")
+    token = v.group(1)
+    value = _plain_number(token)
+    if value is None:
+        raise UnifiedParseError(f"'{label}' = {_short(token, 40)!r} is not a plain number on the 1-5 scale")
+    after = rest[v.end():].split("\n", 1)[0]
+    if re.match(rf"{_RANGE_SEP}[0-9]", after):
+        raise UnifiedParseError(f"'{label}' is a range ({_short(token + after, 40)!r}), not one score")
+    _check_scale(_stated_scale(after), label)
     if not SCORE_MIN <= value <= SCORE_MAX:
-        raise UnifiedParseError(f"'{label}' = {value} outside the 1-5 scale")
+        raise UnifiedParseError(f"'{label}' = {value:g} outside the 1-5 scale")
     return value
 
 
@@ -258,8 +321,8 @@ def normalise(value: float) -> float:
 def parse_answer(text: str, prompt_format: str) -> tuple[float, dict[str, float]]:
     """Judge text -> (normalised score, normalised components). Raises UnifiedParseError when unusable.
 
-    Tolerates case, extra spaces, markdown bold/italics, decimals ("3.5", "3,5"), an explicit "/5",
-    a "(1-5)" scale note and text after the number.
+    Tolerates case, extra spaces, markdown bold/italics, decimals ("3.5", "3,5"), an explicit "/5" or "out of 5",
+    a "(1-5)" scale note and text after the number; refuses every other notation or scale (see _read_score).
     """
     if not isinstance(text, str) or not text.strip():
         raise UnifiedParseError("empty answer")
@@ -295,9 +358,9 @@ def build_payload(video: torch.Tensor, caption: str, config: UnifiedConfig) -> d
     }
 
 
-def _retry_after(resp: httpx.Response, cap: float) -> float:
+def _retry_after(headers: httpx.Headers, cap: float) -> float:
     try:
-        return min(max(float(resp.headers.get("retry-after", "0")), 0.0), cap)
+        return min(max(float(headers.get("retry-after", "0")), 0.0), cap)
     except ValueError:
         return 0.0
 
@@ -314,52 +377,78 @@ def _request_timeout(config: UnifiedConfig) -> httpx.Timeout:
     return httpx.Timeout(config.timeout_s, pool=None)
 
 
+def _read_capped(resp: httpx.Response, cap: int) -> tuple[bytes, str | None]:
+    """(body, None), or (b"", why) when the body is over `cap` bytes: refused from its Content-Length unread, or
+    as soon as more than `cap` bytes have arrived, so that a runaway server costs at most `cap` bytes of memory."""
+    declared = resp.headers.get("content-length", "").strip()
+    if declared.isdigit() and int(declared) > cap:
+        return b"", f"answer body of {int(declared)} bytes (its Content-Length) is over the {cap}-byte cap; not read"
+    body = bytearray()
+    for chunk in resp.iter_bytes():
+        body += chunk
+        if len(body) > cap:
+            return b"", (f"answer body over the {cap}-byte cap: {len(body)} bytes had arrived when reading stopped"
+                         f"{'' if declared else ' (no Content-Length)'}")
+    return bytes(body), None
+
+
+def _post(client: httpx.Client, payload: dict, config: UnifiedConfig) -> tuple[int, httpx.Headers, bytes, str | None]:
+    """(status, headers, body, why the body was not read) of one POST, its body read up to MAX_BODY_BYTES."""
+    with client.stream("POST", config.chat_url, json=payload, headers=config.headers(),
+                       timeout=_request_timeout(config)) as resp:
+        body, too_large = _read_capped(resp, MAX_BODY_BYTES)
+        return resp.status_code, resp.headers, body, too_large
+
+
 def request_score(client: httpx.Client, payload: dict, config: UnifiedConfig) -> SampleResult:
     """POST one payload with retries and parse the answer; every outcome is a SampleResult."""
     t0 = time.monotonic()
     result = SampleResult()
     last_error = "no attempt made"
     extra_wait = 0.0
+
+    def done(failure: str | None = None) -> SampleResult:
+        result.failure = failure
+        result.seconds = time.monotonic() - t0
+        return result
+
     for attempt in range(config.max_retries + 1):
         if attempt:
             time.sleep(max(config.backoff_s * 2 ** (attempt - 1), extra_wait))
         extra_wait = 0.0
         result.attempts = attempt + 1
         try:
-            resp = client.post(config.chat_url, json=payload, headers=config.headers(),
-                               timeout=_request_timeout(config))
+            status, headers, body, too_large = _post(client, payload, config)
         except httpx.TimeoutException as e:
             last_error = f"timeout after {config.timeout_s}s ({type(e).__name__})"
             continue
         except httpx.TransportError as e:  # refused, reset, or closed without a response
             last_error = f"connection error ({type(e).__name__}: {e})"
             continue
-        if resp.status_code == 429 or resp.status_code >= 500:
-            last_error = f"HTTP {resp.status_code}: {_short(resp.text)}"
-            if resp.status_code == 429:
-                extra_wait = _retry_after(resp, config.timeout_s)
+        except httpx.DecodingError as e:  # a body whose Content-Encoding does not decode says nothing either
+            return done(f"undecodable response body ({e})")
+        shown = too_large or _short(body.decode("utf-8", errors="replace"))
+        if status == 429 or status >= 500:
+            last_error = f"HTTP {status}: {shown}"
+            if status == 429:
+                extra_wait = _retry_after(headers, config.timeout_s)
             continue
-        if resp.status_code >= 400:
-            result.failure = f"HTTP {resp.status_code} (not retried): {_short(resp.text)}"
-            result.seconds = time.monotonic() - t0
-            return result
+        if status >= 400:
+            return done(f"HTTP {status} (not retried): {shown}")
+        if too_large:
+            return done(too_large)
         try:
-            text = resp.json()["choices"][0]["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError):
-            result.raw = resp.text
-            result.failure = f"malformed response body: {_short(resp.text)}"
-            result.seconds = time.monotonic() - t0
-            return result
+            text = json.loads(body)["choices"][0]["message"]["content"]
+        except (ValueError, KeyError, IndexError, TypeError, RecursionError):
+            result.raw = body.decode("utf-8", errors="replace")
+            return done(f"malformed response body: {shown}")
         result.raw = text
         try:
             result.score, result.components = parse_answer(text, config.prompt_format)
         except UnifiedParseError as e:
-            result.failure = f"unparseable answer: {e}"
-        result.seconds = time.monotonic() - t0
-        return result
-    result.failure = f"gave up after {result.attempts} attempts: {last_error}"
-    result.seconds = time.monotonic() - t0
-    return result
+            return done(f"unparseable answer: {e}")
+        return done()
+    return done(f"gave up after {result.attempts} attempts: {last_error}")
 
 
 def _caption(condition) -> str:

@@ -39,8 +39,8 @@ class FakeJudge:
 
     The sample is identified by the "id-N" tag in the caption; script[N] is a list of actions, one per
     attempt (the last repeats): ("answer", text), ("status", code), ("sleep", seconds), ("drop",),
-    ("bad_json",). It counts requests per sample and the peak number of requests in flight, and its serving
-    loop ends by itself after max_seconds or max_requests.
+    ("bad_json",), ("huge", size, declare_length). It counts requests per sample and the peak number of requests
+    in flight, and its serving loop ends by itself after max_seconds or max_requests.
     """
 
     def __init__(self, script=None, default=("answer", FINAL_ANSWER), hold_s=0.0, max_seconds=20.0,
@@ -54,6 +54,7 @@ class FakeJudge:
         self.in_flight = 0
         self.peak = 0
         self.health_checks = 0
+        self.sent: list[int] = []  # bytes of each "huge" answer written before it ended or the client hung up
         self.lock = threading.Lock()
         self.stop = threading.Event()
         judge = self
@@ -108,6 +109,32 @@ class FakeJudge:
                     self.close_connection = True  # no status line, no body: the socket just closes
                 elif kind == "bad_json":
                     self._raw(200, b"{not json")
+                elif kind == "huge":  # a valid answer padded to `size` bytes, with or without its Content-Length
+                    self._huge(action[1], action[2])
+
+            def _huge(self, size, declare_length):
+                head = b'{"choices": [{"message": {"role": "assistant", "content": "'
+                tail = b'Final Score: 4"}}]}'
+                chunk = b"a" * 65536
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                if declare_length:
+                    self.send_header("Content-Length", str(size))
+                self.end_headers()
+                sent = 0
+                try:  # written lazily, chunk by chunk, until done or the client hangs up
+                    for part in [head] + [chunk] * ((size - len(head) - len(tail)) // len(chunk)):
+                        self.wfile.write(part)
+                        sent += len(part)
+                    pad = size - sent - len(tail)
+                    self.wfile.write(b"a" * pad + tail)
+                    sent += pad + len(tail)
+                except OSError:
+                    pass
+                finally:
+                    with judge.lock:
+                        judge.sent.append(sent)
+                self.close_connection = True
 
             def _send(self, code, obj):
                 self._raw(code, json.dumps(obj).encode())
@@ -205,6 +232,47 @@ def test_parse_final_score_failures(text):
         parse_answer(text, "final_score")
 
 
+@pytest.mark.parametrize("text, raw", [
+    ("Final Score: 4 out of 5", 4.0),
+    ("Final Score: 4.5 / 5.", 4.5),
+    ("Final Score: 4 (1-5)", 4.0),
+    ("Final Score: 3, because the camera drifts", 3.0),
+    ("Final Score (overall): 2", 2.0),
+])
+def test_parse_in_range_scores_stated_on_the_1_5_scale(text, raw):
+    assert parse_answer(text, "final_score")[0] == pytest.approx((raw - 1) / 4)
+
+
+@pytest.mark.parametrize("text, why", [
+    ("Final Score: 1e10", "not a plain number"),  # read as 1 -> 0.0 before
+    ("Final Score: 1,000", "not a plain number"),  # read as 1,000 = 1.0 -> 0.0
+    ("Final Score: 1.5e3", "not a plain number"),  # read as 1.5 -> 0.125
+    ("Final Score: 1e+10", "not a plain number"),
+    ("Final Score: 4th", "not a plain number"),
+    ("Final Score: +4", "not a plain number"),
+    ("Final Score: 4 out of 10", "scale out of 10"),  # read as 4 -> 0.75
+    ("Final Score: 4 on a 10-point scale", "scale out of 10"),
+    ("Final Score (1-10): 4", "scale 1-10"),
+    ("Final Score: 4 (0-5)", "scale 0-5"),
+    ("Final Score: 4-5", "range"),
+    ("Final Score: 3\nOn reflection, Final Score: 1e10", "not a plain number"),  # the last label counts, not 3
+    ("Final Score: 2 first.\nFinal Score: X", "'X'"),
+    ("Final Score:", "no number"),
+])
+def test_parse_refuses_other_notations_and_scales(text, why):
+    with pytest.raises(UnifiedParseError, match=why):
+        parse_answer(text, "final_score")
+
+
+def test_parse_aspects_are_held_to_the_same_notation():
+    with pytest.raises(UnifiedParseError, match="Physics.*not a plain number"):
+        parse_answer(APS_ANSWER.replace("Physics Score (1-5): 3", "Physics Score (1-5): 1e10"),
+                     "alignment_physics_style")
+    with pytest.raises(UnifiedParseError, match="Style.*scale 1-10"):
+        parse_answer(APS_ANSWER.replace("Style Score (1-5): 4.5", "Style Score (1-10): 4.5"),
+                     "alignment_physics_style")
+
+
 def test_parse_alignment_physics_style():
     score, comp = parse_answer(APS_ANSWER, "alignment_physics_style")
     assert comp == pytest.approx({"alignment": 1.0, "physics": 0.5, "style": 0.875})
@@ -281,6 +349,44 @@ def test_malformed_answers_are_failures_not_zero(judge_factory):
     assert details["raw"][2] == "{not json" and "malformed" in details["failure_reason"][2]
     assert "outside the 1-5 scale" in details["failure_reason"][3]
     assert judge.attempts == {0: 1, 1: 1, 2: 1, 3: 1}  # deterministic answers are not re-asked
+
+
+def test_an_answer_body_over_the_cap_is_a_failure_naming_its_size(judge_factory):
+    # 3 MB declared by its Content-Length, and 48 MB streamed without one: valid answers ("Final Score: 4") that
+    # the client must neither score nor read whole.
+    from rewards.unified import MAX_BODY_BYTES
+
+    streamed = 48 << 20
+    judge = judge_factory(script={1: [("huge", 3_000_000, True)], 2: [("huge", streamed, False)]})
+    with UnifiedClient(config(judge.url)) as client:
+        scores, details = client.score_batch(videos(3), captions(3))
+    assert scores[0].item() == pytest.approx(0.75)
+    assert torch.isnan(scores[1:]).all() and details["failed"].tolist() == [False, True, True]
+    assert "answer body of 3000000 bytes" in details["failure_reason"][1]
+    assert f"over the {MAX_BODY_BYTES}-byte cap" in details["failure_reason"][2]
+    assert "no Content-Length" in details["failure_reason"][2]
+    assert details["raw"][1:] == [None, None]
+    assert judge.attempts == {0: 1, 1: 1, 2: 1}  # the same oversized answer again would not help
+    deadline = time.monotonic() + 5
+    while len(judge.sent) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(judge.sent) == 2 and max(judge.sent) < streamed  # the client hung up instead of reading it all
+
+
+def test_an_out_of_scale_answer_is_retried_by_the_runner_then_excluded(judge_factory):
+    from recam.engine.reward_runner import AsyncRewardRunner
+
+    judge = judge_factory(script={0: [("answer", "Final Score: 1e10"), ("answer", "Final Score: 4")],
+                                  1: [("answer", "Final Score: 4 out of 10")]})
+    reward = UnifiedReward(config(judge.url, max_retries=0), check_health=False)
+    with AsyncRewardRunner(reward, failure_policy="wait", max_retries=1, sleep=lambda s: None) as runner:
+        runner.submit(0, videos(3), captions(3))
+        (r,) = runner.collect()
+    reward.close()
+    assert r.valid.tolist() == [True, False, True]
+    assert r.scores[0].item() == pytest.approx(0.75) and math.isnan(r.scores[1].item())  # never 0.75 or 0.0
+    assert "scale out of 10" in r.reasons[1]
+    assert judge.attempts == {0: 2, 1: 2, 2: 1}
 
 
 def test_slow_answer_times_out_then_retry_succeeds(judge_factory):
