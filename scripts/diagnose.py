@@ -6,10 +6,12 @@
 
 Exit status: 0 when nothing is critical (warnings allowed), 2 when something is critical, 1 when the input
 could not be read at all, or when the verdict is INCOMPLETE: no step or epoch record the schema accepts (an empty
-metrics.jsonl, a file of noise), or nothing readable is critical but some lines could not be read or some records
-failed the schema (recam.infra.schema.RECORD_FIELDS; e.g. a step record without an integer step). What those held
-was not diagnosed, so the run is not called healthy; the report says how many were skipped and why, one line per
-kind. A record glued onto noise (bytes written before it with no newline of their own) is recovered and said so.
+metrics.jsonl, a file of noise), or nothing readable is critical but some lines could not be read, some records
+failed the schema (recam.infra.schema: a step record without an integer step, a field of the wrong type such as
+a string of advantages, a step or epoch number recorded twice), or the step records do not cover the optimizer
+steps the epoch records store (none at all, or some epochs' missing). What those held was not diagnosed, so the
+run is not called healthy; the report says how many were skipped and why, one line per kind. A record glued onto
+noise (bytes written before it with no newline of their own) is recovered and said so.
 """
 
 from __future__ import annotations
@@ -72,23 +74,29 @@ def _lost(kind: str | None, epoch: int | None) -> str:
     return f"a{'n' if kind[0] in 'aeiou' else ''} {kind} record" + (f" (epoch {epoch})" if epoch is not None else "")
 
 
-def verdict(findings: list, unreadable: list, skipped: int = 0, counted: int = 1) -> tuple[str, int]:
+def verdict(findings: list, unreadable: list, skipped: int = 0, counted: int = 1, gaps: list | None = None
+            ) -> tuple[str, int]:
     """(verdict, exit status): CRITICAL / 2 when a readable record shows something critical; INCOMPLETE / 1 when
-    no step or epoch record was counted, or nothing counted is critical but some lines could not be read or
-    `skipped` records failed the schema; HEALTHY / 0 otherwise. counted: the step and epoch records diagnosed."""
+    no step or epoch record was counted, or nothing counted is critical but some lines could not be read,
+    `skipped` records failed the schema, or the step records do not cover the optimizer steps the epoch records
+    store (`gaps`, diagnosis.step_record_gaps); HEALTHY / 0 otherwise. counted: the step and epoch records
+    diagnosed."""
     if not diagnosis.is_healthy(findings):
         return "CRITICAL", 2
-    if not counted or unreadable or skipped:
+    if not counted or unreadable or skipped or gaps:
         return "INCOMPLETE", 1
     return "HEALTHY", 0
 
 
-def _why_incomplete(counted: int, unreadable: list, skipped: int) -> str:
+def _why_incomplete(counted: int, unreadable: list, skipped: int, gaps: list | None = None) -> str:
     if not counted:
         return "no step or epoch record to diagnose"
     lost = [f"{len(unreadable)} line(s) could not be read"] if unreadable else []
     lost += [f"{skipped} record(s) failed the schema"] if skipped else []
-    return f"nothing critical in the records diagnosed, but {' and '.join(lost)}: what they held was not diagnosed"
+    why = [f"{' and '.join(lost)}: what they held was not diagnosed"] if lost else []
+    why += ["the step records do not match the optimizer steps the epoch records store: steps without a record "
+            "were never judged by the step rules"] if gaps else []
+    return f"nothing critical in the records diagnosed, but {'; and '.join(why)}"
 
 
 def _rollbacks(source: Path) -> int:
@@ -135,13 +143,15 @@ def main(argv: list[str] | None = None) -> int:
     excluded, samples, epochs_hit = _exclusions(records)
     n_steps = sum(1 for r in records if r.get("type", "step") == "step")
     n_epochs = sum(1 for r in records if r.get("type") == "epoch")
-    word, status = verdict(findings, unreadable, n_skipped, n_steps + n_epochs)
+    gaps = diagnosis.step_record_gaps(records)
+    word, status = verdict(findings, unreadable, n_skipped, n_steps + n_epochs, gaps)
     others = diagnosis.unknown_types(records)
     rollbacks = _rollbacks(source)
     if args.json:
         print(json.dumps({"source": str(source), "verdict": word, "unreadable_lines": [u.line for u in unreadable],
                           "recovered_lines": [u.line for u in recovered], "skipped_records": skipped,
-                          "step_records": n_steps, "epoch_records": n_epochs, "unknown_types": others,
+                          "step_records": n_steps, "epoch_records": n_epochs, "step_record_gaps": gaps,
+                          "unknown_types": others,
                           "rollbacks": rollbacks, "excluded_samples": excluded, "samples": samples,
                           "healthy": status == 0, "worst": diagnosis.worst_severity(findings),
                           "findings": [f.__dict__ for f in findings]}, indent=1, default=str))
@@ -156,20 +166,22 @@ def main(argv: list[str] | None = None) -> int:
     for u in unreadable:
         print(f"could not read line {u.line}: {u.reason}; it held {_lost(*lost.get(u.line, (None, None)))}")
     for kind, n in skipped.items():
-        print(f"skipped {n} {kind} (recam.infra.schema.RECORD_FIELDS); not diagnosed")
+        print(f"skipped {n} {kind} (recam.infra.schema); not diagnosed")
+    for gap in gaps:
+        print(f"step records: {gap}")
     for kind, n in others.items():
         print(f"ignored {n} record(s) of unknown type {kind!r}")
     if rollbacks:
         # the guard's history restarts at each rollback; these records are compared with every epoch kept
         print(f"the run's guard rolled back {rollbacks} time(s) (rolled_back.jsonl) and compared each epoch only with "
               "those since its last rollback; this diagnosis compares it with every epoch metrics.jsonl keeps")
-    why = (_why_incomplete(n_steps + n_epochs, unreadable, n_skipped) if word == "INCOMPLETE"
+    why = (_why_incomplete(n_steps + n_epochs, unreadable, n_skipped, gaps) if word == "INCOMPLETE"
            else f"worst: {diagnosis.worst_severity(findings) or 'none'}")
     print(f"\nverdict: {word} ({why})\n")
     if not n_steps + n_epochs:
         print("No step or epoch record was diagnosed: nothing is known about this run's health.")
     elif not findings and word == "INCOMPLETE":  # not "the metrics look healthy": some were never looked at
-        print("No findings in the records diagnosed; what could not be read or failed the schema is unknown.")
+        print("No findings in the records diagnosed; what was not diagnosed (above) is unknown.")
     else:
         print(diagnosis.format_findings(findings), end="")
     return status

@@ -256,3 +256,79 @@ def test_the_guard_s_rollbacks_are_named_where_its_history_restarted(tmp_path, c
     assert diagnose_script.main([str(run)]) == 0
     out = capsys.readouterr().out
     assert "the run's guard rolled back 2 time(s)" in out and "verdict: HEALTHY" in out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# damaged logs: what the diagnosis reads is checked first, and damage is never HEALTHY
+
+
+def full_run():
+    """Two epochs of run_records with the per-sample fields the trainer writes beside the rewards."""
+    records = run_records([epoch_record(0, 0, FIDELITY), epoch_record(1, 2, FIDELITY)])
+    for r in records:
+        if r["type"] == "epoch":
+            r["dataset_indices"] = [i // 2 for i in range(8)]
+            r["advantages"] = [[(-1) ** i] * 2 for i in range(8)]
+    return records
+
+
+def _epochs(records, change):
+    for r in records:
+        if r["type"] == "epoch":
+            change(r)
+    return records
+
+
+def _all_rewards_inf(r):
+    for k in list(r):
+        if k.startswith("rewards/"):
+            r[k] = [[math.inf] * len(v) if isinstance(v, list) else math.inf for v in r[k]]
+        elif k.startswith("reward_") and k != "reward_std_mean":
+            r[k] = math.inf
+
+
+DAMAGE = {
+    "every reward +inf": (lambda rs: _epochs(rs, _all_rewards_inf), 2, "non_finite_samples"),
+    "per-sample +inf under finite means": (
+        lambda rs: _epochs(rs, lambda r: r.update({"rewards/cam_score": [math.inf] * 8})), 2, "non_finite_samples"),
+    "NaN advantages": (lambda rs: _epochs(rs, lambda r: r.update({"advantages": [[math.nan] * 2] * 8})), 2,
+                       "non_finite_samples"),
+    "every record twice": (lambda rs: [x for r in rs for x in (r, dict(r))], 1,
+                           "skipped 4 step record(s) repeating an earlier record's step number"),
+    "advantages a string, dataset_indices null": (
+        lambda rs: _epochs(rs, lambda r: r.update({"advantages": str(r["advantages"]), "dataset_indices": None})),
+        1, "skipped 2 epoch record(s) with advantages not a list of numbers (or of lists of numbers) and "
+           "dataset_indices not a list of integers"),
+    "a step metric as a string": (lambda rs: [{**r, "loss": "0.01"} if r["type"] == "step" else r for r in rs], 1,
+                                  "skipped 4 step record(s) with loss not a number"),
+    "no step records": (lambda rs: [r for r in rs if r["type"] != "step"], 1,
+                        "no step record at all for 2 epoch(s), while their records store 4 optimizer step(s)"),
+    "one epoch's step records lost": (lambda rs: [r for r in rs if r["type"] != "step" or r["epoch"] != 1], 1,
+                                      "epoch 1 stores 2 optimizer step(s) but 0 step record(s) carry its number"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_damaged_log_is_never_healthy(tmp_path, capsys, damage):
+    change, code, said = DAMAGE[damage]
+    run = tmp_path / "run"
+    write(run, full_run())
+    assert diagnose_script.main([str(run)]) == 0  # the same run undamaged
+    assert "verdict: HEALTHY" in capsys.readouterr().out
+    write(run, change(full_run()))
+    assert diagnose_script.main([str(run)]) == code
+    out = capsys.readouterr().out
+    assert said in out and "HEALTHY" not in out and "look healthy" not in out
+    assert f"verdict: {'CRITICAL' if code == 2 else 'INCOMPLETE'}" in out
+    assert diagnose_script.main([str(run), "--json"]) == code
+    assert json.loads(capsys.readouterr().out)["healthy"] is False
+
+
+def test_a_reward_that_failed_everywhere_is_still_missing_not_infinite():
+    # NaN on every sample (excluded) is a failed reward, judged by rule_exclusions; only an infinity is a blow-up
+    records = full_run()
+    rec = records[-1]
+    rec.update({"rewards/cam_score": [math.nan] * 8, "reward_cam_score": math.nan})
+    assert "non_finite" not in {f.rule for f in diagnosis.diagnose_run(records)}
+    rec.update({"rewards/cam_score": [math.inf] * 8, "reward_cam_score": math.inf})
+    assert {"non_finite", "non_finite_samples"} <= {f.rule for f in diagnosis.diagnose_run(records)}

@@ -25,6 +25,7 @@ from recam.engine.health import (
     Thresholds,
     _num,
     _ok,
+    _rollback,
     _sorted,
     _where,
     diagnose_step,
@@ -35,30 +36,62 @@ from recam.engine.health import (
     rule_reward,
     rule_reward_term,
 )
-from recam.infra.schema import RECORD_FIELDS, RECORD_TYPES, REWARD_BOOKKEEPING
+from recam.infra.schema import RECORD_FIELD_KINDS, RECORD_FIELDS, RECORD_KEYS, RECORD_TYPES, REWARD_BOOKKEEPING
 from recam.infra.stats import t975
 
 # ----------------------------------------------------------------------------------------------------------
 # which records count: recam.infra.schema's fields, checked before any rule reads a record
 
-_KIND_WORDS = {"integer": "an integer", "number": "a number"}
+_KIND_WORDS = {"integer": "an integer", "number": "a number", "number or null": "a number or null",
+               "integer list": "a list of integers", "boolean list": "a list of booleans",
+               "object list": "a list of objects", "number array": "a list of numbers (or of lists of numbers)"}
 _LABELS = {"step": "step record(s)", "epoch": "epoch record(s)", None: "metric dict(s)"}
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)  # JSON true/false are no numbers
+
+
 def _is_kind(value: Any, kind: str) -> bool:
-    if isinstance(value, bool):  # JSON true/false: Python counts it as an int, the schema does not
+    if kind == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "number":
+        return _is_number(value)
+    if kind == "number or null":
+        return value is None or _is_number(value)
+    if not isinstance(value, list):
         return False
-    return isinstance(value, int) if kind == "integer" else isinstance(value, (int, float))
+    if kind == "integer list":
+        return all(_is_kind(v, "integer") for v in value)
+    if kind == "boolean list":
+        return all(isinstance(v, bool) for v in value)
+    if kind == "object list":
+        return all(isinstance(v, dict) for v in value)
+    if kind == "number array":
+        return (all(_is_number(v) for v in value)
+                or all(isinstance(v, list) and all(_is_number(x) for x in v) for v in value))
+    raise ValueError(f"unknown field kind {kind!r}")
 
 
 def _has_metric(record: dict) -> bool:
     return any(_is_kind(v, "number") for k, v in record.items() if k not in ("type", "step", "epoch"))
 
 
+def _field_kind(kinds: dict[str, str], key: str) -> str | None:
+    """The kind RECORD_FIELD_KINDS asks of `key` (exact names first, then the longest matching prefix)."""
+    if key in kinds:
+        return kinds[key]
+    if key == "type" or key in REWARD_BOOKKEEPING:
+        return None
+    prefixes = sorted((p for p in kinds if p.endswith("*") and key.startswith(p[:-1])), key=len, reverse=True)
+    return kinds[prefixes[0]] if prefixes else None
+
+
 def record_problem(record: dict) -> str | None:
     """Why `record` cannot be counted as the step or epoch record it says it is, or as a bare metric dict (no
-    "type": a JSON file of step metrics), in words that follow its kind ("without an integer step"); None when it
-    can, and for records of the other types, which no rule here reads."""
+    "type": a JSON file of step metrics), in words that follow its kind ("without an integer step", "with
+    advantages not a list of numbers"); None when it can, and for records of the other types, which no rule here
+    reads."""
     kind = record.get("type")
     if kind is None:
         return None if _has_metric(record) else "without a single number"
@@ -68,6 +101,14 @@ def record_problem(record: dict) -> str | None:
     missing = [f"{_KIND_WORDS[want]} {key}" for key, want in fields.items() if not _is_kind(record.get(key), want)]
     if missing:
         return "without " + " or ".join(missing)
+    kinds = RECORD_FIELD_KINDS.get(kind, {})
+    wrong = sorted(key for key, value in record.items()
+                   if key not in fields and (want := _field_kind(kinds, key)) is not None and not _is_kind(value, want))
+    if wrong:
+        # a field the rules read, of the wrong type, would be passed over as if absent: the record is not counted
+        named = [f"{key} not {_KIND_WORDS[_field_kind(kinds, key)]}" for key in wrong[:3]]
+        return "with " + " and ".join(named) + (f" and {len(wrong) - 3} more field(s) of the wrong type"
+                                                if len(wrong) > 3 else "")
     if kind == "step" and not _has_metric(record):  # a step that measured nothing gives a rule nothing to judge
         return "without a single metric"
     return None
@@ -75,18 +116,51 @@ def record_problem(record: dict) -> str | None:
 
 def screen_records(records: list) -> tuple[list[dict], dict[str, int]]:
     """(the records the rules may read, {"step record(s) without an integer step": 3, ...}): each record the
-    schema rejects is left out and counted under its kind and reason, so that a report can say so line by line."""
+    schema rejects is left out and counted under its kind and reason, so that a report can say so line by line.
+    A step or epoch record whose number an earlier one already had (RECORD_KEYS) is left out too: which copy is
+    the run's is unknown, and counting both would replay the same steps twice."""
     kept, skipped = [], Counter()
+    seen: set[tuple[str, int]] = set()
     for r in records:
         if not isinstance(r, dict):
             skipped["item(s) that are not a JSON object"] += 1
             continue
         why = record_problem(r)
+        kind = r.get("type")
+        if why is None and isinstance(kind, str) and kind in RECORD_KEYS:
+            number = (kind, r[RECORD_KEYS[kind]])
+            if number in seen:
+                why = f"repeating an earlier record's {RECORD_KEYS[kind]} number"
+            seen.add(number)
         if why is None:
             kept.append(r)
         else:
             skipped[f"{_LABELS.get(r.get('type'), 'record(s)')} {why}"] += 1
     return kept, dict(skipped)
+
+
+def step_record_gaps(records: list[dict]) -> list[str]:
+    """Where the step records (screened) disagree with what the epoch records say was trained: each epoch record
+    stores its optimizer steps, and each of those steps has its own step record. A step record that is missing is
+    a step the step rules (ratio, KL, loss) never judged, so a report cannot call the run healthy; [] when they
+    agree, or when the epoch records do not say."""
+    epochs = [r for r in records if r.get("type") == "epoch"]
+    if not epochs:
+        return []
+    steps = [r for r in records if r.get("type", "step") == "step"]
+    taken = [(r.get("epoch"), len(r["optimizer_steps"]) if isinstance(r.get("optimizer_steps"), list) else None)
+             for r in epochs]
+    if not steps:
+        if all(n == 0 for _, n in taken):
+            return []  # no epoch trained (every sample excluded): there is no step to record
+        known = [n for _, n in taken if n is not None]
+        said = (f"their records store {sum(known)} optimizer step(s)" if len(known) == len(taken)
+                else "they trained (their records do not all say how many optimizer steps)")
+        return [f"no step record at all for {len(epochs)} epoch(s), while {said}: no step rule judged them"]
+    per_epoch = Counter(r.get("epoch") for r in steps)
+    gaps = [f"epoch {e} stores {n} optimizer step(s) but {per_epoch.get(e, 0)} step record(s) carry its number"
+            for e, n in taken if n is not None and per_epoch.get(e, 0) != n]
+    return gaps if len(gaps) <= 6 else gaps[:5] + [f"... and {len(gaps) - 5} more epoch(s) like these"]
 
 
 def unknown_types(records: list[dict]) -> dict[str, int]:
@@ -133,17 +207,38 @@ def _epoch_reward_std(record: dict) -> float | None:
     return math.sqrt(math.fsum((v - mean) ** 2 for v in vals) / len(vals))
 
 
-def _missing_by_exclusion(record: dict, key: str) -> bool:
-    """A non-finite epoch scalar that only says "no sample to compute it over": the mean of a reward that failed on
-    every sample, or the advantage statistics of an epoch whose every sample was excluded. It is missing, not a
-    numerical blow-up, and rule_exclusions reports why."""
+def _missing_by_exclusion(record: dict, key: str, value: float) -> bool:
+    """A NaN epoch scalar that only says "no sample to compute it over": the mean of a reward that failed on every
+    sample (each NaN), or the advantage statistics of an epoch whose every sample was excluded. It is missing, not a
+    numerical blow-up, and rule_exclusions reports why. An infinity is never that: a failed reward is NaN."""
+    if not math.isnan(value):
+        return False
     if key in ("zero_std_ratio", "reward_std_mean", "group_size", "trained_prompt_num"):
         counts = excluded_count(record)
         return counts is not None and counts[0] == counts[1]
     if key.startswith("reward_"):
         vals = _per_sample(record, "rewards/" + key[len("reward_"):])
-        return vals is not None and not any(math.isfinite(v) for v in vals)
+        return vals is not None and all(math.isnan(v) for v in vals)
     return False
+
+
+def _numbers(values: list) -> list[float]:
+    """The numbers of an (N,) or (N, T) list, flattened."""
+    flat = [x for v in values for x in (v if isinstance(v, list) else [v])]
+    return [float(x) for x in flat if isinstance(x, (int, float)) and not isinstance(x, bool)]
+
+
+def non_finite_samples(record: dict) -> list[str]:
+    """The per-sample fields of an epoch record that hold a value the trainer never writes there: an infinite reward
+    (a reward that failed is NaN, and its sample excluded) or a non-finite advantage (an excluded sample's is 0)."""
+    bad = []
+    for key, values in record.items():
+        if not isinstance(values, list) or not (key.startswith("rewards/") or key == "advantages"):
+            continue
+        xs = _numbers(values)
+        if any(math.isinf(x) for x in xs) or (key == "advantages" and any(math.isnan(x) for x in xs)):
+            bad.append(key)
+    return sorted(bad)
 
 
 def epoch_metrics(record: dict) -> dict:
@@ -166,8 +261,11 @@ def epoch_metrics(record: dict) -> dict:
     for k in list(m):
         x = _num(m, k)
         if x is not None and not math.isfinite(x) and _missing_by_exclusion(record, "reward_avg" if k == "mean_reward"
-                                                                              else k):
+                                                                              else k, x):
             del m[k]
+    bad = non_finite_samples(record)
+    if bad:
+        m["non_finite_samples"] = bad
     counts = excluded_count(record)
     if counts is not None:
         m["excluded_samples"], m["samples"] = counts
@@ -197,6 +295,20 @@ def rule_exclusions(m: dict, history, th: Thresholds, run_dir: str) -> list[Find
                     "group statistics use the kept samples only.", actions)]
 
 
+def rule_non_finite_samples(m: dict, history, th: Thresholds, run_dir: str) -> list[Finding]:
+    """Infinite per-sample rewards or non-finite advantages, judged on the samples themselves: an epoch's means are
+    one number each and need not show them (a damaged log's may be finite, or absent)."""
+    bad = m.get("non_finite_samples")
+    if not bad:
+        return []
+    return [Finding("non_finite_samples", "critical", {**_where(m), "keys": bad},
+                    f"{', '.join(bad)} hold{'s' if len(bad) == 1 else ''} infinite values (or NaN advantages): a "
+                    "reward that fails is NaN and its sample excluded with advantage 0, so these are a reward that "
+                    "overflowed or a damaged log.",
+                    ["check the reward that produced them (its raw outputs in the record's details/ fields)",
+                     _rollback(run_dir)])]
+
+
 def diagnose_epoch(record: dict, earlier_epochs=(), *, thresholds: Thresholds | None = None,
                    run_dir: str = "<run_dir>") -> list[Finding]:
     """Findings for one epoch record (rewards, advantage signal, first on-policy ratio, NaN in its scalars)."""
@@ -204,8 +316,8 @@ def diagnose_epoch(record: dict, earlier_epochs=(), *, thresholds: Thresholds | 
     m = epoch_metrics(record)
     history = [epoch_metrics(r) for r in earlier_epochs]
     out = []
-    for rule in (rule_non_finite, rule_advantage_signal, rule_reward, rule_reward_term, rule_first_step_ratio,
-                 rule_exclusions):
+    for rule in (rule_non_finite, rule_non_finite_samples, rule_advantage_signal, rule_reward, rule_reward_term,
+                 rule_first_step_ratio, rule_exclusions):
         out += rule(m, history, th, run_dir)
     return _sorted(out)
 
@@ -217,6 +329,7 @@ GUARD_CANNOT_JUDGE = {
                              "judges each step's ratio as ratio_explosion)",
     "excluded_samples": "the trainer excludes failed rewards itself; they are not a fault to stop for",
     "update_noise": "it is a statistic over the whole run's steps",
+    "non_finite_samples": "it reads each reward's epoch mean, not the per-sample rewards and advantages",
 }
 _GUARD_EPOCH_KEYS = frozenset({"zero_std_ratio", "mean_reward", "epoch", "step"})
 

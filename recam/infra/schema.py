@@ -15,3 +15,19 @@ RECORD_FIELDS = {
     "step": {"step": "integer", "epoch": "integer"},
     "epoch": {"epoch": "integer", "step": "integer", "reward_avg": "number"},
 }
+
+# What some fields of a record must hold when they are there (a record may lack them: a hand-made log, an older
+# writer), in the kinds of RECORD_FIELDS plus: "number or null"; "integer list", "boolean list", "object list"; and
+# "number array": a list of numbers or a list of lists of numbers ((N,) or (N, T) per sample; NaN where a reward
+# failed). The trainer always writes them so; a string, a null or a dict there is damage, and the rules that read the
+# field would otherwise pass over it in silence. Keys ending in "*" cover every key with that prefix.
+RECORD_FIELD_KINDS = {
+    "epoch": {"dataset_indices": "integer list", "advantages": "number array", "rewards/*": "number array",
+              "excluded": "boolean list", "optimizer_steps": "object list", "zero_std_ratio": "number",
+              "first_step_ratio_deviation": "number or null", "reward_*": "number"},
+    "step": {"*": "number"},  # every metric of an optimizer step is a number
+}
+
+# The field that numbers a record of this type: within one metrics.jsonl each number appears once (a resume or a
+# rollback cuts the log back before it writes again), so a repeated one means the log was copied or spliced.
+RECORD_KEYS = {"step": "step", "epoch": "epoch"}
