@@ -303,6 +303,20 @@ def test_epoch_step_must_be_global_step():
     assert status(report, "epoch_step", 1).status == verify.PASS
 
 
+def test_a_run_without_step_records_fails(tmp_path, capsys):
+    records = [r for r in make_records() if r["type"] != "step"]
+    run = write_run(tmp_path, records)
+    assert verify_script.main([str(run), "--out", str(tmp_path / "r.md"), "--no-plots"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL step_records [run]: no step record for 3 epoch record(s) storing 6 optimizer step(s)" in out
+    # epochs that each say they took no optimizer step: consistent, but the run trained nothing
+    for r in records:
+        if r["type"] == "epoch":
+            r["optimizer_steps"] = []
+    c = status(report_of(records), "step_records")
+    assert c.status == verify.FAIL and "nothing was trained" in c.detail
+
+
 def test_missing_input_is_a_parse_failure_not_a_traceback(tmp_path, capsys):
     out = tmp_path / "r.md"
     assert verify_script.main([str(tmp_path / "nope"), "--out", str(out)]) == 2  # exit 2: no such file

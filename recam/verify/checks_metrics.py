@@ -638,8 +638,9 @@ EPOCH_CHECKS = (
 
 
 def check_step_records(epochs: list[dict], steps: list[dict]) -> Check:
-    """Step records strictly increasing, in non-decreasing epochs, epoch steps non-decreasing, and the
-    optimizer_steps stored in each epoch record as many as that epoch's step records."""
+    """Step records present (a log of epoch records only fails), strictly increasing, in non-decreasing epochs,
+    epoch steps non-decreasing, and the optimizer_steps stored in each epoch record as many as that epoch's step
+    records."""
     name = "step_records"
     problems = []
     nums: dict[str, Any] = {"step_records": len(steps)}
@@ -661,6 +662,16 @@ def check_step_records(epochs: list[dict], steps: list[dict]) -> Check:
     elif any(b < a for a, b in zip(e_steps, e_steps[1:], strict=False)):
         problems.append(f"epoch steps decrease: {e_steps}")
     nums["epoch_steps"] = e_steps
+    if epochs and not steps:
+        # nothing below compares anything then, and a check with nothing to compare must not pass
+        stored = [len(r["optimizer_steps"]) for r in epochs if isinstance(r.get("optimizer_steps"), list)]
+        if len(stored) == len(epochs) and not any(stored):
+            problems.append("no step record: no epoch took an optimizer step (each stores none), so nothing was "
+                            "trained")
+        else:
+            problems.append(f"no step record for {len(epochs)} epoch record(s)"
+                            + (f" storing {sum(stored)} optimizer step(s)" if stored else "")
+                            + ": the run's updates cannot be verified")
     if steps:
         per_epoch = Counter(s_epochs)
         for r in ordered:
