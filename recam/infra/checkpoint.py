@@ -352,10 +352,10 @@ def read_legacy_trainer(path: Path, trust: bool) -> dict:
         with torch.serialization.safe_globals(_legacy_globals()):
             trainer = torch.load(io.BytesIO(path.read_bytes()), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        why = next((line.strip() for line in str(e).splitlines() if "GLOBAL" in line),
-                   "refused by the weights-only unpickler")
-        raise CheckpointCorrupt(f"{path} holds more than tensors and plain data ({why}): not loaded, even with "
-                                "trust_legacy_checkpoint") from e
+        named = re.search(r"GLOBAL ([\w.]+)", str(e))
+        why = f"it names {named.group(1)}, which" if named else "what"
+        raise CheckpointCorrupt(f"{path} holds more than tensors and plain data ({why} the weights-only unpickler "
+                                "refuses): not loaded, even with trust_legacy_checkpoint") from e
     except Exception as e:  # noqa: BLE001 - a torn or garbled file surfaces as any error type of the unpickler
         raise CheckpointCorrupt(f"{path} is unreadable ({type(e).__name__}: {' '.join(str(e).split())[:200]})") from e
     if not isinstance(trainer, dict):
