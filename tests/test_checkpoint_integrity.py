@@ -390,6 +390,51 @@ def test_resume_refuses_a_state_json_that_disagrees_with_its_checkpoint_and_the_
     assert (run / "metrics.jsonl").read_bytes() == log_before  # nothing trained, nothing rewritten
 
 
+@needs_base
+@pytest.mark.parametrize("damage", ["truncated", "edited"])
+def test_a_damaged_run_config_in_latest_falls_back_to_the_previous_checkpoint_naming_it(finished, tmp_path, damage):
+    """run_config.json is read only once its checkpoint's manifest vouches for it: a truncated one is not "the run's
+    recorded config is unreadable", an edited one is not used to refuse (or allow) the resume."""
+    run = _copy(finished, tmp_path)
+    path = run / "checkpoints" / "epoch_0002" / "run_config.json"
+    if damage == "truncated":
+        path.write_bytes(path.read_bytes()[:100])
+    else:  # a fixed field changed: trusted, it would refuse the resume as a different run
+        sealed = json.loads(path.read_text())
+        sealed["config"]["sample"]["k"] = 2
+        path.write_text(json.dumps(sealed, indent=1))
+    p = _run(run)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"skipping corrupt checkpoint epoch_0002: {path}" in p.stdout
+    assert f"resumed from {run / 'checkpoints' / 'epoch_0001'} at epoch 1" in p.stdout
+    # epoch 1 retrained from the intact checkpoint ends where the uninterrupted run ended
+    assert _sha(run / "checkpoints" / "epoch_0002" / WEIGHTS) == _sha(finished / "checkpoints" / "epoch_0002" / WEIGHTS)
+    assert json.loads((run / "config.json").read_text())["resume_history"][0]["checkpoint"] == "epoch_0001"
+
+
+@needs_base
+def test_a_legacy_checkpoint_is_refused_in_one_line_then_resumes_exactly_with_the_flag_and_is_converted(finished,
+                                                                                                        tmp_path):
+    run = _at_epoch_1(finished, tmp_path)
+    ckpt = run / "checkpoints" / "epoch_0001"
+    _pickled(ckpt)  # as the code before the pickle-free layout wrote it: trainer.pt, sealed
+    def kept():  # the checkpoints and the log: what a refused resume must leave as it found them
+        return {p.relative_to(run).as_posix(): p.read_bytes() for p in run.rglob("*") if p.is_file()
+                and (p.name == "metrics.jsonl" or "checkpoints" in p.relative_to(run).parts)}
+    before = kept()
+    p = _run(run)
+    assert p.returncode == 4, p.stderr[-3000:]
+    err = [line for line in p.stderr.splitlines() if line.startswith("[recam]")]
+    assert len(err) == 1 and err[0].startswith(f"[recam] cannot resume: {ckpt / LEGACY_TRAINER} is a pickle")
+    assert "--config.trust_legacy_checkpoint=True" in err[0] and "Traceback" not in p.stderr
+    assert kept() == before
+    p = _run(run, "--config.trust_legacy_checkpoint=True")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"converted {ckpt} to the pickle-free layout" in p.stdout
+    assert _sha(run / "checkpoints" / "epoch_0002" / WEIGHTS) == _sha(finished / "checkpoints" / "epoch_0002" / WEIGHTS)
+    assert not list((run / "checkpoints").rglob(LEGACY_TRAINER))
+
+
 NAN_AT_FIRST_STEP = """
 import runpy, sys, torch
 step = torch.optim.AdamW.step
