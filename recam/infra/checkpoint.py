@@ -772,21 +772,41 @@ def _read_trainer(ckpt: Path, trust_legacy: bool) -> tuple[dict, bool]:
                             "state")
 
 
+def _check_trainer(trainer: dict, where: Path) -> None:
+    """CheckpointCorrupt naming `where` unless the trainer state holds the optimizer, EMA and RNG states, finite."""
+    ema, optimizer, rng = trainer.get("ema"), trainer.get("optimizer"), trainer.get("rng")
+    per_param = optimizer.get("state", {}) if isinstance(optimizer, dict) else None
+    shaped = isinstance(per_param, dict) and all(isinstance(v, dict) for v in per_param.values())
+    if "ema" not in trainer or not shaped or not isinstance(rng, dict) or not {"torch", "numpy", "python"} <= set(rng) \
+            or not (ema is None or isinstance(ema, dict) and isinstance(ema.get("shadow_params"), list)):
+        raise CheckpointCorrupt(f"{where} does not hold the optimizer, EMA and RNG states")
+    bad = nonfinite_names(_optimizer_tensors(trainer["optimizer"]))
+    if ema is not None:
+        bad += nonfinite_names((f"ema.shadow_params.{i}", t) for i, t in enumerate(ema["shadow_params"]))
+    if bad:
+        raise CheckpointCorrupt(f"{where} holds non-finite values in {_few(bad)}")
+
+
+def convert_legacy_folder(ckpt: Path) -> bool:
+    """Convert checkpoint folder `ckpt` to this layout when it holds a trainer.pt (the caller vouches for it, as
+    trust_legacy_checkpoint does); False when it does not. Its manifest, JSON files and trainer state are checked
+    first, as a resume checks them."""
+    _read_sealed(ckpt)
+    if not own_file(ckpt, LEGACY_TRAINER).exists():
+        return False
+    trainer, _ = _read_trainer(ckpt, trust_legacy=True)
+    _check_trainer(trainer, ckpt / LEGACY_TRAINER)
+    convert_legacy(ckpt, trainer)
+    return True
+
+
 def read_checkpoint(ckpt: Path, model, trust_legacy: bool = False) -> Checkpoint:
     """Read checkpoint folder `ckpt` for a run with this model's layout: the manifest first, then every file parsed
     and every tensor checked finite. Raises CheckpointCorrupt naming the first file that fails, LegacyCheckpoint
     for a trainer.pt when not trust_legacy."""
     verified, state, run_config = _read_sealed(ckpt)
     trainer, legacy = _read_trainer(ckpt, trust_legacy)
-    where = ckpt / (LEGACY_TRAINER if legacy else TRAINER_TENSORS)
-    if not {"optimizer", "ema", "rng"} <= set(trainer) or not isinstance(trainer["optimizer"], dict) \
-            or not isinstance(trainer["rng"], dict) or not {"torch", "numpy", "python"} <= set(trainer["rng"]):
-        raise CheckpointCorrupt(f"{where} does not hold the optimizer, EMA and RNG states")
-    bad = nonfinite_names(_optimizer_tensors(trainer["optimizer"]))
-    if trainer["ema"] is not None:
-        bad += nonfinite_names((f"ema.shadow_params.{i}", t) for i, t in enumerate(trainer["ema"]["shadow_params"]))
-    if bad:
-        raise CheckpointCorrupt(f"{where} holds non-finite values in {_few(bad)}")
+    _check_trainer(trainer, ckpt / (LEGACY_TRAINER if legacy else TRAINER_TENSORS))
     # a missing weights file of a sealed checkpoint was reported above; here it means LoRA vs full fine-tuning, a
     # config mismatch that every older checkpoint shares, so it is raised as it is rather than walked past
     weights_path = model_weights_file(model, ckpt / "model")
