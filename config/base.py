@@ -23,6 +23,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.expected_num_processes = 0  # processes the preset was designed for; 0 = accept whatever is launched
     c.mixed_precision = "no"  # "no" | "fp16" | "bf16"; log-prob math stays fp32 regardless
     c.resume = True  # resume from <run_dir>/checkpoints/latest when it exists
+    # Read a checkpoint written before checkpoints were pickle-free (it holds trainer.pt). A pickle can run code, so
+    # only for a run folder holding checkpoints you wrote; it is converted on resume, after which this is not needed.
+    c.trust_legacy_checkpoint = False
     c.save_freq = 1  # save a checkpoint every N epochs (the last epoch is always saved)
     c.keep_checkpoints = 2  # how many epoch checkpoints to keep besides `latest`; 0 = keep every one
     c.num_threads = 0  # torch CPU threads per process; 0 = torch's default

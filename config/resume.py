@@ -21,6 +21,7 @@ MUTABLE = {
     "save_freq": "how often it checkpoints",
     "keep_checkpoints": "how many checkpoints it keeps",
     "resume": "whether it resumes",
+    "trust_legacy_checkpoint": "whether a checkpoint holding a pickle may be read (and converted)",
     "run_dir": "where its folder is (a folder may move between machines)",
     "run_name": "its name in the logs",
     "num_threads": "CPU threads per process",

@@ -469,12 +469,15 @@ def carry_over(prior: Path, run_dir: Path) -> dict:
     """A previous window's run folder (its bundle) copied to run_dir with its log unpacked, and where it stopped:
     the checkpoint `latest` names, checked against its manifest before anything is read from it. The window's
     training seconds start from that checkpoint's budget, the state the run resumes from (a run killed between an
-    epoch's record and its checkpoint logged an epoch the resume drops)."""
-    from recam.infra.checkpoint import read_pointer, verify_checkpoint
+    epoch's record and its checkpoint logged an epoch the resume drops). A bundle from before checkpoints were
+    pickle-free is refused, naming how to convert it."""
+    from recam.infra.checkpoint import LEGACY_TRAINER, read_pointer, verify_checkpoint
     from recam.infra.runlog import read_records
 
     if prior.resolve() != run_dir.resolve():
-        shutil.copytree(prior, run_dir)
+        # links stay links: the manifest check refuses one leading out of its checkpoint, where a copy of its
+        # target would pass as the checkpoint's own file
+        shutil.copytree(prior, run_dir, symlinks=True)
     log, packed = run_dir / "metrics.jsonl", run_dir / PACKED_LOG
     if packed.exists():
         if log.exists():
@@ -488,6 +491,10 @@ def carry_over(prior: Path, run_dir: Path) -> dict:
     if name is None or not (root / name).is_dir():
         raise RuntimeError(f"{prior / 'checkpoints' / 'latest'} names no checkpoint folder there: nothing to continue")
     verify_checkpoint(root / name)  # raises CheckpointCorrupt naming the file
+    if (root / name / LEGACY_TRAINER).exists():
+        raise RuntimeError(f"{prior / 'checkpoints' / name / LEGACY_TRAINER} is a pickle (written before checkpoints "
+                           "were pickle-free): convert the bundle's checkpoints first, with "
+                           f"scripts/convert_checkpoints.py --trust-legacy-checkpoint {prior}")
     state = json.loads((root / name / "state.json").read_text())
     seconds = state.get("budget", {}).get("train_seconds")
     if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):

@@ -7,11 +7,11 @@ computation exactly when their fingerprints agree. Used to show that a refactor 
     python scripts/run_fingerprint.py RUN_DIR --check tests/fingerprints/toy.json   # within 1e-5 of them?
 
 The records kept are every metrics.jsonl record less its wall-clock fields (names containing "seconds"); the
-weights are the safetensors files of the checkpoint `latest` points to. A committed fingerprint (--write) holds
-the records themselves and each weight tensor's sum and sum of squares; --check compares a run with it, numbers
-within RELATIVE (strings, keys and counts exactly), and names the first difference. tests/test_fingerprint.py
-checks the toy and smoke runs against theirs: a change that moves a number says so in its commit, where it
-rewrites the file with the reason.
+weights are the policy's safetensors files (model/) of the checkpoint `latest` points to. A committed
+fingerprint (--write) holds the records themselves and each weight tensor's sum and sum of squares; --check
+compares a run with it, numbers within RELATIVE (strings, keys and counts exactly), and names the first
+difference. tests/test_fingerprint.py checks the toy and smoke runs against theirs: a change that moves a number
+says so in its commit, where it rewrites the file with the reason.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ def weights_digest(run_dir: Path) -> str:
     pointer = root / "latest"
     name = pointer.read_text().strip() if pointer.is_file() else (pointer.resolve().name if pointer.exists() else "")
     folder = root / name
-    files = sorted(folder.rglob("*.safetensors")) if name and folder.is_dir() else []
+    # the policy's files only: trainer.safetensors (optimizer, RNG) is the checkpoint's, not the weights'
+    files = sorted((folder / "model").rglob("*.safetensors")) if name and folder.is_dir() else []
     if not files:
         raise SystemExit(f"{root}: no checkpoint with safetensors weights behind 'latest'")
     h = hashlib.sha256()
@@ -87,7 +88,7 @@ def weight_sums(run_dir: Path) -> dict[str, list[float]]:
     root = run_dir / "checkpoints"
     folder = root / weights_digest(run_dir).split(":")[0]
     out = {}
-    for f in sorted(folder.rglob("*.safetensors")):
+    for f in sorted((folder / "model").rglob("*.safetensors")):
         for name, t in sorted(load_file(str(f)).items()):
             t = t.double()
             out[f"{f.relative_to(folder).as_posix()}:{name}"] = [float(t.sum()), float((t * t).sum())]

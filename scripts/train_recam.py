@@ -37,7 +37,13 @@ from recam.domains import build_domain  # noqa: E402
 from recam.engine.reward_runner import RewardServerDown  # noqa: E402
 from recam.engine.trainer import GRPOTrainer  # noqa: E402
 from recam.infra import runlog  # noqa: E402
-from recam.infra.checkpoint import CheckpointCorrupt, ResumeMismatch, is_disk_full, pointed_checkpoint  # noqa: E402
+from recam.infra.checkpoint import (  # noqa: E402
+    CheckpointCorrupt,
+    ResumeMismatch,
+    is_disk_full,
+    pointed_checkpoint,
+    resumable_checkpoint,
+)
 from recam.infra.distributed import use_cpu_if_no_accelerator  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -189,6 +195,8 @@ def resume_changes(config, requested: dict) -> tuple[list[tuple], list[dict]]:
     run_dir = Path(config.run_dir)
     try:
         newest = pointed_checkpoint(run_dir / "checkpoints") if config.resume else None
+        # the config is read from the checkpoint the resume will take, once its manifest has vouched for it
+        newest = resumable_checkpoint(run_dir / "checkpoints", newest) if newest is not None else None
     except CheckpointCorrupt:
         return [], []  # the start says why it cannot resume
     if newest is None:

@@ -5,9 +5,12 @@ import pytest
 from recam.engine.health import SAMPLE_RULES, diagnose_step
 from recam.infra.checkpoint import (
     LATEST,
+    SELECTED,
     CheckpointCorrupt,
+    check_pointers,
     checkpoint_before,
     latest_checkpoint,
+    point,
     point_latest,
     pointed_checkpoint,
     read_pointer,
@@ -79,3 +82,44 @@ def test_reward_findings_and_only_they_send_a_rollback_past_latest():
     assert {f.rule for f in collapsed} and {f.rule for f in collapsed} <= SAMPLE_RULES
     blown = diagnose_step({**base, "mean_ratio": 50.0, "mean_reward": 0.6, "reward_cam_score": 0.2}, history)
     assert blown and not ({f.rule for f in blown} & SAMPLE_RULES)  # a bad step is caught before it is applied
+
+
+def test_a_latest_kept_as_a_link_to_a_folder_beside_it_is_followed_and_replaced_by_a_file(tmp_path):
+    for e in (0, 1):
+        _ckpt(tmp_path, e)
+    (tmp_path / LATEST).symlink_to("epoch_0000", target_is_directory=True)
+    said = []
+    assert read_pointer(tmp_path) == "epoch_0000"
+    assert pointed_checkpoint(tmp_path, said.append) == tmp_path / "epoch_0000" and said == []
+    point_latest(tmp_path, "epoch_0001")  # the rename replaces the link, not the folder it names
+    assert not (tmp_path / LATEST).is_symlink() and (tmp_path / LATEST).read_text() == "epoch_0001"
+    assert (tmp_path / "epoch_0000" / "state.json").exists()
+
+
+def test_a_latest_linking_outside_its_folder_is_a_damaged_pointer(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    _ckpt(elsewhere, 7)
+    root = tmp_path / "checkpoints"
+    for e in (0, 1):
+        _ckpt(root, e)
+    (root / LATEST).symlink_to(elsewhere / "epoch_0007", target_is_directory=True)
+    said = []
+    assert read_pointer(root) is None
+    assert pointed_checkpoint(root, said.append) == root / "epoch_0001"
+    assert len(said) == 1 and f"it links to {elsewhere / 'epoch_0007'}" in said[0]
+
+
+@pytest.mark.parametrize("pointer", [LATEST, SELECTED])
+def test_a_pointer_that_is_a_folder_is_refused_in_one_line_naming_it(tmp_path, pointer):
+    _ckpt(tmp_path, 0)
+    (tmp_path / pointer).mkdir()
+    with pytest.raises(CheckpointCorrupt) as e:
+        check_pointers(tmp_path)
+    message = str(e.value)
+    assert message.startswith(f"{tmp_path / pointer} is a folder") and "move it out" in message and "\n" not in message
+    with pytest.raises(CheckpointCorrupt, match="is a folder"):
+        point(tmp_path, pointer, "epoch_0000")
+    if pointer == LATEST:
+        with pytest.raises(CheckpointCorrupt, match="is a folder"):
+            pointed_checkpoint(tmp_path)
+    assert (tmp_path / pointer).is_dir() and not list(tmp_path.glob(".*tmp"))  # nothing of it touched

@@ -4,7 +4,6 @@ File-level tests use a tiny in-process model with AdamW; the end-to-end tests sh
 resume copies of it."""
 
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -21,12 +20,16 @@ from safetensors.torch import load_file, save_file
 
 from recam.infra.checkpoint import (
     BASE_EVAL,
+    LEGACY_TRAINER,
     MANIFEST,
+    TRAINER_STATE,
+    TRAINER_TENSORS,
     CheckpointCorrupt,
     NonFiniteState,
     latest_checkpoint,
     read_checkpoint,
     read_intact,
+    read_trainer_state,
     save_checkpoint,
 )
 from recam.infra.lora import add_lora
@@ -86,7 +89,8 @@ def test_manifest_lists_every_file_with_its_size_and_sha256(tmp_path):
     ckpt = _save(tmp_path, 1, model, opt, ema)
     manifest = json.loads((ckpt / MANIFEST).read_text())
     on_disk = {p.relative_to(ckpt).as_posix() for p in ckpt.rglob("*") if p.is_file()} - {MANIFEST}
-    assert set(manifest["files"]) == on_disk == {WEIGHTS, "model/config.json", "trainer.pt", "state.json", BASE_EVAL}
+    assert set(manifest["files"]) == on_disk == {WEIGHTS, "model/config.json", TRAINER_TENSORS, TRAINER_STATE,
+                                                  "state.json", BASE_EVAL}
     for rel, entry in manifest["files"].items():
         assert entry == {"bytes": (ckpt / rel).stat().st_size, "sha256": _sha(ckpt / rel)}
     got = read_checkpoint(ckpt, model)
@@ -113,14 +117,7 @@ def _garble(path):
 def _swap(path):
     """Other valid, finite contents of the same shape: what no parser can tell from the real thing."""
     if path.suffix == ".safetensors":
-        save_file({k: v * 1.5 + 0.01 for k, v in load_file(path).items()}, path)
-    elif path.suffix == ".pt":
-        trainer = torch.load(path, weights_only=False)
-        for per_param in trainer["optimizer"]["state"].values():
-            per_param["exp_avg"] = per_param["exp_avg"] * 0.5
-        buf = io.BytesIO()
-        torch.save(trainer, buf)
-        path.write_bytes(buf.getvalue())
+        save_file({k: v * 1.5 + 0.01 if v.is_floating_point() else v for k, v in load_file(path).items()}, path)
     else:
         obj = json.loads(path.read_text())
         key = next(k for k, v in obj.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
@@ -129,7 +126,7 @@ def _swap(path):
 
 
 @pytest.mark.parametrize("damage", [_truncate, _garble, _swap], ids=["truncated", "garbled", "swapped"])
-@pytest.mark.parametrize("rel", [WEIGHTS, "model/config.json", "trainer.pt", "state.json", BASE_EVAL])
+@pytest.mark.parametrize("rel", [WEIGHTS, "model/config.json", TRAINER_TENSORS, TRAINER_STATE, "state.json", BASE_EVAL])
 def test_a_damaged_file_is_named_in_one_line_and_never_loaded(tmp_path, rel, damage):
     model, opt, ema = _trained()
     ckpt = _save(tmp_path, 1, model, opt, ema)
@@ -159,7 +156,7 @@ def test_resume_choice_skips_a_corrupt_checkpoint_for_the_intact_one_below_it(tm
     (newest / "state.json").unlink()  # a folder that lost a file is skipped the same way
     assert read_intact(tmp_path, newest, model, lines.append).path.name == "epoch_0001"
     assert "state.json is missing" in lines[1]
-    _truncate(tmp_path / "epoch_0001" / "trainer.pt")
+    _truncate(tmp_path / "epoch_0001" / TRAINER_TENSORS)
     with pytest.raises(CheckpointCorrupt, match="no intact checkpoint"):
         read_intact(tmp_path, newest, model, lines.append)
 
@@ -184,13 +181,32 @@ def test_a_checkpoint_of_the_other_layout_is_a_config_error_not_a_corrupt_file(t
         read_intact(tmp_path, ckpt, model, print)
 
 
-def _legacy(ckpt):
-    """The layout written before manifests: no manifest.json, no format marker in state.json, no base_eval.json."""
+def _pickled(ckpt, payload=None):
+    """The trainer state as the code before the pickle-free layout wrote it: trainer.pt, from torch.save; with
+    `payload` among its entries. The manifest, when there is one, is resealed over it."""
+    trainer = read_trainer_state(ckpt)
+    if payload is not None:
+        trainer["payload"] = payload
+    torch.save(trainer, ckpt / LEGACY_TRAINER)
+    (ckpt / TRAINER_TENSORS).unlink()
+    (ckpt / TRAINER_STATE).unlink()
+    state = json.loads((ckpt / "state.json").read_text())
+    (ckpt / "state.json").write_text(json.dumps({**state, "checkpoint_format": 1}))
+    if (ckpt / MANIFEST).exists():
+        _reseal(ckpt)
+    return trainer
+
+
+def _legacy(ckpt, payload=None):
+    """The layout written before manifests: trainer.pt, no manifest.json, no format marker in state.json, no
+    base_eval.json."""
+    trainer = _pickled(ckpt, payload)
     (ckpt / MANIFEST).unlink()
     (ckpt / BASE_EVAL).unlink()
     state = json.loads((ckpt / "state.json").read_text())
     del state["checkpoint_format"]
     (ckpt / "state.json").write_text(json.dumps(state))
+    return trainer
 
 
 def test_an_older_checkpoint_without_manifest_loads_with_one_line_and_damage_still_names_the_file(tmp_path):
@@ -198,16 +214,16 @@ def test_an_older_checkpoint_without_manifest_loads_with_one_line_and_damage_sti
     ckpt = _save(tmp_path, 1, model, opt, ema)
     _legacy(ckpt)
     lines = []
-    got = read_intact(tmp_path, ckpt, model, lines.append)
-    assert not got.verified and got.base_eval is None
+    got = read_intact(tmp_path, ckpt, model, lines.append, trust_legacy=True)
+    assert not got.verified and got.base_eval is None and got.legacy
     assert all(torch.equal(got.weights[k], v) for k, v in model.state_dict().items())
     assert len(lines) == 1 and "no manifest.json" in lines[0]
-    for damage, rel in ((_truncate, WEIGHTS), (_garble, WEIGHTS), (_truncate, "trainer.pt"), (_garble, "state.json")):
+    for damage, rel in ((_truncate, WEIGHTS), (_garble, WEIGHTS), (_truncate, LEGACY_TRAINER), (_garble, "state.json")):
         fresh = tmp_path / f"case-{damage.__name__}-{rel.replace('/', '_')}"
         shutil.copytree(ckpt, fresh)
         damage(fresh / rel)
         with pytest.raises(CheckpointCorrupt) as e:  # not the library's traceback
-            read_checkpoint(fresh, model)
+            read_checkpoint(fresh, model, trust_legacy=True)
         assert str(fresh / rel) in str(e.value) and "\n" not in str(e.value)
 
 
@@ -219,7 +235,7 @@ def test_an_older_checkpoint_with_a_non_finite_weight_is_corrupt(tmp_path):
     tensors["lin.bias"][2] = float("inf")
     save_file(tensors, ckpt / WEIGHTS)
     with pytest.raises(CheckpointCorrupt, match=r"non-finite values in lin\.bias"):
-        read_checkpoint(ckpt, model)
+        read_checkpoint(ckpt, model, trust_legacy=True)
 
 
 @pytest.mark.parametrize("where", ["weight", "optimizer", "ema"])
@@ -313,12 +329,12 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 @needs_base
 def test_resume_skips_a_corrupt_latest_and_retrains_exactly_what_the_uninterrupted_run_did(finished, tmp_path):
     run = _copy(finished, tmp_path)
-    _garble(run / "checkpoints" / "epoch_0002" / "trainer.pt")  # torch.load alone would accept these bytes
+    _garble(run / "checkpoints" / "epoch_0002" / TRAINER_TENSORS)  # safetensors alone would accept these bytes
     with (run / "metrics.jsonl").open("ab") as f:
         f.write(os.urandom(20).replace(b"\n", b"x") + b"\n")
     p = _run(run)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert f"skipping corrupt checkpoint epoch_0002: {run / 'checkpoints' / 'epoch_0002' / 'trainer.pt'}" in p.stdout
+    assert f"skipping corrupt checkpoint epoch_0002: {run / 'checkpoints' / 'epoch_0002' / TRAINER_TENSORS}" in p.stdout
     assert "skipped 1 line(s)" in p.stdout and "resumed from" in p.stdout and "epoch_0001 at epoch 1" in p.stdout
     for kind, keys in (("epoch", ("rewards/avg", "advantages", "dataset_indices")),
                        ("step", ("loss", "mean_ratio", "kl_penalty", "grad_norm", "grad_cosine_prev"))):
@@ -372,6 +388,51 @@ def test_resume_refuses_a_state_json_that_disagrees_with_its_checkpoint_and_the_
     assert last.startswith("[recam] cannot resume:") and f"refusing to resume from {ckpt / 'state.json'}" in last
     assert "epoch 99 in folder epoch_0002" in last and "records training up to epoch 1" in last
     assert (run / "metrics.jsonl").read_bytes() == log_before  # nothing trained, nothing rewritten
+
+
+@needs_base
+@pytest.mark.parametrize("damage", ["truncated", "edited"])
+def test_a_damaged_run_config_in_latest_falls_back_to_the_previous_checkpoint_naming_it(finished, tmp_path, damage):
+    """run_config.json is read only once its checkpoint's manifest vouches for it: a truncated one is not "the run's
+    recorded config is unreadable", an edited one is not used to refuse (or allow) the resume."""
+    run = _copy(finished, tmp_path)
+    path = run / "checkpoints" / "epoch_0002" / "run_config.json"
+    if damage == "truncated":
+        path.write_bytes(path.read_bytes()[:100])
+    else:  # a fixed field changed: trusted, it would refuse the resume as a different run
+        sealed = json.loads(path.read_text())
+        sealed["config"]["sample"]["k"] = 2
+        path.write_text(json.dumps(sealed, indent=1))
+    p = _run(run)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"skipping corrupt checkpoint epoch_0002: {path}" in p.stdout
+    assert f"resumed from {run / 'checkpoints' / 'epoch_0001'} at epoch 1" in p.stdout
+    # epoch 1 retrained from the intact checkpoint ends where the uninterrupted run ended
+    assert _sha(run / "checkpoints" / "epoch_0002" / WEIGHTS) == _sha(finished / "checkpoints" / "epoch_0002" / WEIGHTS)
+    assert json.loads((run / "config.json").read_text())["resume_history"][0]["checkpoint"] == "epoch_0001"
+
+
+@needs_base
+def test_a_legacy_checkpoint_is_refused_in_one_line_then_resumes_exactly_with_the_flag_and_is_converted(finished,
+                                                                                                        tmp_path):
+    run = _at_epoch_1(finished, tmp_path)
+    ckpt = run / "checkpoints" / "epoch_0001"
+    _pickled(ckpt)  # as the code before the pickle-free layout wrote it: trainer.pt, sealed
+    def kept():  # the checkpoints and the log: what a refused resume must leave as it found them
+        return {p.relative_to(run).as_posix(): p.read_bytes() for p in run.rglob("*") if p.is_file()
+                and (p.name == "metrics.jsonl" or "checkpoints" in p.relative_to(run).parts)}
+    before = kept()
+    p = _run(run)
+    assert p.returncode == 4, p.stderr[-3000:]
+    err = [line for line in p.stderr.splitlines() if line.startswith("[recam]")]
+    assert len(err) == 1 and err[0].startswith(f"[recam] cannot resume: {ckpt / LEGACY_TRAINER} is a pickle")
+    assert "--config.trust_legacy_checkpoint=True" in err[0] and "Traceback" not in p.stderr
+    assert kept() == before
+    p = _run(run, "--config.trust_legacy_checkpoint=True")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"converted {ckpt} to the pickle-free layout" in p.stdout
+    assert _sha(run / "checkpoints" / "epoch_0002" / WEIGHTS) == _sha(finished / "checkpoints" / "epoch_0002" / WEIGHTS)
+    assert not list((run / "checkpoints").rglob(LEGACY_TRAINER))
 
 
 NAN_AT_FIRST_STEP = """

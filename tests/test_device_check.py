@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import gzip
+import hashlib
 import importlib.util
 import json
 import math
@@ -218,3 +219,25 @@ def test_a_bundle_whose_checkpoint_fails_its_manifest_is_not_continued(tmp_path)
     out = device_check.run_preset("motion_tiny_gpu", size, tmp_path / "out", 60, prior)
     assert "CheckpointCorrupt" in out["error"] and "state.json" in out["error"]
     assert not (tmp_path / "out" / "runs" / "motion_tiny_gpu").exists()  # nothing half-copied stays behind
+
+
+@pytest.mark.parametrize("preset", ["tiny_gpu", "motion_tiny_gpu"])
+def test_the_committed_learning_runs_continue_from_pickle_free_checkpoints(tmp_path, preset):
+    """--resume docs/learning_gpu: each committed bundle's checkpoints verify and hold no pickle, so the next window
+    resumes them without trust_legacy_checkpoint; a bundle of the older layout is refused, naming the conversion."""
+    from recam.infra.checkpoint import LEGACY_TRAINER, read_pointer, read_trainer_state, verify_checkpoint
+
+    prior = ROOT / "docs" / "learning_gpu" / "runs" / preset
+    carried = device_check.carry_over(prior, tmp_path / "run")
+    root = tmp_path / "run" / "checkpoints"
+    assert carried["checkpoint"] == read_pointer(root) and carried["epochs"] > 0
+    for ckpt in sorted(root.glob("epoch_*")):
+        assert verify_checkpoint(ckpt) and not (ckpt / LEGACY_TRAINER).exists()
+        assert read_trainer_state(ckpt)["optimizer"]["state"] or ckpt.name == "epoch_0000"
+    legacy = root / carried["checkpoint"]
+    (legacy / LEGACY_TRAINER).write_bytes(b"a pickle")
+    manifest = json.loads((legacy / "manifest.json").read_text())
+    manifest["files"][LEGACY_TRAINER] = {"bytes": 8, "sha256": hashlib.sha256(b"a pickle").hexdigest()}
+    (legacy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(RuntimeError, match=f"{LEGACY_TRAINER} is a pickle .*convert_checkpoints.py"):
+        device_check.carry_over(tmp_path / "run", tmp_path / "again")

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from config.grpo import get_config
 from recam.domains.camera.model import ReCamTransformer3DModel
-from recam.infra.checkpoint import point_latest
+from recam.infra.checkpoint import point_latest, read_trainer_state
 from recam.infra.distributed import FSDP_OPTIMIZER_LAYOUT, forward_module
 from tests.smoke_runs import ROOT, SHORT, records
 
@@ -77,7 +77,7 @@ def test_full_shard_on_two_processes_trains_checkpoints_whole_weights_and_resume
     assert "resumed from" in (resumed / "run.log").read_text() and "health guard" not in log, log
     folder = straight / "checkpoints" / "epoch_0001" / "model"
     saved = weights(straight, 1)
-    optimizer = torch.load(folder.parent / "trainer.pt", weights_only=False)["optimizer"]
+    optimizer = read_trainer_state(folder.parent)["optimizer"]
     assert optimizer["layout"] == FSDP_OPTIMIZER_LAYOUT
     if model == LORA:  # the adapter whole: every LoRA matrix at its full shape
         assert len(saved) == 16 and all(v.shape in ((4, 96), (96, 4)) for v in saved.values())

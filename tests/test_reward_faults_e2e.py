@@ -155,6 +155,8 @@ def test_smoke_run_with_a_judge_failing_20_percent_excludes_failures_and_verifie
 def test_a_judge_that_dies_mid_run_stops_cleanly_with_the_last_checkpoint_intact(tmp_path, capsys):
     from safetensors.torch import load_file
 
+    from recam.infra.checkpoint import read_trainer_state
+
     first = tmp_path / "checkpoints" / "epoch_0001" / "state.json"
     judge = FlakyJudge(fail_every=10**9, dies=first.exists)  # every request fails once epoch 0 is checkpointed
     try:
@@ -181,7 +183,7 @@ def test_a_judge_that_dies_mid_run_stops_cleanly_with_the_last_checkpoint_intact
     assert not (ckpt_root / "epoch_0002").exists()
     state = json.loads(first.read_text())
     assert state["epoch"] == 1 and state["healthy"] is True
-    trainer_state = torch.load(ckpt_root / "epoch_0001" / "trainer.pt", map_location="cpu", weights_only=False)
+    trainer_state = read_trainer_state(ckpt_root / "epoch_0001")
     assert trainer_state["optimizer"]["state"]
     weights = load_file(str(next((ckpt_root / "epoch_0001" / "model").glob("*.safetensors"))))
     assert weights and all(torch.isfinite(t).all() for t in weights.values())

@@ -161,3 +161,25 @@ def test_lora_run_trains_only_the_adapter_and_its_reference_is_the_base(tmp_path
         on = tuned(x, sigma, x, cams, cams)
     assert torch.equal(off, ref)  # the reference is exactly the base network
     assert not torch.equal(on, ref)  # the saved adapter carries the update
+
+
+def test_the_guard_s_rollback_count_holds_across_invocations(tmp_path):
+    """health.max_rollbacks bounds the run, not one invocation: the blow-up (injected before the first step of every
+    invocation) is rolled back once, the process dies before its next checkpoint, and the same command then stops
+    at the blow-up instead of rolling back again."""
+    same = ("--config.num_epochs=2", "--config.train.batch_size=4", "--config.eval.freq=100",
+            "--config.health.action=rollback", "--config.health.max_rollbacks=1",
+            "--config.debug.inject_blowup_at_step=0", "--config.debug.sigkill_at_step=2", *SHORT)
+    killed = run(tmp_path, *same, check=False)
+    assert killed.returncode != 0  # SIGKILL in the replayed epoch 0, after the rollback, before epoch_0001
+    ckpts = tmp_path / "checkpoints"
+    assert sorted(p.name for p in ckpts.glob("epoch_*")) == ["epoch_0000"]
+    state = json.loads((ckpts / "epoch_0000" / "state.json").read_text())
+    lr = json.loads((ckpts / "epoch_0000" / "run_config.json").read_text())["config"]["train"]["learning_rate"]
+    assert state["guard"]["rollbacks"] == 1 and state["learning_rate"] == pytest.approx(lr * 0.5)
+    again = run(tmp_path, *same, check=False)
+    assert again.returncode == 3, again.stderr[-3000:]
+    log = (tmp_path / "run.log").read_text()
+    assert log.count("rolled back to") == 1 and "stopped; weights restored" in log
+    assert "rollbacks: 1" in (tmp_path / "summary.md").read_text()
+    assert json.loads((ckpts / "epoch_0000" / "state.json").read_text())["guard"]["rollbacks"] == 1

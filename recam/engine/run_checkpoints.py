@@ -20,7 +20,9 @@ from recam.infra.checkpoint import (
     Checkpoint,
     ResumeMismatch,
     apply_model_weights,
+    check_pointers,
     checkpoint_before,
+    convert_legacy,
     epoch_of,
     latest_checkpoint,
     point_latest,
@@ -40,22 +42,24 @@ class Loop(Protocol):
     epoch: int
     global_step: int
     selected: dict | None  # the evaluation record the run reports (its checkpoint is never pruned)
+    rollbacks: int  # the guard's rollbacks over the run's life
 
     def state(self, epoch: int) -> dict: ...  # the loop's part of state.json
 
     def restore(self, state: dict) -> None: ...
 
-    def load(self, newest: Path, lr_factor: float = 1.0) -> Checkpoint: ...
+    def load(self, newest: Path, lr: float | None = None) -> Checkpoint: ...
 
     def evaluate(self, tag: str, checkpoint: str) -> dict: ...
 
 
 class RunCheckpoints:
     """root: the run's checkpoints folder; hooks' and the objective's states travel with every checkpoint.
-    run: config's resume, num_epochs, save_freq and eval.freq; evaluator: recam.engine.evaluation.Evaluator."""
+    run: config's resume, num_epochs, save_freq and eval.freq; evaluator: recam.engine.evaluation.Evaluator.
+    trust_legacy: config.trust_legacy_checkpoint (a checkpoint holding a pickle is read, and converted)."""
 
     def __init__(self, root: Path, accelerator, log, model, optimizer, ema, hooks: list, objective, keep: int,
-                 batches_per_epoch: int, evaluator, budget, net=None, cosine=None):
+                 batches_per_epoch: int, evaluator, budget, net=None, cosine=None, trust_legacy: bool = False):
         self.root, self.accelerator, self.log = root, accelerator, log
         self.model, self.optimizer, self.ema, self.hooks, self.objective = model, optimizer, ema, hooks, objective
         self.net = model if net is None else net  # the FSDP root, when sharded (recam.infra.distributed)
@@ -65,6 +69,7 @@ class RunCheckpoints:
         self.run_config: dict | None = None  # the config as asked for and its resume history (seal_config)
         self.lr_scale = 1.0
         self.cosine = cosine  # the gradient cosine's last gradient, so a resumed run logs what an unbroken one does
+        self.trust_legacy = trust_legacy
 
     def seal_config(self, run_config: dict, lr_scale: float = 1.0) -> None:
         """Seal `run_config` in every checkpoint from now on (what a later resume compares with); lr_scale: a
@@ -77,6 +82,7 @@ class RunCheckpoints:
         """Resume from `latest` (or, when it is corrupt, the newest intact checkpoint below it), or evaluate the base
         and save it as the first healthy checkpoint with that evaluation sealed in; returns the base's evaluation,
         which a resumed run reads from its checkpoint and never recomputes from weights that are not the base."""
+        check_pointers(self.root)  # a pointer that is a folder could not be rewritten at the first save
         if self.accelerator.is_main_process and (gone := remove_leftovers(self.root)):
             self.log.info(f"removed what an interrupted save left in {self.root}: {', '.join(gone)}")
         newest = self.newest() if resume else None
@@ -166,10 +172,12 @@ class RunCheckpoints:
                             keep=self.keep, protect=protect, side_files=side_files, optimizer_state=optimizer_state,
                             extra={"gradient": gradient})
 
-    def load(self, newest: Path, lr_factor: float = 1.0) -> Checkpoint:
+    def load(self, newest: Path, lr: float | None = None) -> Checkpoint:
         """Restore weights, optimizer, EMA, RNG, hook and objective state from checkpoint `newest`, or, when it fails
-        its checks, from the newest intact one below it (`latest` then points there); returns the checkpoint read."""
-        ckpt = read_intact(self.root, newest, self.model, self.log.info)
+        its checks, from the newest intact one below it (`latest` then points there); returns the checkpoint read.
+        lr: the learning rate from here on (a rollback's: the rate before it times the factor, whichever checkpoint
+        is restored, so that each rollback lowers it once), else the checkpoint's."""
+        ckpt = read_intact(self.root, newest, self.model, self.log.info, self.trust_legacy)
         if read_pointer(self.root) != ckpt.path.name and self.accelerator.is_main_process:
             point_latest(self.root, ckpt.path.name)  # a crash from here on resumes from the intact one
         state, trainer = ckpt.state, ckpt.trainer
@@ -180,12 +188,29 @@ class RunCheckpoints:
             apply_model_weights(self.model, ckpt.weights, ckpt.weights_path)
         load_optimizer_state(self.net, self.optimizer, trainer["optimizer"])
         for group in self.optimizer.param_groups:
-            group["lr"] = state["learning_rate"] * lr_factor
+            group["lr"] = state["learning_rate"] if lr is None else lr
         if self.ema is not None and trainer["ema"] is not None:
             self.ema.load_state_dict(trainer["ema"])
         self.objective.load_side_files(ckpt.path, self.log.info)
         set_rng_state(trainer["rng"])
+        if ckpt.legacy:  # once every process has read it: the folder is swapped while being rewritten
+            self.accelerator.wait_for_everyone()
+            if self.accelerator.is_main_process:
+                convert_legacy(ckpt.path, trainer)
+                self.log.info(f"converted {ckpt.path} to the pickle-free layout ({ckpt.path / 'trainer.pt'} -> "
+                              "trainer.safetensors + trainer.json): trust_legacy_checkpoint is no longer needed for it")
+            self.accelerator.wait_for_everyone()
         return ckpt
+
+    def record_rollback(self, loop: Loop, restored: Path) -> None:
+        """Save the checkpoint a rollback restored (`restored`, now the loop's state) again, with the loop's rollback
+        count and lowered learning rate, and say so: the count then holds for the run's life (health.max_rollbacks
+        counts every invocation's rollbacks, not this one's), and a resume goes on at the rate the rollback set, as
+        the unbroken run does."""
+        self.save(loop.state(loop.epoch), self.base_record,
+                  protect=(loop.selected["checkpoint"],) if loop.selected else ())
+        self.log.info(f"rolled back to {restored} (epoch {loop.epoch}, step {loop.global_step}), learning rate now "
+                      f"{self.optimizer.param_groups[0]['lr']:.3g}; rollbacks so far: {loop.rollbacks}")
 
     def newest(self) -> Path | None:
         return pointed_checkpoint(self.root, self.log.info)

@@ -90,7 +90,7 @@ class GRPOTrainer:
         self.checkpoints = RunCheckpoints(self.run_dir / "checkpoints", accelerator, log, self.model, self.optimizer,
                                           self.ema, self.hooks, self.objective, config.keep_checkpoints,
                                           s.num_batches_per_epoch, self.evaluator, self.budget, self.net,
-                                          self.gradient_cosine)
+                                          self.gradient_cosine, trust_legacy=config.trust_legacy_checkpoint)
         self.sampler = KRepeatBatchSampler(len(self.train_set), s.batch_size, s.k, self.world_size, self.rank,
                                            config.seed, s.num_batches_per_epoch)
         self.epoch_cache: dict = {}  # work shared by sampling and training within one epoch, renewed by sample()
@@ -349,13 +349,12 @@ class GRPOTrainer:
             return "stop"
         if h.action == "rollback":
             self.rollbacks += 1
-            ckpt = self.load(healthy, lr_factor=h.rollback_lr_factor ** self.rollbacks)
+            ckpt = self.load(healthy, lr=self.optimizer.param_groups[0]["lr"] * h.rollback_lr_factor)
             self.epoch, self.global_step = ckpt.state["epoch"], ckpt.state["global_step"]
             self.log.archive_after(self.epoch, reason=f"rollback {self.rollbacks}: {critical[0].rule}")
             self.selected = self.evaluator.selected()  # the rolled-back evaluations are no longer candidates
             self.history.clear()
-            self.log.info(f"rolled back to {ckpt.path} (epoch {self.epoch}, step {self.global_step}), "
-                          f"learning rate now {self.optimizer.param_groups[0]['lr']:.3g}")
+            self.checkpoints.record_rollback(self, ckpt.path)  # the count then holds across invocations
             return "continue"
         self.epoch += 1  # action "warn": keep going, but this state is never saved as a checkpoint
         return "continue"
@@ -388,10 +387,10 @@ class GRPOTrainer:
         self.history, self.rollbacks = list(guard.get("history", [])), int(guard.get("rollbacks", 0))
         self.budget.load_state_dict(state.get("budget", {}))
 
-    def load(self, newest: Path, lr_factor: float = 1.0):
+    def load(self, newest: Path, lr: float | None = None):
         if self.gradient_cosine is not None:
             self.gradient_cosine.reset()  # a gradient of weights that are no longer the policy's
-        return self.checkpoints.load(newest, lr_factor)
+        return self.checkpoints.load(newest, lr)
 
     def evaluate(self, tag: str, checkpoint: str) -> dict:
         out = self.evaluator.evaluate(tag, checkpoint, self.global_step, self.budget.progress())

@@ -1,18 +1,25 @@
-"""Crash-safe, verified checkpoints: written to a temporary folder, sealed with a manifest of checksums, renamed
-into place, then `latest` is repointed.
+"""Crash-safe, verified checkpoints that hold data only: written to a temporary folder, sealed with a manifest of
+checksums, renamed into place, then `latest` is repointed.
 
-A crash at any moment leaves the previous checkpoint and the `latest` pointer intact. A checkpoint holds the
-policy (diffusers layout, safetensors), optimizer, optional EMA and RNG states (trainer.pt), a JSON state
-(epoch, global step, sampler position, health flag), optional JSON side files (base_eval.json: the base's
-evaluation, so a resumed run never has to recompute it from other weights), and manifest.json:
+A crash at any moment leaves the previous checkpoint and the `latest` pointer intact. A checkpoint folder holds
 
-    {"format": 1, "algorithm": "sha256",
-     "files": {"state.json": {"bytes": 212, "sha256": "9f2c..."}, "model/config.json": {...}, ...}}
+    model/                      the policy (diffusers layout or a LoRA adapter): config JSON + safetensors
+    trainer.safetensors         every tensor of the optimizer, EMA, RNG and gradient-cosine state, by name
+    trainer.json                the rest of that state, with each tensor replaced by {"$tensor": its name}
+    state.json                  epoch, global step, sampler position, guard (rollbacks), budget, hooks' state
+    base_eval.json, run_config.json, ...   JSON side files (the base's evaluation, the config the run asked for)
+    manifest.json               {"format": 1, "algorithm": "sha256",
+                                 "files": {"state.json": {"bytes": 212, "sha256": "9f2c..."}, ...}}
 
-Every other file of the folder is listed with its size and SHA-256; the manifest is written last, so a folder
-is either sealed whole or (a crash before the rename) never appears. Reading checks the manifest first, so a
-truncated, garbled, or swapped file is named before any of its bytes are trusted (torch.load checks no CRC,
-and a plausible float is still a float). Folders written before manifests existed still load, unverified.
+Nothing in it is a pickle: safetensors and JSON are parsed, never executed, so a folder anyone could write can at
+worst be refused, never run code. The manifest lists every other file with its size and SHA-256 and is written
+last, so a folder is either sealed whole or (a crash before the rename) never appears. Reading checks the manifest
+first (every entry a file inside the folder), so a truncated, garbled or swapped file is named before any of its
+bytes are trusted.
+
+Checkpoints written before this layout hold trainer.pt, a pickle. They are read only when the run sets
+trust_legacy_checkpoint (their own run's files: a pickle can run code), and then only with torch's weights-only
+unpickler, which refuses anything but tensors and plain data; the folder is converted once to this layout.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 import torch
@@ -36,12 +43,28 @@ RUN_CONFIG = "run_config.json"  # the config a run asked for and its resume hist
 SELECTED = "selected"  # the checkpoint a run reports (chosen on validation conditions, see recam.engine.selection)
 MANIFEST = "manifest.json"
 BASE_EVAL = "base_eval.json"
+STATE = "state.json"
+TRAINER_TENSORS = "trainer.safetensors"
+TRAINER_STATE = "trainer.json"
+LEGACY_TRAINER = "trainer.pt"  # the pickle older checkpoints hold
 MANIFEST_FORMAT = 1
+# state.json's "checkpoint_format": 1 = sealed, trainer.pt; 2 = sealed, trainer.safetensors + trainer.json. Its
+# presence also tells a reader that a missing manifest was lost, not never written.
+CHECKPOINT_FORMAT = 2
+TRAINER_FORMAT = 1
 FULL_WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
+TRUST_LEGACY = "--config.trust_legacy_checkpoint=True"
+DISPLACED = ".displaced-"  # a folder moved aside while its replacement is renamed in (see _publish)
 
 
 class CheckpointCorrupt(ValueError):
-    """A checkpoint file is missing, altered, unreadable or non-finite; the message names the file."""
+    """A checkpoint file is missing, altered, unreadable, non-finite or outside its folder; the message names the
+    file."""
+
+
+class LegacyCheckpoint(CheckpointCorrupt):
+    """A checkpoint from before the pickle-free layout, met without trust_legacy_checkpoint: the resume stops here
+    rather than walking past it to an older one (which would silently lose training)."""
 
 
 class ResumeMismatch(ValueError):
@@ -163,14 +186,194 @@ def _few(names: list[str], n: int = 3) -> str:
     return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# trainer state as named tensors + a JSON skeleton
+#
+# The optimizer's state dict (int keys, tuples such as Adam's betas), the EMA's, numpy's RNG state (a tuple holding
+# a uint32 array) and python's (nested tuples of ints) must come back with their exact types and values: Optimizer.
+# load_state_dict maps int keys, random.setstate wants tuples, and a resume is checked byte for byte. Plain JSON
+# loses all three, so the few non-JSON shapes are tagged with a one-key object whose key starts with "$"; a dict of
+# the data whose keys are not all strings, or that has a key starting with "$", is written as "$items" pairs, so a
+# tag can never be mistaken for data.
+
+_NDARRAY_DTYPES = {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
+                   "float32", "float64"}
+
+
+def _encode_tree(value, path: str, tensors: dict[str, torch.Tensor], storages: set[int]):
+    if isinstance(value, torch.Tensor):
+        t = value.detach().to("cpu")
+        if not t.is_contiguous():
+            t = t.contiguous()
+        # safetensors refuses tensors that share memory (views of one buffer); a copy costs only for those
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in storages:
+            t = t.clone()
+        elif t.numel():
+            storages.add(ptr)
+        name = path.lstrip("/") or "tensor"
+        while name in tensors:
+            name += "~"
+        tensors[name] = t
+        return {"$tensor": name}
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value)
+    if isinstance(value, np.ndarray):
+        if value.dtype.name not in _NDARRAY_DTYPES:
+            raise TypeError(f"{path}: a numpy array of dtype {value.dtype} has no checkpoint encoding")
+        return {"$ndarray": {"dtype": value.dtype.name, "shape": list(value.shape),
+                             "data": value.reshape(-1).tolist()}}
+    if isinstance(value, tuple):
+        return {"$tuple": [_encode_tree(v, f"{path}/{i}", tensors, storages) for i, v in enumerate(value)]}
+    if isinstance(value, list):
+        return [_encode_tree(v, f"{path}/{i}", tensors, storages) for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        plain = all(isinstance(k, str) and not k.startswith("$") for k in value)
+        if plain:
+            return {k: _encode_tree(v, f"{path}/{k}", tensors, storages) for k, v in value.items()}
+        items = []
+        for k, v in value.items():
+            if isinstance(k, bool) or not isinstance(k, (str, int)):
+                raise TypeError(f"{path}: a dict key of type {type(k).__name__} has no checkpoint encoding")
+            items.append([k, _encode_tree(v, f"{path}/{k}", tensors, storages)])
+        return {"$items": items}
+    raise TypeError(f"{path or 'the trainer state'}: a {type(value).__name__} has no checkpoint encoding (only "
+                    "tensors, numpy arrays and plain data are saved)")
+
+
+def encode_tree(value) -> tuple[object, dict[str, torch.Tensor]]:
+    """(a JSON-able skeleton of `value`, its tensors by the names the skeleton gives them)."""
+    tensors: dict[str, torch.Tensor] = {}
+    return _encode_tree(value, "", tensors, set()), tensors
+
+
+def decode_tree(skeleton, tensors: dict[str, torch.Tensor], used: set[str] | None = None):
+    """What encode_tree encoded, from its skeleton and tensors. Raises ValueError on anything encode_tree does not
+    write (an unknown tag, a missing tensor, an array of another dtype): data is rebuilt, never constructed by
+    name."""
+    used = set() if used is None else used
+    if isinstance(skeleton, list):
+        return [decode_tree(v, tensors, used) for v in skeleton]
+    if not isinstance(skeleton, dict):
+        if skeleton is None or isinstance(skeleton, (bool, int, float, str)):
+            return skeleton
+        raise ValueError(f"unexpected {type(skeleton).__name__}")
+    tags = [k for k in skeleton if k.startswith("$")]
+    if not tags:
+        return {k: decode_tree(v, tensors, used) for k, v in skeleton.items()}
+    if len(skeleton) != 1:
+        raise ValueError(f"an object mixing the tag {tags[0]!r} with other keys")
+    tag, body = next(iter(skeleton.items()))
+    if tag == "$tensor":
+        if not isinstance(body, str) or body not in tensors:
+            raise ValueError(f"tensor {body!r} is not in the tensor file")
+        used.add(body)
+        return tensors[body]
+    if tag == "$tuple" and isinstance(body, list):
+        return tuple(decode_tree(v, tensors, used) for v in body)
+    if tag == "$items" and isinstance(body, list):
+        out = {}
+        for pair in body:
+            if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], (str, int))
+                    and not isinstance(pair[0], bool)):
+                raise ValueError(f"a malformed $items entry {str(pair)[:60]}")
+            out[pair[0]] = decode_tree(pair[1], tensors, used)
+        return out
+    if tag == "$ndarray" and isinstance(body, dict):
+        dtype, shape, data = body.get("dtype"), body.get("shape"), body.get("data")
+        if dtype not in _NDARRAY_DTYPES or not isinstance(shape, list) or not isinstance(data, list) \
+                or not all(isinstance(n, int) and n >= 0 for n in shape):
+            raise ValueError(f"a malformed $ndarray (dtype {dtype!r})")
+        return np.asarray(data, dtype=np.dtype(dtype)).reshape(shape)
+    raise ValueError(f"unknown tag {tag!r}")
+
+
+def write_trainer_state(folder: Path, trainer: dict) -> None:
+    """trainer (optimizer, EMA, RNG and other state) as TRAINER_TENSORS + TRAINER_STATE in `folder`."""
+    from safetensors.torch import save_file
+
+    skeleton, tensors = encode_tree(trainer)
+    save_file(tensors, folder / TRAINER_TENSORS)
+    (folder / TRAINER_STATE).write_text(json.dumps({"format": TRAINER_FORMAT, "state": skeleton}))
+
+
+def read_trainer_state(folder: Path) -> dict:
+    """What write_trainer_state wrote, or CheckpointCorrupt naming the file at fault."""
+    from safetensors.torch import load
+
+    skeleton_path, tensors_path = folder / TRAINER_STATE, folder / TRAINER_TENSORS
+    doc = _read_json(skeleton_path)
+    if doc.get("format") != TRAINER_FORMAT or "state" not in doc:
+        raise CheckpointCorrupt(f"{skeleton_path} is not a trainer state of format {TRAINER_FORMAT} (format "
+                                f"{doc.get('format')!r})")
+    try:
+        tensors = load(tensors_path.read_bytes())
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error types, and a short read others
+        raise CheckpointCorrupt(f"{tensors_path} is not a readable safetensors file ({type(e).__name__}: {e})") from e
+    used: set[str] = set()
+    try:
+        trainer = decode_tree(doc["state"], tensors, used)
+    except (ValueError, TypeError, OverflowError, RecursionError) as e:
+        raise CheckpointCorrupt(f"{skeleton_path} does not describe {tensors_path} ({e})") from e
+    if set(tensors) - used:
+        raise CheckpointCorrupt(f"{tensors_path} holds tensors {skeleton_path} does not name: "
+                                f"{_few(sorted(set(tensors) - used))}")
+    if not isinstance(trainer, dict):
+        raise CheckpointCorrupt(f"{skeleton_path} holds a {type(trainer).__name__}, not the trainer state")
+    return trainer
+
+
+def _legacy_globals() -> list:
+    """The globals a trainer.pt's numpy RNG state names (numpy 2 and numpy 1 spellings): the weights-only
+    unpickler rebuilds these and tensors, and refuses every other global."""
+    from numpy._core.multiarray import _reconstruct
+
+    return [_reconstruct, (_reconstruct, "numpy.core.multiarray._reconstruct"), np.ndarray, np.dtype,
+            type(np.dtype(np.uint32))]
+
+
+def read_legacy_trainer(path: Path, trust: bool) -> dict:
+    """A trainer.pt of the layout before this one. Refused (LegacyCheckpoint) unless `trust`; even then read with
+    torch's weights-only unpickler, so a file holding anything but tensors and plain data is refused, not run."""
+    if not trust:
+        raise LegacyCheckpoint(
+            f"{path} is a pickle written before checkpoints were pickle-free, and loading a pickle can run code: if "
+            f"this run folder holds only checkpoints you wrote, resume once with {TRUST_LEGACY} (the checkpoint is "
+            "then converted and the setting no longer needed)")
+    import pickle
+
+    try:
+        with torch.serialization.safe_globals(_legacy_globals()):
+            trainer = torch.load(io.BytesIO(path.read_bytes()), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        named = re.search(r"GLOBAL ([\w.]+)", str(e))
+        why = f"it names {named.group(1)}, which" if named else "what"
+        raise CheckpointCorrupt(f"{path} holds more than tensors and plain data ({why} the weights-only unpickler "
+                                "refuses): not loaded, even with trust_legacy_checkpoint") from e
+    except Exception as e:  # noqa: BLE001 - a torn or garbled file surfaces as any error type of the unpickler
+        raise CheckpointCorrupt(f"{path} is unreadable ({type(e).__name__}: {' '.join(str(e).split())[:200]})") from e
+    if not isinstance(trainer, dict):
+        raise CheckpointCorrupt(f"{path} holds a {type(trainer).__name__}, not the trainer state")
+    return trainer
 # ---------------------------------------------------------------------------------------------------------------
 # manifest
 
 
 def _files(folder: Path) -> list[str]:
-    """Every file under `folder` but its manifest, as posix paths relative to it."""
-    rels = (p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
-    return sorted(rel for rel in rels if rel != MANIFEST)
+    """Every entry under `folder` but its manifest, as posix paths relative to it: files, and links of any kind
+    (a linked folder is an entry of its own, never walked into, so nothing outside the folder is listed as in it)."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(folder):  # followlinks=False: a linked folder is not entered
+        base = Path(dirpath)
+        out += [(base / n).relative_to(folder).as_posix() for n in filenames]
+        out += [(base / n).relative_to(folder).as_posix() for n in dirnames if (base / n).is_symlink()]
+    return sorted(rel for rel in out if rel != MANIFEST)
 
 
 def _digest(path: Path, sync: bool = False) -> tuple[int, str]:
@@ -183,6 +386,34 @@ def _digest(path: Path, sync: bool = False) -> tuple[int, str]:
         if sync:  # the rename that publishes the folder must not outrun the bytes it publishes
             os.fsync(f.fileno())
     return size, h.hexdigest()
+
+
+def _name_problem(rel) -> str | None:
+    """Why a manifest entry cannot name a file inside its folder, or None."""
+    if not isinstance(rel, str) or not rel:
+        return "is not a file name"
+    if rel.startswith("/") or PurePosixPath(rel).is_absolute():
+        return "is an absolute path"
+    parts = rel.split("/")
+    if any(p in ("", ".", "..") for p in parts) or "\\" in rel or "\0" in rel:
+        return "is not a plain relative path (empty, '.' or '..' parts, backslashes)"
+    return None
+
+
+def own_file(ckpt: Path, rel: str) -> Path:
+    """ckpt / rel, when that is a path inside the folder `ckpt` (a link inside it that leads outside it does not
+    count), else CheckpointCorrupt naming it. A linked checkpoint folder is followed: inside means inside its
+    target."""
+    problem = _name_problem(rel)
+    if problem:
+        raise CheckpointCorrupt(f"{ckpt / MANIFEST}: entry {rel!r} {problem}; a checkpoint names only files inside "
+                                "its folder")
+    path = ckpt / rel
+    real, root = os.path.realpath(path), os.path.realpath(ckpt)
+    if os.path.commonpath([real, root]) != root or real == root:
+        raise CheckpointCorrupt(f"{path} leads outside {ckpt} (to {real}); a checkpoint's files must be inside its "
+                                "folder")
+    return path
 
 
 def write_manifest(folder: Path) -> Path:
@@ -202,14 +433,15 @@ def write_manifest(folder: Path) -> Path:
 
 
 def verify_checkpoint(ckpt: Path) -> bool:
-    """Check every file of checkpoint folder `ckpt` against its manifest. True: verified; False: an older checkpoint
-    without a manifest (only parsing can check it). Raises CheckpointCorrupt naming the file and what is wrong."""
-    path = ckpt / MANIFEST
+    """Check every file of checkpoint folder `ckpt` against its manifest: each entry a file inside the folder, of
+    the listed size and SHA-256, and no file unlisted. True: verified; False: an older checkpoint without a
+    manifest (only parsing can check it). Raises CheckpointCorrupt naming the file and what is wrong."""
+    path = own_file(ckpt, MANIFEST)
     if not path.exists():
-        state = ckpt / "state.json"
+        state = own_file(ckpt, STATE)
         try:
             sealed = "checkpoint_format" in json.loads(state.read_bytes())
-        except (OSError, ValueError):
+        except (OSError, ValueError, TypeError):
             sealed = False  # parsing state.json reports what is wrong with it
         if sealed:
             raise CheckpointCorrupt(f"{path} is missing, though {state} was written with one")
@@ -223,8 +455,10 @@ def verify_checkpoint(ckpt: Path) -> bool:
         expected = {rel: (int(e["bytes"]), str(e["sha256"])) for rel, e in files.items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise CheckpointCorrupt(f"{path} is not a readable manifest ({type(e).__name__}: {e})") from e
-    for rel, (size, sha) in sorted(expected.items()):
-        f = ckpt / rel
+    # every name is checked before any file is opened: an entry outside the folder is never read, even to hash it
+    listed = {rel: own_file(ckpt, rel) for rel in sorted(expected)}
+    for rel, f in listed.items():
+        size, sha = expected[rel]
         if not f.is_file():
             raise CheckpointCorrupt(f"{f} is missing (listed in {path})")
         got_size = f.stat().st_size
@@ -242,14 +476,36 @@ def verify_checkpoint(ckpt: Path) -> bool:
 # writing
 
 
+def _remove(path: Path) -> None:
+    """Remove a file, a link (never what it points to) or a folder."""
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        path.unlink(missing_ok=True)
+    elif path.exists():
+        shutil.rmtree(path)
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Rename the sealed folder `tmp` to `final`. A folder or link already at `final` (a checkpoint saved again,
+    after a rollback or a conversion) is first renamed aside, to DISPLACED + name, and removed after: a crash between
+    the two renames leaves it there, and remove_leftovers puts it back. A link is removed as a link: what it points
+    to is not this run's to delete."""
+    aside = final.parent / f"{DISPLACED}{final.name}"
+    _remove(aside)  # an earlier copy, when `final` exists too (else remove_leftovers would have put it back)
+    if final.is_symlink() or final.exists():
+        os.replace(final, aside)
+    os.replace(tmp, final)
+    _sync_dir(final.parent)
+    _remove(aside)
+
+
 def save_checkpoint(ckpt_root: Path, name: str, model, optimizer, ema, state: dict, keep: int = 2,
                     protect: tuple[str, ...] = (), side_files: dict[str, dict] | None = None,
                     optimizer_state: dict | None = None, extra: dict | None = None) -> Path:
     """Write checkpoint `name` under ckpt_root atomically and point `latest` at it; prune old ones.
 
-    side_files: extra JSON files (e.g. BASE_EVAL) sealed with the rest; extra: more entries of trainer.pt (the
-    gradient cosine's last gradient). optimizer_state: what to save of the
-    optimizer, when not optimizer.state_dict() (under FSDP, the gathered state). Raises NonFiniteState, writing
+    side_files: extra JSON files (e.g. BASE_EVAL) sealed with the rest; extra: more entries of the trainer state
+    (the gradient cosine's last gradient): tensors, numpy arrays and plain data. optimizer_state: what to save of
+    the optimizer, when not optimizer.state_dict() (under FSDP, the gathered state). Raises NonFiniteState, writing
     nothing, when the model, optimizer or EMA holds NaN or inf."""
     if optimizer_state is None:
         optimizer_state = optimizer.state_dict()
@@ -259,13 +515,12 @@ def save_checkpoint(ckpt_root: Path, name: str, model, optimizer, ema, state: di
     ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / name
     tmp = ckpt_root / f".tmp-{name}"
-    shutil.rmtree(tmp, ignore_errors=True)
     try:
+        _remove(tmp)
         write_model(model, tmp / "model")
-        torch.save({"optimizer": optimizer_state, "ema": ema.state_dict() if ema is not None else None,
-                    "rng": rng_state(), **(extra or {})}, tmp / "trainer.pt")
-        # the marker tells a reader that a missing manifest was lost, not never written
-        (tmp / "state.json").write_text(json.dumps({**state, "checkpoint_format": MANIFEST_FORMAT}, indent=1))
+        write_trainer_state(tmp, {"optimizer": optimizer_state, "ema": ema.state_dict() if ema is not None else None,
+                                  "rng": rng_state(), **(extra or {})})
+        (tmp / STATE).write_text(json.dumps({**state, "checkpoint_format": CHECKPOINT_FORMAT}, indent=1))
         for file_name, content in (side_files or {}).items():
             (tmp / file_name).write_text(json.dumps(content, indent=1))
         write_manifest(tmp)
@@ -275,13 +530,40 @@ def save_checkpoint(ckpt_root: Path, name: str, model, optimizer, ema, state: di
             raise DiskFull(28, f"no space left on the device writing checkpoint {final}; "
                                f"{ckpt_root / LATEST} still names {read_pointer(ckpt_root)}") from e
         raise
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _sync_dir(ckpt_root)
+    _publish(tmp, final)
     point_latest(ckpt_root, name)
     _prune(ckpt_root, keep, protect=(name, *protect))
     return final
+
+
+def convert_legacy(ckpt: Path, trainer: dict) -> None:
+    """Rewrite checkpoint folder `ckpt` of the older layout (trainer.pt) in this one, its trainer state being
+    `trainer` (read from it with read_legacy_trainer): every other file byte for byte, state.json marked, a new
+    manifest. The converted copy is built beside it and swapped in (_publish): a crash leaves one of the two."""
+    root, real = ckpt.parent, Path(os.path.realpath(ckpt))
+    tmp = root / f".tmp-{ckpt.name}"
+    try:
+        _remove(tmp)
+        # hard links where the file system has them: the weights are the bulk of a checkpoint, and no file is ever
+        # written in place (state.json, the one rewritten, is left out and written anew)
+        shutil.copytree(real, tmp, symlinks=True, copy_function=_link_or_copy,
+                        ignore=lambda d, names: [n for n in names if Path(d) == real
+                                                 and n in (LEGACY_TRAINER, MANIFEST, STATE)])
+        state = json.loads((real / STATE).read_bytes())
+        write_trainer_state(tmp, trainer)
+        (tmp / STATE).write_text(json.dumps({**state, "checkpoint_format": CHECKPOINT_FORMAT}, indent=1))
+        write_manifest(tmp)
+    except Exception:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _publish(tmp, ckpt)
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def is_disk_full(error: BaseException) -> bool:
@@ -290,15 +572,22 @@ def is_disk_full(error: BaseException) -> bool:
 
 
 def remove_leftovers(ckpt_root: Path) -> list[str]:
-    """Remove what an interrupted save leaves (.tmp-epoch_NNNN folders, a pointer's temporary file); their names."""
-    gone = []
-    for p in sorted(ckpt_root.glob(".tmp-*")) + sorted(ckpt_root.glob(".*.tmp")):
-        if p.is_dir():
-            shutil.rmtree(p, ignore_errors=True)
+    """Undo what an interrupted save left: .tmp-epoch_NNNN folders and a pointer's temporary file are removed, and a
+    checkpoint renamed aside to be replaced (DISPLACED) is put back when its replacement never arrived. Returns a
+    few words for each."""
+    done = []
+    for p in sorted(ckpt_root.glob(f"{DISPLACED}*")):
+        final = ckpt_root / p.name.removeprefix(DISPLACED)
+        if final.is_symlink() or final.exists():
+            _remove(p)
+            done.append(p.name)
         else:
-            p.unlink(missing_ok=True)
-        gone.append(p.name)
-    return gone
+            os.replace(p, final)
+            done.append(f"{p.name} (put back as {final.name})")
+    for p in sorted(ckpt_root.glob(".tmp-*")) + sorted(ckpt_root.glob(".*.tmp")):
+        _remove(p)
+        done.append(p.name)
+    return done
 
 
 def _sync_dir(directory: Path) -> None:
@@ -309,9 +598,28 @@ def _sync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def _pointer_folder(path: Path) -> CheckpointCorrupt | None:
+    """The error for a pointer that is a real folder (it can be neither read as a name nor replaced atomically)."""
+    if path.is_dir() and not path.is_symlink():
+        return CheckpointCorrupt(f"{path} is a folder, not the pointer file recam keeps there (a file holding the "
+                                 f"name of a checkpoint folder): move it out of {path.parent}")
+    return None
+
+
+def check_pointers(ckpt_root: Path) -> None:
+    """Raise CheckpointCorrupt, before anything is written, when `latest` or `selected` is a folder."""
+    for pointer in (LATEST, SELECTED):
+        if (error := _pointer_folder(ckpt_root / pointer)) is not None:
+            raise error
+
+
 def point(ckpt_root: Path, pointer: str, name: str) -> None:
-    """Atomically make the pointer file `pointer` (e.g. LATEST, SELECTED) name checkpoint folder `name`."""
+    """Atomically make the pointer file `pointer` (e.g. LATEST, SELECTED) name checkpoint folder `name`. A pointer
+    kept as a link is replaced by the file (the rename replaces the link, not what it points to)."""
+    if (error := _pointer_folder(ckpt_root / pointer)) is not None:
+        raise error
     pointer_tmp = ckpt_root / f".{pointer}.tmp"
+    _remove(pointer_tmp)
     pointer_tmp.write_text(name)
     os.replace(pointer_tmp, ckpt_root / pointer)
 
@@ -330,7 +638,7 @@ def epoch_of(folder: Path) -> int | None:
 def checkpoint_before(ckpt_root: Path, epoch: int) -> Path | None:
     """The newest complete epoch_NNNN folder with NNNN < epoch (epoch_NNNN holds the weights that sample epoch
     NNNN), or None. Its files are checked when it is read (`read_intact`)."""
-    older = [p for p in ckpt_root.glob("epoch_*") if p.is_dir() and (p / "state.json").exists()
+    older = [p for p in ckpt_root.glob("epoch_*") if p.is_dir() and (p / STATE).exists()
              and (n := epoch_of(p)) is not None and n < epoch]
     return max(older, default=None)
 
@@ -339,17 +647,36 @@ def _prune(ckpt_root: Path, keep: int, protect: tuple[str, ...]) -> None:
     names = sorted(p.name for p in ckpt_root.glob("epoch_*") if p.is_dir())
     for old in names[:-keep] if keep > 0 else []:
         if old not in protect:
-            shutil.rmtree(ckpt_root / old, ignore_errors=True)
+            try:
+                _remove(ckpt_root / old)
+            except OSError:
+                pass  # an old checkpoint left behind costs space, never the run
 
 
 def read_pointer(ckpt_root: Path, pointer: str = LATEST) -> str | None:
-    """The checkpoint folder name a pointer file holds, or None when the file is missing, empty, not UTF-8, or
-    holds anything but an epoch_NNNN name (a torn or garbled write)."""
+    """The checkpoint folder name a pointer holds, or None when it is missing, empty, not UTF-8, holds anything but
+    an epoch_NNNN name (a torn or garbled write), or is a folder. A pointer kept as a link (as some tools keep
+    `latest`) names the folder it links to, when that is an epoch_NNNN folder beside it."""
+    path = ckpt_root / pointer
+    if path.is_symlink():
+        target = Path(os.readlink(path))
+        name = target.name
+        beside = os.path.realpath(ckpt_root / name) == os.path.realpath(path)
+        return name if beside and re.fullmatch(r"epoch_\d+", name) else None
     try:
-        name = (ckpt_root / pointer).read_bytes().decode("utf-8").strip()
+        name = path.read_bytes().decode("utf-8").strip()
     except (OSError, UnicodeDecodeError):
         return None
     return name if re.fullmatch(r"epoch_\d+", name) else None
+
+
+def _pointer_contents(path: Path) -> str:
+    if path.is_symlink():
+        return f"it links to {os.readlink(path)}"
+    try:
+        return f"it holds {path.read_bytes()[:40]!r}"
+    except OSError as e:
+        return f"it cannot be read: {e.strerror}"
 
 
 def pointed_checkpoint(ckpt_root: Path, say: Callable[[str], None] | None = None) -> Path | None:
@@ -358,16 +685,19 @@ def pointed_checkpoint(ckpt_root: Path, say: Callable[[str], None] | None = None
     A damaged or missing pointer (empty, garbled, naming no folder that exists, deleted) loses nothing: the
     newest epoch_NNNN folder beside it stands in (reading it, `read_intact` walks down to the newest intact one),
     and say() gets one line naming the pointer. Without it a run would start again from epoch 0 over good
-    checkpoints."""
+    checkpoints. A `latest` that is a folder is refused (CheckpointCorrupt): what it holds is not known."""
     pointer = ckpt_root / LATEST
-    name = read_pointer(ckpt_root) if pointer.exists() else None
+    if (error := _pointer_folder(pointer)) is not None:
+        raise error
+    present = pointer.exists() or pointer.is_symlink()
+    name = read_pointer(ckpt_root) if present else None
     if name is not None and (ckpt_root / name).is_dir():
         return ckpt_root / name
     folders = sorted(p for p in ckpt_root.glob("epoch_*") if p.is_dir() and epoch_of(p) is not None)
-    if not folders and not pointer.exists():
+    if not folders and not present:
         return None  # a fresh run
-    what = (f"{pointer} is missing beside {len(folders)} checkpoint folder(s)" if not pointer.exists() else
-            f"{pointer} names no epoch_NNNN checkpoint folder here (it holds {pointer.read_bytes()[:40]!r})")
+    what = (f"{pointer} is missing beside {len(folders)} checkpoint folder(s)" if not present else
+            f"{pointer} names no epoch_NNNN checkpoint folder here ({_pointer_contents(pointer)})")
     if not folders:
         raise CheckpointCorrupt(f"{what} and {ckpt_root} has none: nothing to resume from")
     if say is not None:
@@ -378,7 +708,7 @@ def pointed_checkpoint(ckpt_root: Path, say: Callable[[str], None] | None = None
 def latest_checkpoint(ckpt_root: Path) -> Path | None:
     """The folder `latest` points to, or None for a fresh run. A dangling pointer is an error, not a restart."""
     target = pointed_checkpoint(ckpt_root)
-    if target is not None and not (target / "state.json").exists():
+    if target is not None and not (target / STATE).exists():
         raise FileNotFoundError(f"{ckpt_root / LATEST} points to {target}, which holds no state.json: the checkpoint "
                                 "is incomplete; point `latest` at an intact epoch_* folder or remove it")
     return target
@@ -399,6 +729,8 @@ class Checkpoint:
     weights_path: Path
     base_eval: dict | None
     verified: bool  # False: an older checkpoint without a manifest, checked only by parsing
+    run_config: dict | None = None
+    legacy: bool = False  # its trainer state came from a trainer.pt (convert_legacy rewrites the folder)
 
 
 def _read_json(path: Path) -> dict:
@@ -411,46 +743,99 @@ def _read_json(path: Path) -> dict:
     return value
 
 
-def read_checkpoint(ckpt: Path, model) -> Checkpoint:
-    """Read checkpoint folder `ckpt` for a run with this model's layout: the manifest first, then every file parsed
-    and every tensor checked finite. Raises CheckpointCorrupt naming the first file that fails."""
+def _read_sealed(ckpt: Path) -> tuple[bool, dict, dict | None]:
+    """(verified, state.json, run_config.json or None) of checkpoint folder `ckpt`: the manifest first, so neither
+    JSON file is parsed, let alone used, before its bytes are vouched for."""
     verified = verify_checkpoint(ckpt)
-    state = _read_json(ckpt / "state.json")
+    path = own_file(ckpt, STATE)
+    state = _read_json(path)
     for key, kind in (("epoch", int), ("global_step", int), ("learning_rate", (int, float))):
         if not isinstance(state.get(key), kind) or isinstance(state.get(key), bool):
-            raise CheckpointCorrupt(f"{ckpt / 'state.json'} has no valid {key!r} (got {state.get(key)!r})")
-    path = ckpt / "trainer.pt"
-    try:
-        # pickle, so only after the manifest vouched for these bytes (or, for an older checkpoint, as before)
-        trainer = torch.load(io.BytesIO(path.read_bytes()), map_location="cpu", weights_only=False)
-    except Exception as e:  # noqa: BLE001 - any unpickling failure means the same thing to the user
-        raise CheckpointCorrupt(f"{path} is unreadable ({type(e).__name__}: {e})") from e
-    if not isinstance(trainer, dict) or not {"optimizer", "ema", "rng"} <= set(trainer):
-        raise CheckpointCorrupt(f"{path} does not hold the optimizer, EMA and RNG states")
+            raise CheckpointCorrupt(f"{path} has no valid {key!r} (got {state.get(key)!r})")
+    config_path = own_file(ckpt, RUN_CONFIG)
+    run_config = _read_json(config_path) if config_path.exists() else None
+    if run_config is not None and not isinstance(run_config.get("config"), dict):
+        raise CheckpointCorrupt(f"{config_path} holds no 'config' object")
+    return verified, state, run_config
+
+
+def _read_trainer(ckpt: Path, trust_legacy: bool) -> tuple[dict, bool]:
+    """(the trainer state, whether it came from a legacy trainer.pt)."""
+    new, legacy = own_file(ckpt, TRAINER_STATE), own_file(ckpt, LEGACY_TRAINER)
+    if new.exists() or own_file(ckpt, TRAINER_TENSORS).exists():
+        if legacy.exists():
+            raise CheckpointCorrupt(f"{legacy} is beside {new}: which is the run's trainer state is not known")
+        return read_trainer_state(ckpt), False
+    if legacy.exists():
+        return read_legacy_trainer(legacy, trust_legacy), True
+    raise CheckpointCorrupt(f"{new} is missing (and there is no {LEGACY_TRAINER}): the checkpoint holds no optimizer "
+                            "state")
+
+
+def _check_trainer(trainer: dict, where: Path) -> None:
+    """CheckpointCorrupt naming `where` unless the trainer state holds the optimizer, EMA and RNG states, finite."""
+    ema, optimizer, rng = trainer.get("ema"), trainer.get("optimizer"), trainer.get("rng")
+    per_param = optimizer.get("state", {}) if isinstance(optimizer, dict) else None
+    shaped = isinstance(per_param, dict) and all(isinstance(v, dict) for v in per_param.values())
+    if "ema" not in trainer or not shaped or not isinstance(rng, dict) or not {"torch", "numpy", "python"} <= set(rng) \
+            or not (ema is None or isinstance(ema, dict) and isinstance(ema.get("shadow_params"), list)):
+        raise CheckpointCorrupt(f"{where} does not hold the optimizer, EMA and RNG states")
     bad = nonfinite_names(_optimizer_tensors(trainer["optimizer"]))
-    if trainer["ema"] is not None:
-        bad += nonfinite_names((f"ema.shadow_params.{i}", t) for i, t in enumerate(trainer["ema"]["shadow_params"]))
+    if ema is not None:
+        bad += nonfinite_names((f"ema.shadow_params.{i}", t) for i, t in enumerate(ema["shadow_params"]))
     if bad:
-        raise CheckpointCorrupt(f"{path} holds non-finite values in {_few(bad)}")
+        raise CheckpointCorrupt(f"{where} holds non-finite values in {_few(bad)}")
+
+
+def convert_legacy_folder(ckpt: Path) -> bool:
+    """Convert checkpoint folder `ckpt` to this layout when it holds a trainer.pt (the caller vouches for it, as
+    trust_legacy_checkpoint does); False when it does not. Its manifest, JSON files and trainer state are checked
+    first, as a resume checks them."""
+    _read_sealed(ckpt)
+    if not own_file(ckpt, LEGACY_TRAINER).exists():
+        return False
+    trainer, _ = _read_trainer(ckpt, trust_legacy=True)
+    _check_trainer(trainer, ckpt / LEGACY_TRAINER)
+    convert_legacy(ckpt, trainer)
+    return True
+
+
+def read_checkpoint(ckpt: Path, model, trust_legacy: bool = False) -> Checkpoint:
+    """Read checkpoint folder `ckpt` for a run with this model's layout: the manifest first, then every file parsed
+    and every tensor checked finite. Raises CheckpointCorrupt naming the first file that fails, LegacyCheckpoint
+    for a trainer.pt when not trust_legacy."""
+    verified, state, run_config = _read_sealed(ckpt)
+    trainer, legacy = _read_trainer(ckpt, trust_legacy)
+    _check_trainer(trainer, ckpt / (LEGACY_TRAINER if legacy else TRAINER_TENSORS))
     # a missing weights file of a sealed checkpoint was reported above; here it means LoRA vs full fine-tuning, a
     # config mismatch that every older checkpoint shares, so it is raised as it is rather than walked past
     weights_path = model_weights_file(model, ckpt / "model")
-    weights = read_weights(weights_path)
-    base_eval = _read_json(ckpt / BASE_EVAL) if (ckpt / BASE_EVAL).exists() else None
-    return Checkpoint(ckpt, state, trainer, weights, weights_path, base_eval, verified)
+    weights = read_weights(own_file(ckpt, weights_path.relative_to(ckpt).as_posix()))
+    base_eval_path = own_file(ckpt, BASE_EVAL)
+    base_eval = _read_json(base_eval_path) if base_eval_path.exists() else None
+    return Checkpoint(ckpt, state, trainer, weights, weights_path, base_eval, verified, run_config, legacy)
 
 
-def read_intact(ckpt_root: Path, newest: Path, model, say: Callable[[str], None]) -> Checkpoint:
-    """`newest` read, or when it is corrupt the newest epoch_NNNN folder below it that reads intact. say() gets one
-    line per skipped folder (which, and why) and one for an older, unverified checkpoint. Raises CheckpointCorrupt
-    when none is intact."""
+def _newest_first(ckpt_root: Path, newest: Path) -> list[Path]:
+    """`newest`, then the epoch_NNNN folders below it, newest first: the order a resume tries them in."""
     top = epoch_of(newest)
     older = sorted((p for p in ckpt_root.glob("epoch_*") if p.is_dir() and p != newest
                     and (n := epoch_of(p)) is not None and top is not None and n < top), reverse=True)
+    return [newest, *older]
+
+
+def read_intact(ckpt_root: Path, newest: Path, model, say: Callable[[str], None],
+                trust_legacy: bool = False) -> Checkpoint:
+    """`newest` read, or when it is corrupt the newest epoch_NNNN folder below it that reads intact. say() gets one
+    line per skipped folder (which, and why) and one for an older, unverified checkpoint. Raises CheckpointCorrupt
+    when none is intact, LegacyCheckpoint at the first legacy one when not trust_legacy (walking past it would
+    resume from an older one, silently losing what it holds)."""
     reasons = []
-    for ckpt in [newest, *older]:
+    for ckpt in _newest_first(ckpt_root, newest):
         try:
-            found = read_checkpoint(ckpt, model)
+            found = read_checkpoint(ckpt, model, trust_legacy)
+        except LegacyCheckpoint:
+            raise
         except CheckpointCorrupt as e:
             reasons.append(str(e))
             say(f"skipping corrupt checkpoint {ckpt.name}: {e}")
@@ -458,4 +843,20 @@ def read_intact(ckpt_root: Path, newest: Path, model, say: Callable[[str], None]
         if not found.verified:
             say(f"{ckpt} has no {MANIFEST} (written before checkpoints were checksummed): loaded unverified")
         return found
+    raise CheckpointCorrupt(f"no intact checkpoint under {ckpt_root}: " + "; ".join(reasons))
+
+
+def resumable_checkpoint(ckpt_root: Path, newest: Path) -> Path:
+    """The checkpoint a resume reads, for what must be known before the model exists (the config it recorded):
+    `newest`, or the newest folder below it whose manifest verifies and whose state.json and run_config.json parse.
+    read_intact walks the same folders in the same order, reads the rest and names what it skips. Raises
+    CheckpointCorrupt when none is."""
+    reasons = []
+    for ckpt in _newest_first(ckpt_root, newest):
+        try:
+            _read_sealed(ckpt)
+        except CheckpointCorrupt as e:
+            reasons.append(str(e))
+            continue
+        return ckpt
     raise CheckpointCorrupt(f"no intact checkpoint under {ckpt_root}: " + "; ".join(reasons))
