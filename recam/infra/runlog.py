@@ -50,14 +50,23 @@ def no_space(path: Path, error: BaseException) -> DiskFull:
     return full
 
 
+def _write(fd: int, data: memoryview) -> int:
+    """os.write: every byte the run writes into its folder goes through here (the tests' full disk replaces it)."""
+    return os.write(fd, data)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:  # a write may take only part of it, the next one then says why
+        view = view[_write(fd, view):]
+
+
 def _write_whole(fd: int, data: bytes, path: Path) -> None:
     """Append `data` to the file open at `fd` (O_APPEND), all of it or none: a write cut short by a full disk is cut
     back off, since a torn last line is what the next reader would have to explain."""
     start = os.fstat(fd).st_size
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        _write_all(fd, data)
     except OSError as e:
         with contextlib.suppress(OSError):
             os.ftruncate(fd, start)
@@ -94,11 +103,12 @@ def write_whole(path: Path, data: str | bytes) -> None:
     new ones, never a part. On a full disk nothing is left beside it and DiskFull names the file."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        with tmp.open("wb", buffering=0) as f:
-            view = memoryview(data.encode("utf-8") if isinstance(data, str) else data)
-            while view:
-                view = view[f.write(view):]
-            os.fsync(f.fileno())
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _write_all(fd, data.encode("utf-8") if isinstance(data, str) else data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException as e:
         with contextlib.suppress(OSError):
@@ -203,7 +213,9 @@ class RunLog:
         """Raise the DiskFull a log handler met (run.log's, or wandb's debug log), on the run's own thread: logging
         swallows its handlers' errors, and a run whose disk is full must stop, not carry on unlogged."""
         handler = getattr(self, "_file_handler", None)  # None also for a RunLog made without __init__ (tests)
-        full = (handler.full if handler is not None else None) or (_full_elsewhere[0] if _full_elsewhere else None)
+        if handler is None:  # logs not captured: nothing of logging's is this run's to stop on
+            return
+        full = handler.full or (_full_elsewhere[0] if _full_elsewhere else None)
         if full is not None:
             raise full
 
@@ -352,13 +364,14 @@ class RunLog:
         if self.wandb:
             self.wandb.finish()
             self.wandb = None
-        full = self._file_handler.full if self._file_handler is not None else None
-        full = full or (_full_elsewhere[0] if _full_elsewhere else None)
+        full = None
         if self._file_handler is not None:
+            full = self._file_handler.full or (_full_elsewhere[0] if _full_elsewhere else None)
             logging.getLogger().removeHandler(self._file_handler)
             self._file_handler.close()
             self._file_handler = None
             logging.Handler.handleError = _handle_error
+            _full_elsewhere.clear()
             for handler, level in self._console_levels:  # the console as it was before capture_logs
                 handler.setLevel(level)
         if full is not None:
