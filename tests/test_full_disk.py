@@ -250,7 +250,8 @@ def fill():
     st = os.statvfs(disk)
     with open(os.path.join(disk, "filler"), "ab") as f:
         f.write(bytes(max(0, st.f_bavail * st.f_frsize - free)))
-info, append, stop = runlog.RunLog.info, runlog.RunLog._append, runlog.stop_on_full_disk
+info, append = runlog.RunLog.info, runlog.RunLog._append
+stop = getattr(runlog, "stop_on_full_disk", None)  # absent before issue 52: the run then stops as it did
 def info_then_fill(self, msg):
     info(self, msg)
     if when == "line:" + msg[:len(when) - 5]:
@@ -266,7 +267,9 @@ def recorded_stop(error, run_dir):
         e = e.__cause__ or e.__context__
     Path(marker).write_text("\\n".join(chain))
     stop(error, run_dir)
-runlog.RunLog.info, runlog.RunLog._append, runlog.stop_on_full_disk = info_then_fill, fill_then_append, recorded_stop
+runlog.RunLog.info, runlog.RunLog._append = info_then_fill, fill_then_append
+if stop is not None:
+    runlog.stop_on_full_disk = recorded_stop
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
