@@ -412,14 +412,13 @@ def _entry_problem(path: Path, examples_dir: str | None) -> str | None:
     files = [path / name for name in RUN_FILES] + sorted(path.glob("run.rank*.log"))
     folders = [path / name for name in (*RUN_FOLDERS, ARCHIVE, *([examples_dir] if examples_dir else []))]
     for entry, folder in [(f, False) for f in files] + [(d, True) for d in folders]:
+        kept = f"its {entry.name} folder" if folder else f"its {entry.name} file"
         if entry.is_symlink() and not entry.exists():
-            return f"entry {entry} is a link to nothing ({os.readlink(entry)}), where the run keeps a " \
-                   f"{'folder' if folder else 'file'}"
+            return f"entry {entry} is a link to nothing ({os.readlink(entry)}) where the run keeps {kept}"
         if not entry.exists():
             continue
         if entry.is_dir() != folder:
-            return (f"entry {entry} is a {'file' if folder else 'folder'}, where the run keeps "
-                    f"{'a folder' if folder else 'a file'} ({'its ' + entry.name if folder else 'it writes it'})")
+            return f"entry {entry} is a {'file' if folder else 'folder'} where the run keeps {kept}"
         if not os.access(entry, os.W_OK | (os.X_OK if folder else 0)):
             return f"entry {entry} cannot be written by this user (permissions {entry.stat().st_mode & 0o777:o})"
     return None
