@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from config.resume import MUTABLE, NOT_RECORDED, differences, refusal, statement, why_mutable
+from config.resume import MUTABLE, differences, refusal, statement, why_mutable
 from recam.infra import runlog
 from recam.infra.runlog import read_records, run_dir_problem
 from tests.smoke_runs import ROOT
 
+NOT_RECORDED = "(not recorded)"  # config.resume.NOT_RECORDED: what a config without the field shows
 TOY = [str(ROOT / "scripts" / "train_recam.py"), "--config", "config/grpo.py:toy", "--config.num_epochs=1",
        "--config.eval.freq=100"]
 
