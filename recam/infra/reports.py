@@ -5,6 +5,7 @@ on the way to an optimizer step (recam.infra.runlog writes the records while tra
 
 from __future__ import annotations
 
+import errno
 import math
 import re
 from pathlib import Path
@@ -114,7 +115,7 @@ def write_reports(run_dir: Path) -> dict:
         written = verification.read_text(errors="replace") if verification.is_file() else ""
         if any(words in text for words in ("No space left on device", "Disk quota exceeded")
                for text in (v_out, written)):
-            raise DiskFull(28, f"no space left on the device writing {verification} (or its plots)")
+            raise DiskFull(errno.ENOSPC, f"no space left on the device writing {verification} (or its plots)")
         d_code, d_out = run_script("diagnose", [str(run_dir)])
         write_whole(diagnosis, d_out)
     except Exception as e:

@@ -167,6 +167,20 @@ def _quiet_when_full(handler: logging.Handler, record: logging.LogRecord) -> Non
     _handle_error(handler, record)
 
 
+@contextlib.contextmanager
+def _quiet_logging_errors():
+    """`_quiet_when_full` for the span of the block, unless it is in place already (capture_logs keeps it there until
+    close)."""
+    if logging.Handler.handleError is _quiet_when_full:
+        yield
+        return
+    logging.Handler.handleError = _quiet_when_full
+    try:
+        yield
+    finally:
+        logging.Handler.handleError = _handle_error
+
+
 class RunLog:
     """The console shows progress bars, one line per epoch, what went wrong, and the summary (`info`); the run's
     log file gets those and every detail besides (`detail`, and the libraries' logging once `capture_logs` ran)."""
@@ -185,9 +199,13 @@ class RunLog:
             os.environ.setdefault("WANDB_SILENT", "true")
             import wandb
 
-            self.wandb = wandb.init(project=config.logging.wandb_project, name=config.run_name,
-                                    dir=str(run_dir), mode=config.logging.wandb_mode, config=config.to_dict(),
-                                    resume="allow")
+            _full_elsewhere.clear()
+            with _quiet_logging_errors():  # wandb starts logging into <run_dir>/wandb before capture_logs
+                self.wandb = wandb.init(project=config.logging.wandb_project, name=config.run_name,
+                                        dir=str(run_dir), mode=config.logging.wandb_mode, config=config.to_dict(),
+                                        resume="allow")
+            if _full_elsewhere:
+                raise _full_elsewhere[0]
 
     def config_history(self, history: list[dict]) -> None:
         """config.json with the run's resume history: each resume's changed fields, old and new value."""
@@ -236,7 +254,7 @@ class RunLog:
                 raise no_space(path, e) from e
             raise
         root.addHandler(self._file_handler)
-        _full_elsewhere.clear()
+        _full_elsewhere.clear()  # a disk still full is met again at the next record, and noted again
         logging.Handler.handleError = _quiet_when_full
         if root.level == logging.NOTSET or root.level > logging.INFO:
             root.setLevel(logging.INFO)
