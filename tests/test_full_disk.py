@@ -346,3 +346,29 @@ def test_torch_save_s_stream_error_ends_in_one_line_with_exit_3_injected(tmp_pat
     p = _train(run_dir, "--config.logging.wandb_mode=disabled", prefix=("-c", STREAM_ERROR_AT_SECOND_SAVE))
     line = _check_one_line_stop(p, run_dir, f"checkpoint {run_dir / 'checkpoints' / 'epoch_0001'}", "epoch_0000")
     assert "Traceback" not in p.stderr and "unexpected pos" not in line
+
+
+def _check_stick_figures(out_dir: Path, make_full):
+    from recam.domains.motion.domain import stick_figure_gif
+
+    motion = torch.randn(12, 22, 3) * 0.3
+    make_full()
+    with pytest.raises(DiskFull, match=f"writing {re.escape(str(out_dir / 'walk.gif'))}$"):
+        stick_figure_gif(out_dir / "walk.gif", [motion, motion], ["reference", "generated"], "a person walks")
+    assert list(out_dir.iterdir()) == []
+
+
+def test_the_motion_domain_s_gifs_on_a_full_disk_leave_nothing_half_written_injected(tmp_path, monkeypatch):
+    from matplotlib.animation import PillowWriter
+
+    def full(self):  # part of the GIF written, then the device is full
+        Path(self.outfile).write_bytes(b"GIF89a")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(PillowWriter, "finish", full)
+    _check_stick_figures(tmp_path, lambda: None)
+
+
+def test_the_motion_domain_s_gifs_on_a_full_disk_leave_nothing_half_written(small_disk):
+    (small_disk / "motions").mkdir()
+    _check_stick_figures(small_disk / "motions", lambda: fill(small_disk, 0))

@@ -20,6 +20,7 @@ import logging
 import math
 import os
 import sys
+import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import NoReturn
@@ -491,6 +492,17 @@ def _chain(error: BaseException | None):
         error = error.__cause__ or error.__context__
 
 
+def _where(error: BaseException) -> str:
+    """The innermost line of this repository's code in the traceback that ended in `error` (file:line, function):
+    what the run was writing when the writer raised without naming its file."""
+    root = Path(__file__).resolve().parents[2]
+    frames = [f for e in _chain(error) for f in traceback.extract_tb(e.__traceback__)
+              if Path(f.filename).resolve().is_relative_to(root)]
+    if not frames:
+        return type(error).__name__
+    return f"{Path(frames[-1].filename).resolve().relative_to(root)}:{frames[-1].lineno}, {frames[-1].name}"
+
+
 def full_disk_words(error: BaseException, run_dir: Path) -> str:
     """What a run stopped by a full disk says: what could not be written, and which checkpoint a resume takes."""
     full = next((e for e in _chain(error) if isinstance(e, DiskFull)), None)
@@ -499,9 +511,8 @@ def full_disk_words(error: BaseException, run_dir: Path) -> str:
         words = full.strerror or str(full)
     elif where:
         words = f"no space left on the device writing {where}"
-    else:  # e.g. torch.save's "unexpected pos 576 vs 534", which names no file: its first line, shortened
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        words = f"no space left on the device ({first[:200]})"
+    else:  # a writer that names no file (torch.save's "unexpected pos 576 vs 534", an image library): where it was
+        words = f"no space left on the device (met at {_where(error)})"
     if LATEST not in words:
         name = read_pointer(run_dir / "checkpoints")
         words += (f"; {run_dir / 'checkpoints' / LATEST} names {name}" if name else
