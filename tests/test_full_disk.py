@@ -361,12 +361,19 @@ def _check_stick_figures(out_dir: Path, make_full):
 def test_the_motion_domain_s_gifs_on_a_full_disk_leave_nothing_half_written_injected(tmp_path, monkeypatch):
     from matplotlib.animation import PillowWriter
 
+    from recam.domains.motion.domain import stick_figure_gif
+
+    (tmp_path / "ok").mkdir()  # with space: the GIF, and nothing beside it
+    written = stick_figure_gif(tmp_path / "ok" / "walk.gif", [torch.zeros(4, 22, 3)], ["reference"], "stands")
+    assert written.read_bytes().startswith(b"GIF8") and [p.name for p in written.parent.iterdir()] == ["walk.gif"]
+
     def full(self):  # part of the GIF written, then the device is full
         Path(self.outfile).write_bytes(b"GIF89a")
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(PillowWriter, "finish", full)
-    _check_stick_figures(tmp_path, lambda: None)
+    (tmp_path / "full").mkdir()
+    _check_stick_figures(tmp_path / "full", lambda: None)
 
 
 def test_the_motion_domain_s_gifs_on_a_full_disk_leave_nothing_half_written(small_disk):
