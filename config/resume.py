@@ -37,8 +37,8 @@ MUTABLE = {
     "logging.": "where its logs go",
     "eval.freq": "how often it evaluates",
     "eval.every_seconds": "its evaluation time grid",
-    "eval.batch_size": "conditions per evaluation forward (each condition keeps its noise; batched kernels round "
-                       "differently, about 1e-6 in evaluation metrics; training is unchanged)",
+    "eval.batch_size": "conditions per evaluation forward (each condition keeps its noise, but batched kernels "
+                       "round differently: evaluation metrics may differ in their last digits; training is unchanged)",
     "eval.num_videos": "example videos written",
     "eval.report_rewards": "rewards scored at evaluation beside the weighted ones (never trained on; the evaluations "
                            "from here on score the new set)",
