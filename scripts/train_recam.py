@@ -6,9 +6,11 @@ Per epoch: sample k copies of each condition with log-probs -> score with the re
 processes -> group-relative advantages -> clipped-ratio policy updates with a KL pull toward the frozen
 reference -> health guard -> checkpoint -> evaluate held-out conditions with deterministic sampling
 (recam/engine/trainer.py). Exit status: 0 when the run ends, 3 when it stopped early (reward server down, at
-start or mid-run, the health guard, or a full disk: `latest` then names the last intact checkpoint), 2 for an
-invalid config or a run_dir that cannot hold a run, 4 when a resume finds no checkpoint it can trust (every one
-corrupt, or its state disagreeing with the metrics log); nothing is changed then.
+start or mid-run, the health guard, or a full disk: one line, `latest` then names the last intact checkpoint and
+the same command resumes), 2 for an invalid config or a run_dir that cannot hold a run (an entry of it that is not
+what the run keeps there included), 4 when a resume finds no checkpoint it can trust (every one corrupt, or its
+state disagreeing with the metrics log); nothing is changed then. resume=False in a folder that holds a run moves
+that run's checkpoints and records to <run_dir>/archive/<UTC time>/ first (runlog.archive_run).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from ml_collections import config_flags  # noqa: E402
 from config import resume  # noqa: E402
 from config.plugins import add_loss_settings, import_plugins  # noqa: E402
 from config.validate import ConfigError, eval_report_rewards, validate, validate_files  # noqa: E402
-from recam.domains import build_domain  # noqa: E402
+from recam.domains import build_domain, domain_class  # noqa: E402
 from recam.engine.reward_runner import RewardServerDown  # noqa: E402
 from recam.engine.trainer import GRPOTrainer  # noqa: E402
 from recam.infra import runlog  # noqa: E402
@@ -188,6 +190,20 @@ def resolve_repo_paths(config) -> None:
                 config[section][name] = str(ROOT / value)
 
 
+def preset_defaults(config) -> dict:
+    """The named preset's own values, without the command line's overrides, with the chosen policy loss's defaults
+    for the settings it brings: what a field the run's checkpoint does not record is held against on resume
+    (config/resume.py)."""
+    from recam.engine.losses import POLICY_LOSSES
+
+    _, preset = load_preset(CONFIG_ARGV)
+    out = {} if isinstance(preset, Exception) else json.loads(preset.to_json())
+    settings = POLICY_LOSSES[config.train.policy_loss].fields()  # registered: validation checked it
+    train = out.setdefault("train", {})
+    train.update({k: v for k, v in json.loads(json.dumps(settings)).items() if k not in train})
+    return out
+
+
 def resume_changes(config, requested: dict) -> tuple[list[tuple], list[dict]]:
     """(the fields this start changes from the run's recorded config, the run's resume history with this start's
     changes added). A field fixed for the run's life (config/resume.py) that differs ends the start here, exit 2,
@@ -210,7 +226,7 @@ def resume_changes(config, requested: dict) -> tuple[list[tuple], list[dict]]:
         print(f"[recam] {run_dir} records no config: resuming without comparing configs", flush=True)
         return [], []
     old, history, source = found
-    allowed, refused = resume.differences(old, requested)
+    allowed, refused = resume.differences(old, requested, preset_defaults(config))
     if refused:
         config_error(resume.refusal(refused, source))
     change = {"checkpoint": newest.name, "changes": {f: [a, b] for f, a, b in allowed}}
@@ -219,18 +235,30 @@ def resume_changes(config, requested: dict) -> tuple[list[tuple], list[dict]]:
 
 def main(_):
     config = FLAGS.config
+    try:
+        train(config)
+    except Exception as e:  # every write that finds the disk full ends here: one line, exit status 3
+        if not is_disk_full(e):
+            raise
+        runlog.stop_on_full_disk(e, Path(config.run_dir))
+
+
+def train(config) -> None:
     requested = json.loads(config.to_json())  # as asked for, before repository paths are resolved on this machine
     resolve_repo_paths(config)
     # Validation comes first, before the Accelerator or any model: the process count is the launcher's WORLD_SIZE.
     num_processes = int(os.environ.get("WORLD_SIZE", "1") or 1)
     try:
         import_plugins(config)  # what they register (rewards, losses) is validated and used like the project's own
-        add_loss_settings(config, LOSS_SETTINGS)  # a plugin loss's settings, and their command-line values
+        added = add_loss_settings(config, LOSS_SETTINGS)  # a plugin loss's settings, and their command-line values
         derived = validate(config, num_processes)
         validate_files(config)  # paths, in_channels and sample shape against the checkpoint's config.json headers
     except ConfigError as e:
         config_error(str(e))
-    problem = runlog.run_dir_problem(config.run_dir)  # before anything is created or computed
+    # a plugin loss's settings are the run's config like any other field: sealed with it, and compared on resume
+    requested["train"].update(json.loads(json.dumps({field: config.train[field] for field in added})))
+    examples_dir = getattr(domain_class(config.domain), "examples_dir", None)  # validated: the domain exists
+    problem = runlog.run_dir_problem(config.run_dir, examples_dir)  # before anything is created or computed
     if problem:
         config_error(problem)
     changes, history = resume_changes(config, requested)
@@ -243,8 +271,14 @@ def main(_):
             derived = validate(config, accelerator.num_processes)
         except ConfigError as e:
             config_error(str(e))
+    archived = None
+    if not config.resume and accelerator.is_main_process:
+        archived = runlog.archive_run(Path(config.run_dir), examples_dir)
+    accelerator.wait_for_everyone()  # no process opens its log in the folder before the earlier run is out of it
     log = runlog.RunLog(Path(config.run_dir), config, enabled=accelerator.is_main_process)
     log.capture_logs(accelerator.process_index)
+    if archived:
+        log.info(archived)
     log.detail(f"derived numbers: {json.dumps(derived.record())}")
     torch.manual_seed(config.seed)
     np.random.seed(config.seed)
@@ -267,14 +301,8 @@ def main(_):
         print(f"[recam] cannot resume: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
         log.close()
         sys.exit(4)
-    except Exception as e:  # a full disk ends the run; the checkpoint `latest` names is intact (save_checkpoint)
-        if not is_disk_full(e):
-            raise
-        print(f"[recam] stopped: {' '.join(str(e).split())}; free space and run the same command to resume",
-              file=sys.stderr, flush=True)
-        sys.exit(3)
 
-    log.close()
+    log.close()  # a full disk its log met on the way is raised here, and ends the run in `main`
     # The DDP reducer must die before its process group, or gloo's teardown deadlocks on the GIL at exit.
     accelerator.free_memory()
     trainer = None

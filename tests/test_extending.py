@@ -155,6 +155,13 @@ def test_recipe_2_a_policy_loss(tmp_path):
     assert p.returncode == 2 and p.stderr.strip() == shown, p.stderr[-3000:]
     assert not bad_dir.exists()
 
+    # the loss's setting is the run's config like any other field: a resume that changes it is refused
+    good = [re.sub(rf"^--config\.train\.{field}=.*", f"--config.train.{field}={float(value) * 2}", a) for a in args]
+    good = [re.sub(r"^--config\.run_dir=.*", f"--config.run_dir={run_dir}", a) for a in good]
+    p = _run([*good, "--config.num_epochs=3"], code)
+    assert p.returncode == 2, p.stderr[-3000:]
+    assert f"train.{field} is {float(value) * 2} here but {float(value)} in the run" in p.stderr.strip(), p.stderr
+
 
 def test_recipe_3_a_domain(tmp_path):
     _, command_block, run_dir, records, _, _ = run_recipe("3. A domain", tmp_path)

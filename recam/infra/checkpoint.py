@@ -72,8 +72,9 @@ class ResumeMismatch(ValueError):
 
 
 class DiskFull(OSError):
-    """A checkpoint could not be written for want of space: nothing of it was kept, `latest` names the last intact
-    one."""
+    """Something of the run could not be written for want of space (ENOSPC, or a quota's EDQUOT): what was being
+    written was removed, and `latest` names the last intact checkpoint. Its strerror is the one line the run stops
+    with."""
 
 
 class NonFiniteState(ValueError):
@@ -566,9 +567,23 @@ def _link_or_copy(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
-def is_disk_full(error: BaseException) -> bool:
-    """An OSError ENOSPC, or a writer's own error saying so (safetensors raises SafetensorError, not OSError)."""
-    return getattr(error, "errno", None) == 28 or "No space left on device" in str(error)
+def is_disk_full(error: BaseException | None) -> bool:
+    """Whether `error`, or an error anywhere in its cause chain, is a write that found no space: an OSError with
+    ENOSPC or EDQUOT, or a writer's own error that says so without an errno. safetensors (SafetensorError) and other
+    Rust writers put the OS error in the message; torch.save's zip writer drops the errno and reports only that its
+    stream failed ("basic_ios::clear: iostream error", "unexpected pos N vs M", "file write failed"), which a full
+    disk is what causes in practice: a short write."""
+    import errno
+
+    says_so = re.compile(r"No space left on device|Disk quota exceeded|os error (28|122)\b|code: (28|122)\b|"
+                         r"StorageFull|QuotaExceeded|basic_ios::clear|unexpected pos \d+ vs \d+|file write failed")
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or says_so.search(str(error)):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def remove_leftovers(ckpt_root: Path) -> list[str]:

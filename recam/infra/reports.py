@@ -5,6 +5,7 @@ on the way to an optimizer step (recam.infra.runlog writes the records while tra
 
 from __future__ import annotations
 
+import errno
 import math
 import re
 from pathlib import Path
@@ -12,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from recam.infra.runlog import fmt_or_na
+from recam.infra.checkpoint import DiskFull, is_disk_full
+from recam.infra.runlog import fmt_or_na, no_space, write_whole
 from recam.infra.stats import paired_change
 
 
@@ -71,7 +73,7 @@ def write_summary(log, before: dict, after: dict, extra_paths: dict | None = Non
     paths.update(extra_paths or {})
     lines += [f"{k}: {v}" for k, v in paths.items()]
     text = "\n".join(lines)
-    (log.run_dir / "summary.md").write_text(text + "\n")
+    write_whole(log.run_dir / "summary.md", text + "\n")
     print("\n" + text, flush=True)
     return text
 
@@ -94,18 +96,34 @@ def run_script(name: str, argv: list[str]) -> tuple[int, str]:
             code = module.main(argv)
         except SystemExit as e:  # argparse and friends
             code = e.code if isinstance(e.code, int) else 1
-        except Exception:  # noqa: BLE001 - the report says the tool failed; the run's results stand
+        except Exception as e:  # noqa: BLE001 - the report says the tool failed; the run's results stand
+            if is_disk_full(e):  # but a full disk stops the run, like any other write that finds none
+                raise
             code = 1
             printed.write(traceback.format_exc())
     return int(code or 0), printed.getvalue()
 
 
 def write_reports(run_dir: Path) -> dict:
-    """Run the project's GRPO verification and diagnosis tools on this run; returns their report paths."""
+    """Run the project's GRPO verification and diagnosis tools on this run; returns their report paths. A full disk
+    raises DiskFull, with no report or plot of this call left half-written."""
     verification, diagnosis = run_dir / "grpo_verification.md", run_dir / "diagnosis.md"
-    v_code, v_out = run_script("verify_grpo_log", [str(run_dir), "--out", str(verification)])
-    d_code, d_out = run_script("diagnose", [str(run_dir)])
-    diagnosis.write_text(d_out)
+    try:
+        v_code, v_out = run_script("verify_grpo_log", [str(run_dir), "--out", str(verification)])
+        # The verifier keeps going when it cannot write: a plot it could not save becomes a note in its report, a
+        # report it could not save is printed instead. Here that means the disk is full.
+        written = verification.read_text(errors="replace") if verification.is_file() else ""
+        if any(words in text for words in ("No space left on device", "Disk quota exceeded")
+               for text in (v_out, written)):
+            raise DiskFull(errno.ENOSPC, f"no space left on the device writing {verification} (or its plots)")
+        d_code, d_out = run_script("diagnose", [str(run_dir)])
+        write_whole(diagnosis, d_out)
+    except Exception as e:
+        if not is_disk_full(e):
+            raise
+        for path in (verification, *run_dir.glob(f"{verification.stem}_*.png")):
+            path.unlink(missing_ok=True)
+        raise
     headline = v_out.strip().splitlines()[0] if v_out.strip() else ""
     print(headline or v_out[-2000:], flush=True)
     # The verifier exits 0 on PASS and on WARN alike: the word in its headline is what the summary must repeat.
@@ -148,10 +166,17 @@ def summarise_eval(rows: list[dict], prefix: str = "eval") -> dict:
 
 
 def write_comparison_videos(out_dir: Path, batch: dict, videos: torch.Tensor, n: int, scale: int = 4) -> list[Path]:
-    """GIFs of source | ground truth | generated, side by side, for the first n conditions of a batch."""
-    import imageio.v2 as imageio
+    """GIFs of source | ground truth | generated, side by side, for the first n conditions of a batch. Each GIF is
+    encoded in memory and written whole (`write_whole`): a full disk leaves no half-written GIF, and no image writer
+    holding a file that its finaliser would try, and fail, to flush at exit."""
+    import imageio.v3 as iio
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        if is_disk_full(e):
+            raise no_space(out_dir, e) from e
+        raise
     paths = []
     for i in range(min(n, videos.shape[0])):
         panels = [batch["source_video"][i], batch["target_video"][i], videos[i]]
@@ -160,6 +185,6 @@ def write_comparison_videos(out_dir: Path, batch: dict, videos: torch.Tensor, n:
         frames = ((strip + 1) * 127.5).round().to(torch.uint8).permute(1, 2, 3, 0).numpy()
         frames = frames.repeat(scale, axis=1).repeat(scale, axis=2)
         path = out_dir / f"{batch['condition_ids'][i].replace('/', '_')}.gif"
-        imageio.mimsave(path, list(frames), duration=0.25, loop=0)
+        write_whole(path, iio.imwrite("<bytes>", frames, extension=".gif", duration=0.25, loop=0))
         paths.append(path)
     return paths

@@ -1,5 +1,9 @@
 """Run logging at the edge: metrics.jsonl (the record a verifier reads), wandb (offline by default), videos.
 
+What the run writes into its folder is written whole or not at all: a record appended is cut back out when the
+disk fills during it, a file replaced (config.json, summary.md) is written beside it and renamed over it. A full
+disk raises DiskFull naming the file, and scripts/train_recam.py ends the run on it in one line (`stop_on_full_disk`).
+
 metrics.jsonl holds one JSON object per line with a "type":
   "step"  - loss metrics of one optimizer step, keyed by the global step;
   "epoch" - everything an independent GRPO verification needs for one epoch (see `epoch_record`);
@@ -9,20 +13,173 @@ metrics.jsonl holds one JSON object per line with a "type":
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import math
 import os
+import sys
+import traceback
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from recam.infra.checkpoint import LATEST, DiskFull, is_disk_full, read_pointer
 from recam.infra.schema import REWARD_BOOKKEEPING
 
 LOG_FILE = "run.log"  # everything logged at INFO and above: the run's own lines, per-batch reward timings, retries
 _file_log = logging.getLogger("recam.run")
+
+# What a run keeps in its folder, by kind: `run_dir_problem` refuses a folder where one of these files belongs (or a
+# file where a folder does) before anything is written, and a start with resume=False moves them into ARCHIVE.
+RUN_FILES = ("config.json", "metrics.jsonl", LOG_FILE, "rolled_back.jsonl", "metrics.unreadable", "summary.md",
+             "grpo_verification.md", "diagnosis.md")
+RUN_FOLDERS = ("checkpoints", "wandb")  # and the domain's examples folder (Domain.examples_dir)
+RUN_FILE_PATTERNS = ("run.rank*.log", "grpo_verification_*.png", ".*.tmp", "metrics.tmp")  # rank logs, plots, temps
+ARCHIVE = "archive"  # <run_dir>/archive/<UTC time>/: earlier runs of this folder, moved there by resume=False
+
+
+def no_space(path: Path, error: BaseException) -> DiskFull:
+    """The DiskFull for a write of `path` that found the disk full (`error`, what the writer raised)."""
+    full = DiskFull(errno.ENOSPC, f"no space left on the device writing {path}")
+    full.__cause__ = error
+    return full
+
+
+def _write(fd: int, data: memoryview) -> int:
+    """os.write: every byte the run writes into its folder goes through here (the tests' full disk replaces it)."""
+    return os.write(fd, data)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:  # a write may take only part of it, the next one then says why
+        view = view[_write(fd, view):]
+
+
+def _write_whole(fd: int, data: bytes, path: Path) -> None:
+    """Append `data` to the file open at `fd` (O_APPEND), all of it or none: a write cut short by a full disk is cut
+    back off, since a torn last line is what the next reader would have to explain."""
+    start = os.fstat(fd).st_size
+    try:
+        _write_all(fd, data)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, start)
+        if is_disk_full(e):
+            raise no_space(path, e) from e
+        raise
+
+
+def append_whole(path: Path, data: bytes) -> None:
+    """Append `data` to `path` (created when missing) and sync it; on a full disk the file is left as it was and
+    DiskFull names it."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as e:
+        if is_disk_full(e):
+            raise no_space(path, e) from e
+        raise
+    try:
+        _write_whole(fd, data, path)
+        try:
+            os.fsync(fd)
+        except OSError as e:  # some file systems (NFS) report a full disk only here: the bytes are not kept
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, os.fstat(fd).st_size - len(data))
+            if is_disk_full(e):
+                raise no_space(path, e) from e
+            raise
+    finally:
+        os.close(fd)
+
+
+def write_whole(path: Path, data: str | bytes) -> None:
+    """Replace `path` by `data`: written beside it and renamed over it, so a reader finds the old contents or the
+    new ones, never a part. On a full disk nothing is left beside it and DiskFull names the file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _write_all(fd, data.encode("utf-8") if isinstance(data, str) else data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if is_disk_full(e):
+            raise no_space(path, e) from e
+        raise
+
+
+class _RunLogFile(logging.Handler):
+    """run.log: each record a whole line or nothing. A full disk is kept in `full` for the run to stop on
+    (RunLog.check_space) instead of logging's traceback per record; other failures are logging's as usual."""
+
+    def __init__(self, path: Path):
+        super().__init__(logging.INFO)
+        self.path = path
+        self.full: DiskFull | None = None
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.full is not None or self._fd is None:
+            return
+        try:
+            _write_whole(self._fd, (self.format(record) + "\n").encode("utf-8", "backslashreplace"), self.path)
+        except DiskFull as e:
+            self.full = e
+        except Exception:  # noqa: BLE001 - as logging.FileHandler: a failed record is reported, the run goes on
+            self.handleError(record)
+
+    def close(self) -> None:
+        self.acquire()
+        try:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+        finally:
+            self.release()
+            super().close()
+
+
+# A full disk met by another handler (wandb's debug log lives in <run_dir>/wandb): noted here for the run to stop
+# on, instead of the "--- Logging error ---" traceback logging prints for every record that handler gets from then.
+_full_elsewhere: list[DiskFull] = []
+_handle_error = logging.Handler.handleError
+
+
+def _quiet_when_full(handler: logging.Handler, record: logging.LogRecord) -> None:
+    error = sys.exc_info()[1]
+    if error is not None and is_disk_full(error):
+        if not _full_elsewhere:
+            where = getattr(handler, "baseFilename", None)
+            _full_elsewhere.append(no_space(Path(where), error) if where else
+                                   DiskFull(errno.ENOSPC, f"no space left on the device ({error})"))
+        return
+    _handle_error(handler, record)
+
+
+@contextlib.contextmanager
+def _quiet_logging_errors():
+    """`_quiet_when_full` for the span of the block, unless it is in place already (capture_logs keeps it there until
+    close)."""
+    if logging.Handler.handleError is _quiet_when_full:
+        yield
+        return
+    logging.Handler.handleError = _quiet_when_full
+    try:
+        yield
+    finally:
+        logging.Handler.handleError = _handle_error
 
 
 class RunLog:
@@ -34,36 +191,52 @@ class RunLog:
         self.run_dir = run_dir
         self.path = run_dir / "metrics.jsonl"
         self.wandb = None
-        self._file_handler: logging.Handler | None = None
+        self._file_handler: _RunLogFile | None = None
         if not enabled:
             return
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(config.to_json(indent=1))
+        write_whole(run_dir / "config.json", config.to_json(indent=1))
         if config.logging.wandb_mode != "disabled":
             os.environ.setdefault("WANDB_SILENT", "true")
             import wandb
 
-            self.wandb = wandb.init(project=config.logging.wandb_project, name=config.run_name,
-                                    dir=str(run_dir), mode=config.logging.wandb_mode, config=config.to_dict(),
-                                    resume="allow")
+            _full_elsewhere.clear()
+            with _quiet_logging_errors():  # wandb starts logging into <run_dir>/wandb before capture_logs
+                self.wandb = wandb.init(project=config.logging.wandb_project, name=config.run_name,
+                                        dir=str(run_dir), mode=config.logging.wandb_mode, config=config.to_dict(),
+                                        resume="allow")
+            if _full_elsewhere:
+                raise _full_elsewhere[0]
 
     def config_history(self, history: list[dict]) -> None:
         """config.json with the run's resume history: each resume's changed fields, old and new value."""
         if self.enabled and history:
             data = json.loads((self.run_dir / "config.json").read_text())
-            (self.run_dir / "config.json").write_text(json.dumps({**data, "resume_history": history}, indent=1))
+            write_whole(self.run_dir / "config.json", json.dumps({**data, "resume_history": history}, indent=1))
 
     def info(self, msg: str) -> None:
         """A line for the console (and the log file)."""
         if self.enabled:
             tqdm.write(f"[recam] {msg}")  # above a progress bar, never glued onto it
             _file_log.info(msg)
+            self.check_space()
 
     def detail(self, msg: str) -> None:
         """A line for the log file only: setup and per-batch details a person reads when something needs
         explaining."""
         if self.enabled:
             _file_log.info(msg)
+            self.check_space()
+
+    def check_space(self) -> None:
+        """Raise the DiskFull a log handler met (run.log's, or wandb's debug log), on the run's own thread: logging
+        swallows its handlers' errors, and a run whose disk is full must stop, not carry on unlogged."""
+        handler = getattr(self, "_file_handler", None)  # None also for a RunLog made without __init__ (tests)
+        if handler is None:  # logs not captured: nothing of logging's is this run's to stop on
+            return
+        full = handler.full or (_full_elsewhere[0] if _full_elsewhere else None)
+        if full is not None:
+            raise full
 
     def capture_logs(self, rank: int = 0) -> Path:
         """Route this process's Python logging (INFO and above) to <run_dir>/run.log (run.rank<N>.log on the other
@@ -75,19 +248,22 @@ class RunLog:
         self._console_levels = [(handler, handler.level) for handler in root.handlers]
         for handler in root.handlers:
             handler.setLevel(max(handler.level, logging.WARNING))
-        self._file_handler = logging.FileHandler(path, encoding="utf-8")
-        self._file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        self._file_handler.setLevel(logging.INFO)
+        try:
+            self._file_handler = _RunLogFile(path)
+        except OSError as e:
+            if is_disk_full(e):
+                raise no_space(path, e) from e
+            raise
         root.addHandler(self._file_handler)
+        _full_elsewhere.clear()  # a disk still full is met again at the next record, and noted again
+        logging.Handler.handleError = _quiet_when_full
         if root.level == logging.NOTSET or root.level > logging.INFO:
             root.setLevel(logging.INFO)
         return path
 
     def _append(self, obj: dict) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps(obj) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        self.check_space()
+        append_whole(self.path, (json.dumps(obj) + "\n").encode("utf-8"))
 
     def step_record(self, step: int, epoch: int, metrics: dict) -> None:
         if not self.enabled:
@@ -163,8 +339,7 @@ class RunLog:
         unreadable: list[bytes] = []
         records = read_records(self.path, unreadable)
         if unreadable:
-            with (self.run_dir / "metrics.unreadable").open("ab") as f:
-                f.write(b"".join(line + b"\n" for line in unreadable))
+            append_whole(self.run_dir / "metrics.unreadable", b"".join(line + b"\n" for line in unreadable))
             self.info(f"{self.path}: skipped {len(unreadable)} line(s) that are not UTF-8 JSON records (kept in "
                       f"{self.run_dir / 'metrics.unreadable'})")
         dropped = [r for r in records
@@ -173,13 +348,18 @@ class RunLog:
         if base_record is not None and not any(r.get("type") == "eval" and r.get("tag") == "start" for r in kept):
             kept.insert(0, base_record)
             self.info(f"{self.path} had lost the base evaluation: restored from the base checkpoint's record")
+        archive = self.run_dir / "rolled_back.jsonl"
+        size = archive.stat().st_size if archive.exists() else 0
         if archive_reason and dropped:
-            with (self.run_dir / "rolled_back.jsonl").open("a") as f:
-                for r in dropped:
-                    f.write(json.dumps({**r, "rolled_back": archive_reason}) + "\n")
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        os.replace(tmp, self.path)
+            append_whole(archive,
+                         "".join(json.dumps({**r, "rolled_back": archive_reason}) + "\n" for r in dropped).encode())
+        try:
+            write_whole(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+        except BaseException:  # the records stay in metrics.jsonl: then they must not be in the archive as well
+            if archive_reason and dropped:
+                with contextlib.suppress(OSError):
+                    os.truncate(archive, size)
+            raise
 
     def archive_after(self, epoch: int, reason: str) -> None:
         self.truncate_after(epoch, archive_reason=reason)
@@ -199,19 +379,31 @@ class RunLog:
         return write_summary(self, before, after, **kwargs)
 
     def close(self) -> None:
+        """Finish wandb and give the console back; a full disk met by the log on the way raises DiskFull."""
         if self.wandb:
             self.wandb.finish()
+            self.wandb = None
+        full = None
         if self._file_handler is not None:
+            full = self._file_handler.full or (_full_elsewhere[0] if _full_elsewhere else None)
             logging.getLogger().removeHandler(self._file_handler)
             self._file_handler.close()
             self._file_handler = None
+            logging.Handler.handleError = _handle_error
+            _full_elsewhere.clear()
             for handler, level in self._console_levels:  # the console as it was before capture_logs
                 handler.setLevel(level)
+        if full is not None:
+            raise full
 
 
-def run_dir_problem(run_dir: str) -> str | None:
+def run_dir_problem(run_dir: str, examples_dir: str | None = None) -> str | None:
     """Why `run_dir` cannot hold a run (one line naming the path and the problem), or None. Checked before the
-    folder is created, so a name that cannot be used leaves nothing behind."""
+    folder is created, so a name that cannot be used leaves nothing behind, and before anything is computed: an
+    entry of the folder that is not what the run keeps there (a file named `checkpoints`, a folder named
+    metrics.jsonl, a link to nothing, one this user cannot write) would otherwise fail the run after its work
+    began. examples_dir: the domain's examples folder (Domain.examples_dir). A full disk is raised as itself (the
+    run stops on it with exit status 3, not as a config error)."""
     try:
         str(run_dir).encode("utf-8")
     except UnicodeEncodeError:
@@ -220,14 +412,133 @@ def run_dir_problem(run_dir: str) -> str | None:
     path = Path(run_dir)
     if path.exists() and not path.is_dir():
         return f"run_dir {path} exists and is not a folder; choose another run_dir"
+    problem = _entry_problem(path, examples_dir) if path.is_dir() else None
+    if problem:
+        return f"run_dir {problem}: move it aside or choose another run_dir"
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / f".write-probe-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
+        if is_disk_full(e):
+            raise no_space(path, e) from e
         return f"run_dir {path} cannot be written: {e.strerror or e}"
     return None
+
+
+def _entry_problem(path: Path, examples_dir: str | None) -> str | None:
+    files = [path / name for name in RUN_FILES] + sorted(path.glob("run.rank*.log"))
+    folders = [path / name for name in (*RUN_FOLDERS, ARCHIVE, *([examples_dir] if examples_dir else []))]
+    for entry, folder in [(f, False) for f in files] + [(d, True) for d in folders]:
+        kept = f"its {entry.name} folder" if folder else f"its {entry.name} file"
+        if entry.is_symlink() and not entry.exists():
+            return f"entry {entry} is a link to nothing ({os.readlink(entry)}) where the run keeps {kept}"
+        if not entry.exists():
+            continue
+        if entry.is_dir() != folder:
+            return f"entry {entry} is a {'file' if folder else 'folder'} where the run keeps {kept}"
+        if not os.access(entry, os.W_OK | (os.X_OK if folder else 0)):
+            return f"entry {entry} cannot be written by this user (permissions {entry.stat().st_mode & 0o777:o})"
+    return None
+
+
+def run_entries(run_dir: Path, examples_dir: str | None = None) -> list[Path]:
+    """The entries of `run_dir` that belong to a run: its checkpoints and records, its logs, reports and examples."""
+    names = [*RUN_FILES, *RUN_FOLDERS, *([examples_dir] if examples_dir else [])]
+    found = {run_dir / n for n in names if (run_dir / n).exists() or (run_dir / n).is_symlink()}
+    found |= {p for pattern in RUN_FILE_PATTERNS for p in run_dir.glob(pattern)}
+    return sorted(found)
+
+
+def archive_run(run_dir: Path, examples_dir: str | None = None) -> str | None:
+    """A start with resume=False in a folder that holds a run: that run's entries (`run_entries`) are moved into
+    <run_dir>/archive/<UTC time>/, so that this run's checkpoints never sit beside the earlier run's (a later resume
+    would take theirs) and its log starts empty. Returns the one line that says so, or None when there was nothing
+    to move. Renames only, so it needs no space for the data; a rename that fails puts back the ones made before
+    it, and the folder is as it was."""
+    entries = run_entries(run_dir, examples_dir)
+    if not entries:
+        return None
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    dest = run_dir / ARCHIVE / stamp
+    n = 1
+    while dest.exists():  # two starts within one second
+        n += 1
+        dest = run_dir / ARCHIVE / f"{stamp}-{n}"
+    moved: list[Path] = []
+    try:
+        dest.mkdir(parents=True)
+        for entry in entries:
+            os.rename(entry, dest / entry.name)
+            moved.append(entry)
+    except OSError as e:
+        for entry in reversed(moved):
+            os.rename(dest / entry.name, entry)
+        with contextlib.suppress(OSError):
+            dest.rmdir()
+        if is_disk_full(e):
+            raise no_space(dest, e) from e
+        raise
+    names = ", ".join(e.name for e in entries)
+    return f"resume=False: moved the earlier run in {run_dir} ({names}) to {dest}; this run starts afresh"
+
+
+def _chain(error: BaseException | None):
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+def _where(error: BaseException) -> str:
+    """The innermost line of this repository's code in the traceback that ended in `error` (file:line, function):
+    what the run was writing when the writer raised without naming its file."""
+    root = Path(__file__).resolve().parents[2]
+    frames = [f for e in _chain(error) for f in traceback.extract_tb(e.__traceback__)
+              if Path(f.filename).resolve().is_relative_to(root)]
+    if not frames:
+        return type(error).__name__
+    return f"{Path(frames[-1].filename).resolve().relative_to(root)}:{frames[-1].lineno}, {frames[-1].name}"
+
+
+def full_disk_words(error: BaseException, run_dir: Path) -> str:
+    """What a run stopped by a full disk says: what could not be written, and which checkpoint a resume takes."""
+    full = next((e for e in _chain(error) if isinstance(e, DiskFull)), None)
+    where = next((e.filename for e in _chain(error) if getattr(e, "filename", None)), None)
+    if full is not None:
+        words = full.strerror or str(full)
+    elif where:
+        words = f"no space left on the device writing {where}"
+    else:  # a writer that names no file (torch.save's "unexpected pos 576 vs 534", an image library): where it was
+        words = f"no space left on the device (met at {_where(error)})"
+    if LATEST not in words:
+        name = read_pointer(run_dir / "checkpoints")
+        words += (f"; {run_dir / 'checkpoints' / LATEST} names {name}" if name else
+                  "; no checkpoint had been written yet")
+    return " ".join(words.split())
+
+
+def stop_on_full_disk(error: BaseException, run_dir: Path) -> NoReturn:
+    """End a run that found its disk full: one line on stderr, exit status 3, and nothing after it.
+
+    The line is printed first; what would follow is only the same full disk again, from whatever still holds a file
+    on it: wandb's service and its debug log, logging's handlers flushed at exit, an image writer's finaliser, and
+    at worst a crash in a library's teardown (a run was seen to end in a segmentation fault). So standard output and
+    error go to /dev/null and the process ends without the interpreter's exit hooks (os._exit). Nothing is lost by
+    that: every record was written whole or cut back out, the checkpoint being written was removed, and `latest`
+    names the last intact one, which the same command resumes from."""
+    line = f"[recam] stopped: {full_disk_words(error, run_dir)}; free space and run the same command to resume"
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    with contextlib.suppress(Exception):
+        print(line, file=sys.stderr, flush=True)
+    with contextlib.suppress(OSError):
+        quiet = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(quiet, 1)
+        os.dup2(quiet, 2)
+    os._exit(3)
 
 
 def read_records(path: Path, unreadable: list[bytes] | None = None) -> list[dict]:

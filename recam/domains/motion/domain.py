@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -53,8 +54,10 @@ from recam.engine.containers import Batch
 from recam.engine.domain import Splits, register_domain
 from recam.engine.scheduler import DDIMScheduler
 from recam.engine.sde import REDUCTIONS
+from recam.infra.checkpoint import is_disk_full
 from recam.infra.config_checks import ConfigError
 from recam.infra.lora import adapter_disabled
+from recam.infra.runlog import no_space
 from rewards import MultiReward, build_rewards
 
 DATA_SOURCES = ("synthetic", "humanml3d")
@@ -844,6 +847,17 @@ def stick_figure_gif(path: Path, motions: list[torch.Tensor], titles: list[str],
         return [line for chain_lines in lines for line in chain_lines]
 
     animation = FuncAnimation(fig, draw, frames=math.ceil(frames / step), blit=False)
-    animation.save(str(path), writer=PillowWriter(fps=fps))
-    plt.close(fig)
+    # written beside it and renamed over it (the name keeps .gif: Pillow picks the format by it), so a full disk
+    # leaves no half-written GIF
+    tmp = path.with_name(f".tmp-{path.name}")
+    try:
+        animation.save(str(tmp), writer=PillowWriter(fps=fps))
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if is_disk_full(e):
+            raise no_space(path, e) from e
+        raise
+    finally:
+        plt.close(fig)
     return path

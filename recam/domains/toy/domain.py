@@ -8,6 +8,7 @@ Config: the `toy` section of the `toy` preset (config/grpo.py); data.num_*_condi
 from __future__ import annotations
 
 import contextlib
+import io
 from pathlib import Path
 
 import torch
@@ -19,6 +20,7 @@ from recam.engine.containers import Batch
 from recam.engine.domain import Splits, register_domain
 from recam.engine.scheduler import DDIMScheduler
 from recam.infra.lora import adapter_disabled
+from recam.infra.runlog import write_whole
 from rewards import MultiReward
 
 PREDICTION_TYPES = ("epsilon", "sample")
@@ -175,5 +177,7 @@ class ToyDomain:
         lim = self.config.toy.target_radius + self.config.toy.mode_offset + 3 * self.config.toy.mode_std
         ax.set(xlim=(-lim, lim), ylim=(-lim, lim), aspect="equal",
                title=f"{out_dir.name}: target (x), sample (o), reward width (circle)")
-        fig.savefig(out_dir / "points.png", dpi=80)
+        image = io.BytesIO()  # drawn in memory and written whole: a full disk leaves no half-written PNG
+        fig.savefig(image, format="png", dpi=80)
         plt.close(fig)
+        write_whole(out_dir / "points.png", image.getvalue())
