@@ -357,6 +357,8 @@ def run_under(command: list[str], run_dir: Path, env: dict[str, str] | None = No
     argv = command if threads is None else with_threads(command, threads)
     environ = {k: v for k, v in os.environ.items() if k not in PATH_VARIABLES}
     environ.update(env or {}, OMP_NUM_THREADS=str(threads or 1))
+    if (threads or 1) > 1:  # OpenMP threads that spin while they wait make a loaded 2-core host 5-10x slower
+        environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     p = subprocess.run([sys.executable, *argv, f"--config.run_dir={run_dir}"], cwd=ROOT, env=environ,
                        capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0:
