@@ -216,6 +216,11 @@ def _structure(a, b, where: str):
         yield f"{where}: {a!r} vs {b!r}"
 
 
+def _layout(run: dict) -> dict:
+    """Each weight tensor's dtype and shape: compared exactly, like the records' structure."""
+    return {name: {"dtype": t["dtype"], "shape": t["shape"]} for name, t in run["weights"].items()}
+
+
 def within(expected: float, got: float, tol: dict) -> bool:
     if math.isnan(expected) or math.isnan(got) or math.isinf(expected) or math.isinf(got):
         return expected == got or (math.isnan(expected) and math.isnan(got))
@@ -227,9 +232,8 @@ def within(expected: float, got: float, tol: dict) -> bool:
 def deviations(reference: dict, other: dict, setting: str = "") -> tuple[list, dict]:
     """(where, quantity, value, |deviation|) of each of other's floats from reference's, and per tensor its sketch
     change. The two must agree in structure: a setting that changes a count or a string is a finding, not noise."""
-    shapes = ({k: [v["dtype"], v["shape"]] for k, v in run["weights"].items()} for run in (reference, other))
     found = next(_structure(reference["records"], other["records"], "records"), None) or next(
-        _structure(*shapes, "weights"), None)
+        _structure(_layout(reference), _layout(other), "weights"), None)
     if found:
         raise SystemExit(f"setting {setting or '?'} changed the run's structure, not only its rounding: {found}")
     rows = []
@@ -306,8 +310,10 @@ def load(committed: Path) -> dict:
             raise SystemExit(f"{committed}: field 'tolerances.records.{q}' needs numbers atol >= 0 and rtol >= 0")
     for name, summary in found["weights"].items():
         if not (isinstance(summary, dict) and isinstance(summary.get("sketch"), list)
-                and len(summary["sketch"]) == SKETCH):
-            raise SystemExit(f"{committed}: field 'weights.{name}' needs a sketch of {SKETCH} numbers")
+                and len(summary["sketch"]) == SKETCH and isinstance(summary.get("dtype"), str)
+                and isinstance(summary.get("shape"), list)):
+            raise SystemExit(f"{committed}: field 'weights.{name}' needs a dtype, a shape and a sketch of {SKETCH} "
+                             f"numbers")
         tol = found["tolerances"]["weights"].get(name)
         if not (isinstance(tol, dict) and isinstance(tol.get("max_change"), (int, float))):
             raise SystemExit(f"{committed}: field 'tolerances.weights.{name}' needs a number max_change")
@@ -326,8 +332,7 @@ def differences(expected: dict, got: dict, source: str = "the fingerprint") -> l
             if not within(e, g, tol):
                 allowed = tol["atol"] + tol["rtol"] * abs(e)
                 out.append(f"{where}: {e!r} vs {g!r} (off by {abs(g - e):.3g}, {quantity} allows {allowed:.3g})")
-    shapes = ({k: [v["dtype"], v["shape"]] for k, v in run["weights"].items()} for run in (expected, got))
-    structural = list(_structure(*shapes, "weights"))
+    structural = list(_structure(_layout(expected), _layout(got), "weights"))
     out += structural
     if not structural:
         for name, summary in expected["weights"].items():

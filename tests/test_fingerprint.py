@@ -182,7 +182,10 @@ def test_a_weight_tensor_is_judged_by_its_tolerance():
     found = differences(expected, _run([], {"m:w": tensor_summary(w * (1 + 3e-4))}))
     assert len(found) == 1 and found[0].startswith("weights.m:w: changed by 0.0003")
     assert differences(expected, _run([], {"m:w": tensor_summary(w.reshape(10, 10))})) == [
-        "weights.m:w[1]: 1 vs 2 items"]
+        "weights.m:w.shape: 1 vs 2 items"]
+    assert differences(expected, _run([], {"m:w": tensor_summary(w.double())})) == [
+        "weights.m:w.dtype: 'float32' vs 'float64'"]
+    assert differences(expected, _run([], {})) == ["weights: keys ['m:w'] in one only"]
 
 
 @pytest.mark.parametrize("mangle, message", [
@@ -191,7 +194,8 @@ def test_a_weight_tensor_is_judged_by_its_tolerance():
     (lambda d: d.pop("tolerances"), "field 'tolerances' missing or not a dict"),
     (lambda d: d["tolerances"]["records"]["loss"].pop("rtol"), "field 'tolerances.records.loss' needs numbers"),
     (lambda d: d["tolerances"]["records"]["loss"].update(atol=-1), "field 'tolerances.records.loss' needs numbers"),
-    (lambda d: d["weights"]["m:w"]["sketch"].pop(), f"field 'weights.m:w' needs a sketch of {SKETCH} numbers"),
+    (lambda d: d["weights"]["m:w"]["sketch"].pop(), f"'weights.m:w' needs a dtype, a shape and a sketch of {SKETCH}"),
+    (lambda d: d["weights"]["m:w"].pop("shape"), "field 'weights.m:w' needs a dtype, a shape and a sketch"),
     (lambda d: d["tolerances"]["weights"].pop("m:w"), "field 'tolerances.weights.m:w' needs a number max_change"),
 ])
 def test_a_bad_file_is_one_line_naming_the_file_and_field(tmp_path, mangle, message):
