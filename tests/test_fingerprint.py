@@ -274,9 +274,10 @@ def test_the_toy_run_on_another_cpu_path_and_thread_count_passes(toy_run):
     same run on an AVX-512 Xeon."""
     env, threads = ELSEWHERE
     elsewhere = toy_run("elsewhere", env=env, threads=threads)
-    rows, _ = deviations(fingerprint(toy_run("plain")), fingerprint(elsewhere), "elsewhere")
-    assert any(d for *_, d in rows)  # it is another floating-point path: numbers moved
     assert differences(load(TOY_FILE), fingerprint(elsewhere)) == []
+    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):  # x86: "default" is a scalar kernel path
+        rows, _ = deviations(fingerprint(toy_run("plain")), fingerprint(elsewhere), "elsewhere")
+        assert any(d for *_, d in rows)  # so this was another floating-point path, not the same numbers again
 
 
 def test_a_learning_rate_change_of_1e_3_is_caught_by_what_it_does(toy_run):
