@@ -96,7 +96,7 @@ NUMBER_FIELDS = (
     ("eval.every_seconds", 0, None, False, False, False),
     ("max_train_seconds", 0, None, False, False, False),
 )
-BOOL_FIELDS = ("resume", "model.gradient_checkpointing", "train.ema", "advantage.filter_zero_std",
+BOOL_FIELDS = ("resume", "model.gradient_checkpointing", "train.ema", "advantage.filter_zero_std", "advantage.placebo",
                "train.guard_dt_weighting", "sample.same_initial_noise", "train.log_gradient_cosine")
 
 # Free-form strings ('' allowed); their contents are checked where they are read (domains, validate_files).
