@@ -222,6 +222,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.advantage.std_mode = "group"  # "group" | "global" | "none": what the centred reward is divided by
     c.advantage.eps = 1e-4  # > 0, added to the std (population std, as Flow-GRPO); < 0 would flip advantages
     c.advantage.filter_zero_std = False  # drop groups whose rewards are all equal (advantage 0) from training
+    # the control run: each group's advantages are permuted among its own samples (a seeded draw per epoch), so
+    # they keep their distribution and lose their link to the samples; everything else is the same loop. What a
+    # placebo run gains is what selection and a random walk of the weights gain without reward information
+    c.advantage.placebo = False
 
     # ---- rewards ----
     c.reward = ml_collections.ConfigDict()

@@ -7,11 +7,23 @@ epoch; over the runs, the mean change with its 95% t-interval over seeds.
 
 A metric over the whole split (R-precision in pools, FID) has no per-condition values: its per-run change has no
 interval, and only the interval over seeds is given.
+
+With placebo runs beside them (`advantage.placebo=True`: the same loop with each group's advantages permuted among
+its samples), each metric also gets the placebo runs' change and GRPO minus placebo, for the reported checkpoint and
+the last epoch:
+
+    python scripts/seed_gains.py runs/main/seed* --placebo runs/placebo/seed* --metric eval/cam_score
+
+The difference is paired by seed where both sides have every seed (the config's `seed`): per seed, GRPO's and the
+placebo's values on the same held-out conditions are paired over the conditions; over seeds, the mean of the
+per-seed differences with its t-interval (one seed: its interval over conditions). Otherwise it is Welch's interval
+over the two sets of runs' changes.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from pathlib import Path
@@ -21,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from recam.infra.reports import eval_change  # noqa: E402
 from recam.infra.runlog import read_records  # noqa: E402
-from recam.infra.stats import mean_interval  # noqa: E402
+from recam.infra.stats import mean_interval, welch_difference  # noqa: E402
 
 
 def run_evals(run_dir: Path) -> tuple[dict, dict, dict]:
@@ -71,12 +83,78 @@ def report(run_dirs: list[Path], metrics: list[str]) -> str:
     return "\n".join(lines)
 
 
+def run_seed(run_dir: Path) -> int | None:
+    """The seed the run's config.json records, or None (a run folder without one cannot be paired)."""
+    try:
+        seed = json.loads((run_dir / "config.json").read_text()).get("seed")
+    except (OSError, ValueError):
+        return None
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
+
+
+def placebo_flag(run_dir: Path) -> bool | None:
+    try:
+        return json.loads((run_dir / "config.json").read_text()).get("advantage", {}).get("placebo")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def grpo_minus_placebo(grpo: list[Path], placebo: list[Path], metric: str, which: int) -> tuple[float, float, str]:
+    """GRPO minus placebo for one metric at the reported checkpoint (which=1) or the last epoch (which=2): (mean,
+    95% half-width, how it was paired)."""
+    seeds_g, seeds_p = [run_seed(r) for r in grpo], [run_seed(r) for r in placebo]
+    paired = (None not in seeds_g and len(set(seeds_g)) == len(seeds_g) and sorted(seeds_g) == sorted(seeds_p)
+              and len(set(seeds_p)) == len(seeds_p))
+    if paired:
+        by_seed = {run_seed(r): r for r in placebo}
+        per_seed = []
+        for run in grpo:
+            g, p = run_evals(run)[which], run_evals(by_seed[run_seed(run)])[which]
+            per_seed.append(eval_change(p, g, metric))  # same conditions: GRPO's values minus the placebo's
+        if len(per_seed) == 1:
+            mean, half, n = per_seed[0]
+            return mean, half, f"seed {seeds_g[0]}, paired over {n} conditions"
+        mean, half = mean_interval([d[0] for d in per_seed])
+        return mean, half, f"paired by seed over {len(per_seed)} seeds"
+    changes = []
+    for runs in (grpo, placebo):
+        changes.append([eval_change(e[0], e[which], metric)[0] for e in map(run_evals, runs)])
+    mean, half, df = welch_difference(*changes)
+    return mean, half, f"Welch over {len(grpo)} and {len(placebo)} runs (df {df:.1f})"
+
+
+def placebo_report(grpo: list[Path], placebo: list[Path], metrics: list[str]) -> str:
+    lines = []
+    for run in placebo:
+        if placebo_flag(run) is not True:
+            raise SystemExit(f"{run}: its config.json does not record advantage.placebo=True: not a placebo run")
+    for run in grpo:
+        if placebo_flag(run) is True:
+            raise SystemExit(f"{run}: a placebo run (advantage.placebo=True) given as a GRPO run")
+    for metric in metrics:
+        lines += [f"**{metric}: GRPO against its placebo** (changes from each run's base; ± a 95% interval)", "",
+                  "| checkpoint | GRPO change | placebo change | GRPO minus placebo | paired |",
+                  "|---|---|---|---|---|"]
+        for which, name in ((1, "reported"), (2, "last epoch")):
+            sides = []
+            for runs in (grpo, placebo):
+                sides.append(mean_interval([eval_change(e[0], e[which], metric)[0] for e in map(run_evals, runs)]))
+            mean, half, how = grpo_minus_placebo(grpo, placebo, metric, which)
+            lines.append(f"| {name} | {fmt(*sides[0])} | {fmt(*sides[1])} | {fmt(mean, half)} | {how} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", type=Path, help="finished run folders (one per seed)")
     p.add_argument("--metric", action="append", required=True, help="an evaluation key, e.g. eval/cam_score")
+    p.add_argument("--placebo", nargs="+", type=Path, default=[],
+                   help="placebo runs (advantage.placebo=True) of the same preset: GRPO minus placebo per metric")
     args = p.parse_args(argv)
     text = report(args.runs, args.metric)
+    if args.placebo:
+        text += "\n" + placebo_report(args.runs, args.placebo, args.metric)
     print(text)
     return text
 

@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         where = f"report not written ({e}); printing it instead\n\n" + render(report, plots)
     failing = report.failing()
     warns = sum(c.status == verify.WARN for c in report.checks)
-    print(f"GRPO verification of {report.source}: {report.status.upper()} "
+    placebo = " (PLACEBO run: advantages permuted within groups)" if report.settings.get("placebo") is True else ""
+    print(f"GRPO verification of {report.source}{placebo}: {report.status.upper()} "
           f"({len(failing)} failing, {warns} warning of {len(report.checks)} check results)")
     for c in failing[:20]:
         scope = "run" if c.epoch is None else f"epoch {c.epoch}"

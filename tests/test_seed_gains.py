@@ -52,3 +52,47 @@ def test_an_unfinished_run_is_named(tmp_path):
     (run / "metrics.jsonl").write_text(json.dumps({"type": "eval", "tag": "start", "checkpoint": "epoch_0000"}) + "\n")
     with pytest.raises(SystemExit, match="no start or final evaluation"):
         seed_gains.run_evals(run)
+
+
+def _config(run: Path, seed: int, placebo: bool) -> Path:
+    (run / "config.json").write_text(json.dumps({"seed": seed, "advantage": {"placebo": placebo}}))
+    return run
+
+
+def test_grpo_minus_placebo_paired_by_seed_over_conditions_then_seeds(tmp_path):
+    g = [_config(_run(tmp_path, f"g{s}", [0.1, 0.2, 0.3], [0.2, 0.2, 0.4], last, None), s, False)
+         for s, last in ((0, [0.3, 0.2, 0.5]), (1, [0.2, 0.4, 0.4]))]
+    p = [_config(_run(tmp_path, f"p{s}", [0.1, 0.2, 0.3], [0.1, 0.2, 0.3], last, None), s, True)
+         for s, last in ((1, [0.1, 0.3, 0.3]), (0, [0.2, 0.2, 0.2]))]  # listed in another order: paired by seed
+    text = seed_gains.main([str(g[0]), str(g[1]), "--placebo", str(p[0]), str(p[1]), "--metric", "eval/cam_score"])
+    per_seed = np.array([np.mean([0.1, 0.0, 0.3]), np.mean([0.1, 0.1, 0.1])])  # GRPO's last minus the placebo's
+    T1 = 12.706204736174698  # t_{0.975, 1}
+    expected = f"{per_seed.mean():+.4f} ± {T1 * per_seed.std(ddof=1) / np.sqrt(2):.4f}"
+    assert f"| {expected} | paired by seed over 2 seeds |" in text
+    # one seed: GRPO's and the placebo's values paired over the conditions
+    text = seed_gains.main([str(g[0]), "--placebo", str(p[1]), "--metric", "eval/cam_score"])
+    d = np.array([0.1, 0.0, 0.3])
+    assert f"| {d.mean():+.4f} ± {T2 * d.std(ddof=1) / np.sqrt(3):.4f} | seed 0, paired over 3 conditions |" in text
+
+
+def test_grpo_minus_placebo_without_matching_seeds_is_welch(tmp_path):
+    from scipy import stats
+
+    g = [_config(_run(tmp_path, f"g{s}", [0.1, 0.2, 0.3], [0.1, 0.2, 0.3], last, None), s, False)
+         for s, last in ((0, [0.3, 0.2, 0.5]), (1, [0.2, 0.4, 0.4]), (2, [0.1, 0.2, 0.4]))]
+    p = [_config(_run(tmp_path, f"p{s}", [0.1, 0.2, 0.3], [0.1, 0.2, 0.3], last, None), s, True)
+         for s, last in ((5, [0.1, 0.3, 0.3]), (6, [0.2, 0.2, 0.2]))]
+    text = seed_gains.main([*map(str, g), "--placebo", *map(str, p), "--metric", "eval/cam_score"])
+    x = np.array([np.mean([0.2, 0.0, 0.2]), np.mean([0.1, 0.2, 0.1]), np.mean([0.0, 0.0, 0.1])])
+    y = np.array([np.mean([0.0, 0.1, 0.0]), np.mean([0.1, 0.0, -0.1])])
+    vx, vy = x.var(ddof=1) / 3, y.var(ddof=1) / 2
+    df = (vx + vy) ** 2 / (vx ** 2 / 2 + vy ** 2 / 1)
+    half = stats.t.ppf(0.975, df) * np.sqrt(vx + vy)
+    assert f"| {x.mean() - y.mean():+.4f} ± {half:.4f} | Welch over 3 and 2 runs (df {df:.1f}) |" in text
+
+
+def test_a_run_without_the_placebo_flag_is_refused_as_placebo(tmp_path):
+    g = _config(_run(tmp_path, "g", [0.1], [0.1], [0.2], None), 0, False)
+    p = _config(_run(tmp_path, "p", [0.1], [0.1], [0.2], None), 0, False)
+    with pytest.raises(SystemExit, match="not a placebo run"):
+        seed_gains.main([str(g), "--placebo", str(p), "--metric", "eval/cam_score"])

@@ -7,6 +7,7 @@ correction and 1e-6 instead, which inflates advantages of small groups by sqrt(k
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 # What the centred reward is divided by: the group's std, the std of all N rewards, or nothing (only centred).
@@ -55,6 +56,31 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, std_mode: s
         "reward_std_mean": stds.mean().float(),
     }
     return adv.float(), stats
+
+
+def permute_within_groups(values: torch.Tensor, group_ids: torch.Tensor, keep: torch.Tensor,
+                          generator: torch.Generator) -> torch.Tensor:
+    """The placebo's advantages: each group's kept values shuffled among the group's kept samples.
+
+    values, group_ids, keep: (N,). Excluded samples (keep False) keep their value (0: they are not trained on).
+    Each group's multiset of values, and so every group statistic, is unchanged; which sample gets which value is
+    a uniform random permutation drawn from `generator`, independent of the samples.
+    """
+    if not values.shape == group_ids.shape == keep.shape or values.ndim != 1:
+        raise ValueError(f"values {tuple(values.shape)}, group_ids {tuple(group_ids.shape)} and keep "
+                         f"{tuple(keep.shape)} must all be (N,)")
+    out = values.clone()
+    # one random key per sample, sorted within (group, kept): the positions a group's kept samples take in that
+    # order are a uniform permutation of them, drawn in one pass for every group
+    key = torch.rand(values.shape[0], generator=generator, dtype=torch.float64)
+    slots = torch.nonzero(keep, as_tuple=True)[0]
+    if slots.numel() == 0:
+        return out
+    g = group_ids[slots]
+    by_group = slots[torch.argsort(g, stable=True)]  # kept positions, grouped, in position order within a group
+    shuffled = slots[torch.from_numpy(np.lexsort((key[slots].numpy(), g.numpy())))]  # grouped, in key order
+    out[by_group] = values[shuffled]
+    return out
 
 
 def broadcast_over_timesteps(values: torch.Tensor, num_timesteps: int) -> torch.Tensor:

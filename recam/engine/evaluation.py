@@ -179,7 +179,7 @@ class Evaluator:
                                        e.select_max_drop)]
 
     def report(self, eval_before: dict, eval_after: dict, selected: dict | None, checkpoints: Path, rollbacks: int,
-               stopped_by: str | None, budget_stop: bool) -> None:
+               stopped_by: str | None, budget_stop: bool, banner: str | None = None) -> None:
         """summary.md and the run's reports (main process): the base against the reported checkpoint, the selected
         one (pointed to by checkpoints/selected) or the end's."""
         if selected is not None:
@@ -189,7 +189,8 @@ class Evaluator:
                               note=None if budget_stop else stopped_by and f"stopped early: {stopped_by}",
                               budget=stopped_by if budget_stop else None, rollbacks=rollbacks, selected=selected,
                               selection=self.selection_rule() if selected else None, rows=self.domain.summary_rows,
-                              rewards=self.reward_names, examples=self.run_dir / self.domain.examples_dir)
+                              rewards=self.reward_names, examples=self.run_dir / self.domain.examples_dir,
+                              banner=banner)
 
     def selection_rule(self) -> str:
         e = self.e

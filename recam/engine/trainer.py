@@ -19,6 +19,7 @@ from recam.engine.advantages import (
     broadcast_over_timesteps,
     local_slice,
     nonzero_group_mask,
+    permute_within_groups,
     step_sample_weights,
     trajectory_ids,
 )
@@ -45,6 +46,9 @@ from recam.infra.checkpoint import latest_checkpoint, nonfinite_tensors
 from recam.infra.distributed import clip_gradients, forward_module, sum_over_shards, union_over_processes
 
 INITIAL_NOISE_STREAM = 0x494E4954  # keeps sample.same_initial_noise's draws apart from the per-sample streams
+PLACEBO_STREAM = 0x504C4342  # keeps the placebo's permutations apart from the training order's draws
+PLACEBO_BANNER = ("PLACEBO run (advantage.placebo=True): each group's advantages were permuted among its own "
+                  "samples; its changes are what training without reward information does")
 
 
 class GRPOTrainer:
@@ -165,7 +169,8 @@ class GRPOTrainer:
         self.selected = self.evaluator.selected()
         if self.accelerator.is_main_process:
             self.evaluator.report(eval_before, eval_after, self.selected, self.checkpoints.root, self.rollbacks,
-                                  self.stopped_by, self.budget_stop)
+                                  self.stopped_by, self.budget_stop,
+                                  banner=PLACEBO_BANNER if cfg.advantage.placebo else None)
         return None if self.budget_stop else self.stopped_by
 
     # ------------------------------------------------------------------------------------------------------
@@ -225,6 +230,9 @@ class GRPOTrainer:
         for h in self.hooks:
             rewards = h.adjust_rewards(rewards)
         advantages, _, stats = masked_group_advantages(rewards["avg"], index, keep, adv_cfg.std_mode, adv_cfg.eps)
+        if adv_cfg.placebo:  # the control: the same draws on every process, a new one each epoch
+            gen = torch.Generator().manual_seed(self.config.seed * 1_000_003 + self.epoch * 7 + PLACEBO_STREAM)
+            advantages = permute_within_groups(advantages, index, keep, gen)
         if adv_cfg.filter_zero_std:
             keep &= nonzero_group_mask(advantages, index)
         # one column per trained step; one for an objective that trains no stored step (T = 0)
@@ -237,6 +245,8 @@ class GRPOTrainer:
         record = runlog.epoch_record(self.epoch, self.global_step, self.numbers.record(), ids, groups.index,
                                      groups.rewards, groups.advantages, groups.stats, scores.seconds, groups.details)
         record["trajectory_ids"] = [f"{c}#{k}" for c, k in trajectory_ids(groups.index).tolist()]
+        if self.config.advantage.placebo:
+            record["placebo"] = True  # the verifier checks a within-group permutation instead of equality
         for h in self.hooks:
             record.update(h.epoch_record(rollouts, groups, self.train_set))
         record["excluded"] = (~groups.keep).tolist()

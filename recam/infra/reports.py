@@ -21,14 +21,15 @@ from recam.infra.stats import paired_change
 def write_summary(log, before: dict, after: dict, extra_paths: dict | None = None, note: str | None = None,
                   rollbacks: int = 0, selected: dict | None = None, selection: str | None = None,
                   rows: tuple[tuple[str, str], ...] = (), examples: Path | None = None, budget: str | None = None,
-                  rewards: tuple[str, ...] = ()) -> str:
+                  rewards: tuple[str, ...] = (), banner: str | None = None) -> str:
     """The before/after table of `log`'s run (a RunLog), written to summary.md and printed. With `selected` (the
     evaluation record of the checkpoint chosen on validation conditions) the run reports that checkpoint, and the
     last epoch stays beside it for comparison.
     rows: the domain's (label, metric key) pairs, e.g. ("cam_score", "eval/cam_score"). rewards: the rewards
     scored at evaluation; one whose eval/<name> no row shows gets a row of its own, so a new reward is reported
     without a domain listing it. budget: how the run's wall-clock budget (max_train_seconds) ended it, when it
-    did."""
+    did. banner: a line that heads the summary and ends it (the last line printed), for what a reader must not
+    miss about the run (a placebo run says so)."""
     shown = {key for _, key in rows}
     rows = (*rows, *((name, f"eval/{name}") for name in rewards if f"eval/{name}" not in shown))
 
@@ -72,6 +73,8 @@ def write_summary(log, before: dict, after: dict, extra_paths: dict | None = Non
              "checkpoints": log.run_dir / "checkpoints"}
     paths.update(extra_paths or {})
     lines += [f"{k}: {v}" for k, v in paths.items()]
+    if banner:
+        lines = [banner, "", *lines, banner]
     text = "\n".join(lines)
     write_whole(log.run_dir / "summary.md", text + "\n")
     print("\n" + text, flush=True)

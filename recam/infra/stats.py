@@ -42,3 +42,23 @@ def paired_change(before, after) -> tuple[float, float, int]:
     diffs = [float(a) - float(b) for b, a in zip(before, after, strict=True) if ok(b) and ok(a)]
     mean, half = mean_interval(diffs)
     return mean, half, len(diffs)
+
+
+def welch_difference(a, b) -> tuple[float, float, float]:
+    """mean(a) - mean(b) for two independent samples of finite values, the half-width of its 95% Welch interval
+    (unequal variances, Welch-Satterthwaite degrees of freedom) and those degrees of freedom. NaN half-width when
+    either side has fewer than 2 values or both have no spread."""
+    x = [float(v) for v in a if v is not None and math.isfinite(v)]
+    y = [float(v) for v in b if v is not None and math.isfinite(v)]
+    if not x or not y:
+        return math.nan, math.nan, math.nan
+    mx, my = math.fsum(x) / len(x), math.fsum(y) / len(y)
+    if len(x) < 2 or len(y) < 2:
+        return mx - my, math.nan, math.nan
+    vx = math.fsum((v - mx) ** 2 for v in x) / (len(x) - 1) / len(x)
+    vy = math.fsum((v - my) ** 2 for v in y) / (len(y) - 1) / len(y)
+    if vx + vy == 0:
+        return mx - my, math.nan, math.nan
+    df = (vx + vy) ** 2 / (vx ** 2 / (len(x) - 1) + vy ** 2 / (len(y) - 1))
+    # the t quantile at non-integer df, which t975 (integer df) does not take
+    return mx - my, float(stats.t.ppf(0.975, df)) * math.sqrt(vx + vy), df

@@ -23,13 +23,15 @@ class Settings:
     std_mode: str = "group"
     eps: float = 1e-4
     config: dict | None = None
+    placebo: bool = False  # advantage.placebo: advantages are a within-group permutation of the normalised rewards
 
 
 def settings_from_config(config: dict | None, tol: float = 1e-3) -> Settings:
     std_mode = _get(config, "advantage", "std_mode")
     eps = _float(_get(config, "advantage", "eps"))
     return Settings(tol=tol, std_mode=std_mode if std_mode in ("group", "global", "none") else "group",
-                    eps=1e-4 if eps is None else eps, config=config if isinstance(config, dict) else None)
+                    eps=1e-4 if eps is None else eps, config=config if isinstance(config, dict) else None,
+                    placebo=_get(config, "advantage", "placebo") is True)
 
 
 class EpochView:
@@ -403,6 +405,13 @@ def check_advantage_recompute(v: EpochView, s: Settings) -> Check:
     if logged.shape[0] != expected.shape[0]:
         return Check(name, FAIL, {"logged": list(v.adv.shape), "expected_N": int(expected.size)},
                      "advantages and rewards have different numbers of samples")
+    flagged = v.rec.get("placebo") is True
+    if s.config is not None and flagged != s.placebo:
+        return Check(name, FAIL, {"record_placebo": flagged, "config_placebo": s.placebo},
+                     f"the epoch record says placebo={flagged} but the run's config says advantage.placebo="
+                     f"{s.placebo}")
+    if flagged or s.placebo:
+        return _placebo_permutation(name, logged, expected, np.asarray(v.indices), v.keep, s)
     diff = np.abs(logged - expected[:, None])
     diff = np.where(np.isnan(diff), np.inf, diff)
     worst_i = np.unravel_index(int(np.argmax(diff)), diff.shape) if diff.size else (0, 0)
@@ -415,6 +424,35 @@ def check_advantage_recompute(v: EpochView, s: Settings) -> Check:
                                        f"worst sample {i} timestep {t}: logged {logged[i, t]:.5g}, "
                                        f"recomputed {expected[i]:.5g}")
     return Check(name, PASS, nums, "logged advantages equal the ones recomputed from the logged rewards")
+
+
+def _placebo_permutation(name: str, logged: np.ndarray, expected: np.ndarray, indices: np.ndarray,
+                         keep: np.ndarray | None, s: Settings) -> Check:
+    """A placebo epoch: every sample's advantage is one value over its timesteps, and each group's kept values are
+    its recomputed ones in some order (a permutation within the group); excluded samples stay 0."""
+    problems = []
+    spread = np.nanmax(np.abs(logged - logged[:, :1]), axis=1) if logged.size else np.zeros(0)
+    if np.any(~np.isfinite(logged)) or np.any(spread > s.tol):
+        problems.append("a sample's advantage differs over its timesteps or is not finite")
+    kept = np.ones(len(indices), bool) if keep is None else np.asarray(keep, bool)
+    if np.any(np.abs(logged[~kept, 0]) > s.tol):
+        problems.append(f"{int((np.abs(logged[~kept, 0]) > s.tol).sum())} excluded sample(s) with advantage != 0")
+    groups_off, moved = [], 0
+    for g in np.unique(indices[kept]):
+        rows = kept & (indices == g)
+        got, want = np.sort(logged[rows, 0]), np.sort(expected[rows])
+        if not np.all(np.abs(got - want) <= s.tol):
+            groups_off.append(int(g))
+        moved += int(np.any(np.abs(logged[rows, 0] - expected[rows]) > s.tol))
+    nums = {"groups": int(len(np.unique(indices[kept]))), "groups_off": len(groups_off),
+            "groups_reordered": moved, "std_mode": s.std_mode, "eps": s.eps}
+    if groups_off:
+        problems.append(f"{len(groups_off)} group(s) whose advantages are not a permutation of (r - mean_g)/(std_g "
+                        f"+ eps): {_short([str(g) for g in groups_off])}")
+    if problems:
+        return Check(name, FAIL, nums, "PLACEBO: " + "; ".join(problems))
+    return Check(name, PASS, nums, "PLACEBO: the trained advantages are a within-group permutation of the normalised "
+                                   f"rewards ({moved} of {nums['groups']} groups reordered)")
 
 
 def check_advantage_summary(v: EpochView, s: Settings) -> Check:
@@ -767,4 +805,5 @@ def verify_metrics(parsed: ParsedLog, config: dict | None = None, tol: float = 1
     notes = [f"{n} record(s) of unknown type {t!r} ignored" for t, n in others.items()]
     epoch_nums = sorted({e for e in (_int(r.get("epoch")) for r in epochs) if e is not None})
     return Report(source, "metrics.jsonl", checks, parsed.unreadable, epoch_nums,
-                  {"tol": tol, "std_mode": s.std_mode, "eps": s.eps, "config": config is not None}, notes)
+                  {"tol": tol, "std_mode": s.std_mode, "eps": s.eps, "config": config is not None,
+                   "placebo": s.placebo or any(r.get("placebo") is True for r in epochs)}, notes)

@@ -68,7 +68,10 @@ def render_markdown(report: Report, plots: list[tuple[str, str]] | None = None) 
     n_warn = sum(1 for c in report.checks if c.status == WARN)
     epochs = report.epochs
     span = f"{min(epochs)}..{max(epochs)} ({len(epochs)})" if epochs else "none"
-    out = ["# GRPO verification report", "",
+    placebo = report.settings.get("placebo") is True
+    out = ["# GRPO verification report" + (" — PLACEBO run" if placebo else ""), "",
+           *(["PLACEBO: each group's advantages were permuted among its own samples (advantage.placebo=True); the "
+              "advantage checks verify that permutation.", ""] if placebo else []),
            f"- source: `{report.source}` ({report.kind})",
            f"- epochs: {span}",
            f"- settings: {_numbers(report.settings)}", "",
