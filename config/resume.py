@@ -30,6 +30,7 @@ MUTABLE = {
     "eval.batch_size": "conditions per evaluation forward",
     "eval.num_videos": "example videos written",
     "train.learning_rate": "the learning rate from the next step on",
+    "train.noise_scale": "whether each update's gradient noise scale is measured (its running means are kept)",
     "health.action": "what the guard does on a critical finding",
     "health.max_rollbacks": "how many rollbacks the guard may make",
     "reward.async_workers": "reward threads",

@@ -97,7 +97,8 @@ NUMBER_FIELDS = (
     ("max_train_seconds", 0, None, False, False, False),
 )
 BOOL_FIELDS = ("resume", "model.gradient_checkpointing", "train.ema", "advantage.filter_zero_std",
-               "train.guard_dt_weighting", "sample.same_initial_noise", "train.log_gradient_cosine")
+               "train.guard_dt_weighting", "sample.same_initial_noise", "train.log_gradient_cosine",
+               "train.noise_scale")
 
 # Free-form strings ('' allowed); their contents are checked where they are read (domains, validate_files).
 STR_FIELDS = ("data.root", "model.vae", "model.lora_targets", "eval.report_rewards", "eval.select_by",

@@ -28,6 +28,7 @@ from recam.engine.domain import decode, element_mask, exploration_scheduler
 from recam.engine.evaluation import Evaluator
 from recam.engine.health import GradientCosine, diagnose_step, nonfinite_findings, reward_signal
 from recam.engine.hooks import run_hooks
+from recam.engine.noise_scale import NoiseScale, group_order
 from recam.engine.objective import MicroBatch, accumulating_backward, build_objective
 from recam.engine.policy import build_policy, refuse_sharded_copies
 from recam.engine.reward_runner import (
@@ -45,6 +46,7 @@ from recam.infra.checkpoint import latest_checkpoint, nonfinite_tensors
 from recam.infra.distributed import clip_gradients, forward_module, sum_over_shards, union_over_processes
 
 INITIAL_NOISE_STREAM = 0x494E4954  # keeps sample.same_initial_noise's draws apart from the per-sample streams
+NOISE_STATE = "noise_scale"  # state.json's key of the gradient noise scale's running means
 
 
 class GRPOTrainer:
@@ -87,6 +89,11 @@ class GRPOTrainer:
             s.eval_num_steps), eval_reward_fn, eval_reward_names, splits, accelerator, log, self.run_dir,
             self.autocast, self.sample_shape, net=self.net)
         self.gradient_cosine = GradientCosine(sum_over_shards(self.policy)) if t.log_gradient_cosine else None
+        scaler = getattr(accelerator, "scaler", None)
+        self.noise = NoiseScale(t.noise_scale, list(self.policy.parameters()), self.rank, self.world_size,
+                                gather=accelerator.gather if self.world_size > 1 else None,
+                                reduce=sum_over_shards(self.policy),
+                                grad_scale=(lambda: float(scaler.get_scale())) if scaler is not None else None)
         self.checkpoints = RunCheckpoints(self.run_dir / "checkpoints", accelerator, log, self.model, self.optimizer,
                                           self.ema, self.hooks, self.objective, config.keep_checkpoints,
                                           s.num_batches_per_epoch, self.evaluator, self.budget, self.net,
@@ -138,6 +145,7 @@ class GRPOTrainer:
             record["old_policy_decay"] = self.objective.after_epoch(self.global_step)
             t_updated = time.time()
             record["optimizer_steps"] = [st.metrics for st in result.steps]
+            record.update(self.noise.epoch_record())  # the gradient noise scale of this epoch's updates
             # every objective's ratio is against the weights that sampled: its first step's ratio is 1
             record["first_step_ratio_deviation"] = result.first_step_ratio_deviation
             record.update(budget.epoch_record(rollouts.start, t_sampled - epoch_t0, t_scored - t_sampled,
@@ -249,14 +257,19 @@ class GRPOTrainer:
         Excluded samples are masked, not dropped: every process walks the same number of micro-batches and
         steps (dropping them per process would let processes disagree on the number of steps and hang on the
         next collective), and each kept sample weighs the same in its step, which is the mean over the step's
-        kept samples on every process."""
+        kept samples on every process.
+
+        The samples are trained group by group (recam.engine.noise_scale.group_order): a micro-batch of a multiple of
+        k samples holds whole groups, which the noise scale's small batches must be, and a step of whole groups gets
+        the cancellation of the centred advantages that the whole epoch gets."""
         cfg, t, P = self.config, self.config.train, self.world_size
         self.model.train()
         adv = local_slice(groups.advantages, self.rank, P)
         traj = local_slice(trajectory_ids(groups.index), self.rank, P)
         keep_all = groups.keep.view(P, -1)  # (processes, n): what every process keeps, known to each of them
+        units = self.noise.begin_epoch(groups.index.view(P, -1), keep_all)
         gen = torch.Generator().manual_seed(cfg.seed * 7919 + self.epoch)
-        order = torch.randperm(len(rollouts.states), generator=gen)  # the same permutation on every process
+        order = group_order(units, gen)  # the same positions on every process
         steps: list[StepStats] = []
         per_pass = math.ceil(math.ceil(len(order) / t.batch_size) / t.gradient_accumulation_steps)
         bar = tqdm(total=t.num_inner_epochs * per_pass, desc=f"epoch {self.epoch} training",
@@ -272,11 +285,16 @@ class GRPOTrainer:
                 for h in self.hooks:
                     h.before_step(self.global_step, self.model)
                 acc_metrics = []
+                kept = int(keep_all[:, positions].sum())
+                probe = self.noise.probe(chunk, keep_all[self.rank], kept)
                 for c, sel in enumerate(chunk):
                     mb = self.micro_batch(rollouts, sel, adv, traj, weight, inner)
                     acc_metrics += self.objective.accumulate(mb, self.budget.timed(accumulating_backward(
                         self.accelerator, self.policy, last_micro_batch=c == len(chunk) - 1)))
-                stats = self.optimizer_step(acc_metrics, signal, kept=int(keep_all[:, positions].sum()))
+                    if probe is not None:
+                        probe.after_micro_batch(c)
+                self.noise.finish_step(probe, kept)  # before optimizer_step clips the gradient
+                stats = self.optimizer_step(acc_metrics, signal, kept=kept)
                 steps.append(stats)
                 bar.update(1)
                 if not stats.applied:  # the guard refused it: the epoch ends here
@@ -377,7 +395,8 @@ class GRPOTrainer:
         return {"epoch": epoch, "global_step": self.global_step,
                 "sampler_position": epoch * self.config.sample.num_batches_per_epoch,
                 "learning_rate": self.optimizer.param_groups[0]["lr"], "healthy": True,
-                "guard": {"history": self.history, "rollbacks": self.rollbacks}, "budget": self.budget.state_dict()}
+                "guard": {"history": self.history, "rollbacks": self.rollbacks}, "budget": self.budget.state_dict(),
+                NOISE_STATE: self.noise.running.state_dict()}
 
     def restore(self, state: dict) -> None:
         """The loop's part of a resumed checkpoint. The guard compares each step with the ones before it since the
@@ -391,7 +410,11 @@ class GRPOTrainer:
     def load(self, newest: Path, lr_factor: float = 1.0):
         if self.gradient_cosine is not None:
             self.gradient_cosine.reset()  # a gradient of weights that are no longer the policy's
-        return self.checkpoints.load(newest, lr_factor)
+        ckpt = self.checkpoints.load(newest, lr_factor)
+        # a resume and a rollback alike continue the noise scale's running means from the checkpoint's: a rolled-back
+        # epoch's estimates belong to weights that are gone
+        self.noise.running.load_state_dict(ckpt.state.get(NOISE_STATE))
+        return ckpt
 
     def evaluate(self, tag: str, checkpoint: str) -> dict:
         out = self.evaluator.evaluate(tag, checkpoint, self.global_step, self.budget.progress())
