@@ -342,3 +342,53 @@ def test_the_toy_run_records_the_noise_scale_every_epoch_and_a_resume_continues_
                 assert value == pytest.approx(b[key], rel=1e-6), key
             else:
                 assert value == b[key], key
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# what the diagnosis and the verifier make of it
+
+
+def _epoch(epoch: int, g2: float, trace: float, samples: int, reason=None) -> dict:
+    """An epoch record's noise fields as the trainer writes them (running means equal to this epoch's)."""
+    scale = noise_scale(g2, trace)
+    share = signal_share(g2, trace, samples)
+    return {"type": "epoch", "epoch": epoch, "step": epoch + 1, "reward_avg": 0.5,
+            "gradient_noise_scale": scale, "update_signal_share": share, "gradient_noise_scale_epoch": scale,
+            "update_signal_share_epoch": share, "noise/g2": g2, "noise/trace": trace, "noise/g2_running": g2,
+            "noise/trace_running": trace, "noise/steps_running": 4 * (epoch + 1), "noise/update_samples": samples,
+            "noise/reason": reason}
+
+
+def test_the_diagnosis_says_what_the_noise_scale_means_and_when_an_update_is_far_below_it():
+    from recam.engine.diagnosis import diagnose_run, noise_scale_line
+
+    far = [_epoch(0, 1e-3, 11.0, 128)]  # B_simple = 11,000 samples against updates of 128
+    line = noise_scale_line(far)
+    assert line.startswith("updates of 128 samples are about 1.2% signal (noise scale ~11,000 samples"), line
+    finding = next(f for f in diagnose_run(far) if f.rule == "update_below_noise_scale")
+    assert finding.severity == "info" and finding.numbers["gradient_noise_scale"] == pytest.approx(11000)
+    assert "~11,000 samples, 86 times an update" in finding.explanation
+    near = [_epoch(0, 1.0, 110.0, 64)]
+    assert "about 37% signal (noise scale ~110 samples" in noise_scale_line(near)
+    assert not any(f.rule == "update_below_noise_scale" for f in diagnose_run(near))
+    unmeasured = [{**_epoch(0, 1.0, 1.0, 8), "gradient_noise_scale": None, "update_signal_share": None,
+                   "noise/reason": "train.noise_scale is off"}]
+    assert noise_scale_line(unmeasured) == "gradient noise scale: not measured (train.noise_scale is off)"
+    assert noise_scale_line([{"type": "epoch", "epoch": 0}]) is None  # a log from before the noise scale
+
+
+def test_the_verifier_checks_the_noise_fields_against_their_definitions_and_plots_them(tmp_path):
+    from recam import verify
+
+    good = [_epoch(0, 1.0, 40.0, 64), _epoch(1, 0.5, 40.0, 64)]
+    (check,) = verify.check_noise_scale(good)
+    assert check.status == verify.PASS and check.numbers["noise_scale"] == pytest.approx(80.0)
+    bad = [good[0], {**good[1], "update_signal_share": 0.9}]
+    (check,) = verify.check_noise_scale(bad)
+    assert check.status == verify.FAIL and "epoch 1: update_signal_share 0.9" in check.detail
+    silent = [{**good[0], "gradient_noise_scale": None, "update_signal_share": None}]
+    assert verify.check_noise_scale(silent)[0].status == verify.WARN  # None without the reason
+    assert verify.check_noise_scale([{"type": "epoch", "epoch": 0}]) == []
+    written = verify.write_plots(good, tmp_path, "run")
+    assert ("Gradient noise scale and the update's signal share over epochs", "run_noise_scale.png") in written
+    assert (tmp_path / "run_noise_scale.png").stat().st_size > 1000
