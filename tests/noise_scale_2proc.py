@@ -50,15 +50,12 @@ def measured(wrapped, rank: int, world: int) -> list[float]:
     keep = torch.ones(world, LOCAL, dtype=torch.bool)
     noise = NoiseScale(True, list(wrapped.parameters()), rank, world, gather=gather,
                        reduce=sum_over_shards(wrapped))
-    noise.begin_epoch(index, keep)
+    noise.begin_epoch(index, keep, seed=0)
     chunk = [torch.arange(a, a + MICRO) for a in range(0, LOCAL, MICRO)]
-    probe = noise.probe(chunk, keep[rank], kept)
-    for c, sel in enumerate(chunk):
+    for c, sel in noise.micro_batches(chunk, keep, rank):
         last = c == len(chunk) - 1
         with contextlib.nullcontext() if last else wrapped.no_sync():
             (per_sample_loss(wrapped, x[sel], y[sel]) * (world / kept)).sum().backward()
-        probe.after_micro_batch(c)
-    noise.finish_step(probe, kept)
     assert len(noise.epoch.g2) == 1, noise.epoch.reasons
     return [noise.epoch.g2[0], noise.epoch.trace[0]]
 

@@ -143,12 +143,9 @@ def _estimates_through_the_probe(draw, sizes, repeats, index):
     keep = torch.ones(B, dtype=torch.bool)
     for r in range(repeats):
         v = first if r == 0 else draw()
-        noise.begin_epoch(index.view(1, -1), keep.view(1, -1))
-        probe = noise.probe(chunk, keep, B)
-        for c, sel in enumerate(chunk):
+        noise.begin_epoch(index.view(1, -1), keep.view(1, -1), seed=0)
+        for _, sel in noise.micro_batches(chunk, keep.view(1, -1), 0):
             (theta * v[sel]).sum().mul(1.0 / B).backward()
-            probe.after_micro_batch(c)
-        noise.finish_step(probe, B)
         theta.grad = None
         assert len(noise.epoch.g2) == 1, noise.epoch.reasons
         if r == 0:
@@ -249,29 +246,29 @@ def test_no_small_batch_or_groups_across_processes_record_none_with_the_reason()
     keep = torch.ones(8, dtype=torch.bool)
     index = torch.arange(4).repeat_interleave(2)
     alone = NoiseScale(True, [p], rank=0, world_size=1)
-    alone.begin_epoch(index.view(1, -1), keep.view(1, -1))
+    alone.begin_epoch(index.view(1, -1), keep.view(1, -1), seed=0)
     assert alone.probe([torch.arange(8)], keep, 8) is None  # one micro-batch per step: it is the update
     alone.finish_step(None, 8)
-    rec = alone.epoch_record()
+    rec = alone.record()
     assert rec["gradient_noise_scale"] is None and rec["update_signal_share"] is None
     assert "no small batch" in rec["noise/reason"] and rec["noise/update_samples"] == 8
     # two processes, one micro-batch per step: the only one is the synced one
     pair = NoiseScale(True, [p], rank=0, world_size=2)
-    pair.begin_epoch(torch.stack([index, index + 4]), torch.ones(2, 8, dtype=torch.bool))
+    pair.begin_epoch(torch.stack([index, index + 4]), torch.ones(2, 8, dtype=torch.bool), seed=0)
     assert pair.probe([torch.arange(8)], keep, 16) is None
-    assert "before the last (whose gradient is synced)" in pair.epoch_record()["noise/reason"]
+    assert "before the last (whose gradient is synced)" in pair.record()["noise/reason"]
     # ... and with two micro-batches the first is a small batch
     assert pair.probe([torch.arange(4), torch.arange(4, 8)], keep, 16) is not None
     # k = 4 on processes of 2 samples: every group on two processes
     spread = NoiseScale(True, [p], rank=0, world_size=2)
-    spread.begin_epoch(torch.stack([index // 2 * 2, index // 2 * 2]), torch.ones(2, 8, dtype=torch.bool))
+    spread.begin_epoch(torch.stack([index // 2 * 2, index // 2 * 2]), torch.ones(2, 8, dtype=torch.bool), seed=0)
     assert spread.probe([torch.arange(4), torch.arange(4, 8)], keep, 16) is None
-    rec = spread.epoch_record()
+    rec = spread.record()
     assert rec["gradient_noise_scale"] is None and "more than one process" in rec["noise/reason"]
     off = NoiseScale(False, [p], rank=0, world_size=1)
-    off.begin_epoch(index.view(1, -1), keep.view(1, -1))
+    off.begin_epoch(index.view(1, -1), keep.view(1, -1), seed=0)
     assert off.probe([torch.arange(4), torch.arange(4, 8)], keep, 8) is None
-    assert off.epoch_record()["noise/reason"] == "train.noise_scale is off"
+    assert off.record()["noise/reason"] == "train.noise_scale is off"
 
 
 # ---------------------------------------------------------------------------------------------------------------

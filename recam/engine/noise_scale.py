@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from recam.infra.distributed import sum_over_shards
+
 # Per optimizer step. The noise scale drifts as the policy learns (the paper's B_noise grows as the loss falls), so a
 # plain mean over the whole run would let the first epochs decide it for ever; one step's estimate is far too noisy
 # on its own (its |G|^2 is a small difference of two large squared norms). An exponential mean over about 20 steps,
@@ -273,9 +275,14 @@ class EpochNoise:
 
 
 class NoiseScale:
-    """The trainer's side of the measurement: per epoch, which samples form groups and whether a step can be measured
-    (begin_epoch, probe); per step, the small batches of every process against the synced gradient (finish_step);
-    per epoch, the record (epoch_record); the running means for checkpoints (state_dict)."""
+    """The trainer's side of the measurement: per epoch, the training order of whole groups and whether the epoch can
+    be measured at all (begin_epoch); per step, its micro-batches measured as they are trained (micro_batches: probe
+    before the first, StepProbe.after_micro_batch after each, finish_step once the gradient is synced, before it is
+    clipped); per epoch, the record (record). Its running means are checkpointed as a hook's state is (state_key,
+    state_dict, load_state_dict: recam.engine.run_checkpoints saves and restores them, at a resume and a rollback
+    alike)."""
+
+    state_key = "noise_scale"
 
     def __init__(self, enabled: bool, parameters: list[torch.nn.Parameter], rank: int, world_size: int,
                  gather=None, reduce=None, grad_scale=None):
@@ -291,9 +298,28 @@ class NoiseScale:
         self.units: torch.Tensor | None = None
         self.blocked: str | None = None
 
-    def begin_epoch(self, index: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        """index, keep: (P, n) every process's dataset index and kept flag per local position. Returns the units
-        (group_units) the training order keeps together, and decides whether this epoch can be measured at all."""
+    @classmethod
+    def of(cls, enabled: bool, policy: torch.nn.Module, accelerator) -> NoiseScale:
+        """The trainer's: over the prepared policy's trainable parameters, gathering with the accelerator, summing
+        over shards under FSDP, dividing out fp16's loss scale."""
+        scaler = getattr(accelerator, "scaler", None)
+        P = accelerator.num_processes
+        return cls(enabled, list(policy.parameters()), accelerator.process_index, P,
+                   gather=accelerator.gather if P > 1 else None, reduce=sum_over_shards(policy),
+                   grad_scale=(lambda: float(scaler.get_scale())) if scaler is not None else None)
+
+    def state_dict(self) -> dict:
+        return self.running.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.running.load_state_dict(state)
+
+    def begin_epoch(self, index: torch.Tensor, keep: torch.Tensor, seed: int) -> torch.Tensor:
+        """index, keep: (P, n) every process's dataset index and kept flag per local position. Returns the epoch's
+        training order (group_order, drawn from `seed`): the units of group_units in a random order, each in a row,
+        the same positions on every process, so that micro-batches of a multiple of k samples are whole groups (and a
+        step of whole groups gets the cancellation of the centred advantages the whole epoch gets). Decides whether
+        the epoch can be measured at all."""
         self.epoch = EpochNoise()
         self.units = group_units(index)
         self.blocked = None
@@ -305,7 +331,19 @@ class NoiseScale:
                             "and small batches of parts of groups would bias the estimate")
         if self.blocked:
             self.epoch.skip(self.blocked)
-        return self.units
+        return group_order(self.units, torch.Generator().manual_seed(seed))
+
+    def micro_batches(self, chunk: list[torch.Tensor], keep: torch.Tensor, rank: int):
+        """Yields (c, positions) for each micro-batch of the optimizer step over `chunk`, for the caller to train (its
+        backward passes) before asking for the next; then, the step's gradient synced and not yet clipped, estimates
+        the step (finish_step). keep: (P, n) every process's kept flags."""
+        kept = int(keep[:, torch.cat(chunk)].sum())
+        probe = self.probe(chunk, keep[rank], kept)
+        for c, sel in enumerate(chunk):
+            yield c, sel
+            if probe is not None:
+                probe.after_micro_batch(c)
+        self.finish_step(probe, kept)
 
     def probe(self, chunk: list[torch.Tensor], keep_local: torch.Tensor, kept: int) -> StepProbe | None:
         """A StepProbe for the optimizer step over micro-batches `chunk` (local positions), or None (the reason is
@@ -356,7 +394,7 @@ class NoiseScale:
         self.epoch.small_batches += int(used.sum())
         self.running.add(g2, trace)
 
-    def epoch_record(self) -> dict:
+    def record(self) -> dict:
         """The epoch record's noise fields: the noise scale and signal share from the running means (what to read)
         and from this epoch's steps alone (`_epoch`), the raw estimates, and why a value is None."""
         e = self.epoch

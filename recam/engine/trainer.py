@@ -1,8 +1,8 @@
 """The GRPO loop: one epoch is sample -> score -> advantages -> update -> guard -> checkpoint -> evaluate, each
 phase a method over the typed containers of recam.engine.containers. The trainer knows a domain only through
 recam.engine.domain.Domain, an algorithm only through its objective (recam.engine.objective), and side concerns
-through hooks and its components: budget, evaluation (and selection), run_checkpoints (and resume), and
-health (the guard's rules and the gradient cosine).
+through hooks and its components: budget, evaluation (and selection), run_checkpoints (and resume), health (the
+guard's rules and the gradient cosine) and noise_scale (each update's gradient noise scale).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from recam.engine.domain import decode, element_mask, exploration_scheduler
 from recam.engine.evaluation import Evaluator
 from recam.engine.health import GradientCosine, diagnose_step, nonfinite_findings, reward_signal
 from recam.engine.hooks import run_hooks
-from recam.engine.noise_scale import NoiseScale, group_order
+from recam.engine.noise_scale import NoiseScale
 from recam.engine.objective import MicroBatch, accumulating_backward, build_objective
 from recam.engine.policy import build_policy, refuse_sharded_copies
 from recam.engine.reward_runner import (
@@ -46,7 +46,6 @@ from recam.infra.checkpoint import latest_checkpoint, nonfinite_tensors
 from recam.infra.distributed import clip_gradients, forward_module, sum_over_shards, union_over_processes
 
 INITIAL_NOISE_STREAM = 0x494E4954  # keeps sample.same_initial_noise's draws apart from the per-sample streams
-NOISE_STATE = "noise_scale"  # state.json's key of the gradient noise scale's running means
 
 
 class GRPOTrainer:
@@ -89,13 +88,9 @@ class GRPOTrainer:
             s.eval_num_steps), eval_reward_fn, eval_reward_names, splits, accelerator, log, self.run_dir,
             self.autocast, self.sample_shape, net=self.net)
         self.gradient_cosine = GradientCosine(sum_over_shards(self.policy)) if t.log_gradient_cosine else None
-        scaler = getattr(accelerator, "scaler", None)
-        self.noise = NoiseScale(t.noise_scale, list(self.policy.parameters()), self.rank, self.world_size,
-                                gather=accelerator.gather if self.world_size > 1 else None,
-                                reduce=sum_over_shards(self.policy),
-                                grad_scale=(lambda: float(scaler.get_scale())) if scaler is not None else None)
+        self.noise = NoiseScale.of(t.noise_scale, self.policy, accelerator)  # its running means: saved as a hook's
         self.checkpoints = RunCheckpoints(self.run_dir / "checkpoints", accelerator, log, self.model, self.optimizer,
-                                          self.ema, self.hooks, self.objective, config.keep_checkpoints,
+                                          self.ema, [*self.hooks, self.noise], self.objective, config.keep_checkpoints,
                                           s.num_batches_per_epoch, self.evaluator, self.budget, self.net,
                                           self.gradient_cosine)
         self.sampler = KRepeatBatchSampler(len(self.train_set), s.batch_size, s.k, self.world_size, self.rank,
@@ -144,8 +139,7 @@ class GRPOTrainer:
             result = self.update(rollouts, groups, signal)          # 4. clipped-ratio policy updates with KL
             record["old_policy_decay"] = self.objective.after_epoch(self.global_step)
             t_updated = time.time()
-            record["optimizer_steps"] = [st.metrics for st in result.steps]
-            record.update(self.noise.epoch_record())  # the gradient noise scale of this epoch's updates
+            record |= {"optimizer_steps": [st.metrics for st in result.steps], **self.noise.record()}
             # every objective's ratio is against the weights that sampled: its first step's ratio is 1
             record["first_step_ratio_deviation"] = result.first_step_ratio_deviation
             record.update(budget.epoch_record(rollouts.start, t_sampled - epoch_t0, t_scored - t_sampled,
@@ -236,9 +230,8 @@ class GRPOTrainer:
         if adv_cfg.filter_zero_std:
             keep &= nonzero_group_mask(advantages, index)
         # one column per trained step; one for an objective that trains no stored step (T = 0)
-        columns = max(1, self.scheduler.num_train_steps)
-        return Groups(index, rewards, keep, broadcast_over_timesteps(advantages, columns),
-                      stats, exclusion, gather_details(scores.details, acc))
+        advantages = broadcast_over_timesteps(advantages, max(1, self.scheduler.num_train_steps))
+        return Groups(index, rewards, keep, advantages, stats, exclusion, gather_details(scores.details, acc))
 
     def epoch_record(self, rollouts: Rollouts, scores: Scores, groups: Groups) -> dict:
         ids = [self.domain.condition_id(self.train_set, int(i)) for i in groups.index]
@@ -257,19 +250,13 @@ class GRPOTrainer:
         Excluded samples are masked, not dropped: every process walks the same number of micro-batches and
         steps (dropping them per process would let processes disagree on the number of steps and hang on the
         next collective), and each kept sample weighs the same in its step, which is the mean over the step's
-        kept samples on every process.
-
-        The samples are trained group by group (recam.engine.noise_scale.group_order): a micro-batch of a multiple of
-        k samples holds whole groups, which the noise scale's small batches must be, and a step of whole groups gets
-        the cancellation of the centred advantages that the whole epoch gets."""
+        kept samples on every process."""
         cfg, t, P = self.config, self.config.train, self.world_size
         self.model.train()
         adv = local_slice(groups.advantages, self.rank, P)
         traj = local_slice(trajectory_ids(groups.index), self.rank, P)
         keep_all = groups.keep.view(P, -1)  # (processes, n): what every process keeps, known to each of them
-        units = self.noise.begin_epoch(groups.index.view(P, -1), keep_all)
-        gen = torch.Generator().manual_seed(cfg.seed * 7919 + self.epoch)
-        order = group_order(units, gen)  # the same positions on every process
+        order = self.noise.begin_epoch(groups.index.view(P, -1), keep_all, seed=cfg.seed * 7919 + self.epoch)
         steps: list[StepStats] = []
         per_pass = math.ceil(math.ceil(len(order) / t.batch_size) / t.gradient_accumulation_steps)
         bar = tqdm(total=t.num_inner_epochs * per_pass, desc=f"epoch {self.epoch} training",
@@ -285,16 +272,11 @@ class GRPOTrainer:
                 for h in self.hooks:
                     h.before_step(self.global_step, self.model)
                 acc_metrics = []
-                kept = int(keep_all[:, positions].sum())
-                probe = self.noise.probe(chunk, keep_all[self.rank], kept)
-                for c, sel in enumerate(chunk):
+                for c, sel in self.noise.micro_batches(chunk, keep_all, self.rank):  # measures them as they go
                     mb = self.micro_batch(rollouts, sel, adv, traj, weight, inner)
                     acc_metrics += self.objective.accumulate(mb, self.budget.timed(accumulating_backward(
                         self.accelerator, self.policy, last_micro_batch=c == len(chunk) - 1)))
-                    if probe is not None:
-                        probe.after_micro_batch(c)
-                self.noise.finish_step(probe, kept)  # before optimizer_step clips the gradient
-                stats = self.optimizer_step(acc_metrics, signal, kept=kept)
+                stats = self.optimizer_step(acc_metrics, signal, kept=int(keep_all[:, positions].sum()))
                 steps.append(stats)
                 bar.update(1)
                 if not stats.applied:  # the guard refused it: the epoch ends here
@@ -395,8 +377,7 @@ class GRPOTrainer:
         return {"epoch": epoch, "global_step": self.global_step,
                 "sampler_position": epoch * self.config.sample.num_batches_per_epoch,
                 "learning_rate": self.optimizer.param_groups[0]["lr"], "healthy": True,
-                "guard": {"history": self.history, "rollbacks": self.rollbacks}, "budget": self.budget.state_dict(),
-                NOISE_STATE: self.noise.running.state_dict()}
+                "guard": {"history": self.history, "rollbacks": self.rollbacks}, "budget": self.budget.state_dict()}
 
     def restore(self, state: dict) -> None:
         """The loop's part of a resumed checkpoint. The guard compares each step with the ones before it since the
@@ -410,11 +391,7 @@ class GRPOTrainer:
     def load(self, newest: Path, lr_factor: float = 1.0):
         if self.gradient_cosine is not None:
             self.gradient_cosine.reset()  # a gradient of weights that are no longer the policy's
-        ckpt = self.checkpoints.load(newest, lr_factor)
-        # a resume and a rollback alike continue the noise scale's running means from the checkpoint's: a rolled-back
-        # epoch's estimates belong to weights that are gone
-        self.noise.running.load_state_dict(ckpt.state.get(NOISE_STATE))
-        return ckpt
+        return self.checkpoints.load(newest, lr_factor)
 
     def evaluate(self, tag: str, checkpoint: str) -> dict:
         out = self.evaluator.evaluate(tag, checkpoint, self.global_step, self.budget.progress())
