@@ -188,8 +188,8 @@ def squared_norm(tensors: list[torch.Tensor | None], reduce=None, device=None) -
 class StepProbe:
     """One optimizer step's small batches: the squared norm of the accumulated gradient's increment between
     consecutive cuts (after micro-batch c - 1, for each c in `cuts`), each the local gradient of a run of micro-batches
-    of whole groups. It keeps one fp32 copy of the trainable gradients, the accumulated gradient at the last cut, and
-    no other: each parameter's increment is squared and summed before the next one's is formed.
+    of whole groups. It keeps one fp32 copy of the trainable gradients, the accumulated gradient at the latest cut (none
+    after the last), and no other: each parameter's increment is squared and summed before the next one's is formed.
 
     scales[i]: what turns small batch i's increment (a weighted sum, weights P / kept) into its mean gradient,
     kept / (P b_i) (recam.engine.advantages.step_sample_weights); sizes[i]: b_i, its kept samples on this process."""
@@ -204,6 +204,7 @@ class StepProbe:
         """Call after micro-batch c's backward passes (0 first)."""
         if c + 1 not in self.cuts:
             return
+        again = c + 1 < max(self.cuts)  # the last cut's gradient is never subtracted from: no copy of it
         sums = []
         for i, p in enumerate(self.parameters):
             g, before = p.grad, self.last[i]
@@ -211,10 +212,12 @@ class StepProbe:
                 continue
             if before is None:
                 sums.append(g.detach().float().pow(2).sum())
-                self.last[i] = g.detach().float().clone()
+                if again:
+                    self.last[i] = g.detach().float().clone()
             else:
                 sums.append((g.detach().float() - before).pow(2).sum())
-                before.copy_(g.detach())
+                if again:
+                    before.copy_(g.detach())
         sq = float(torch.stack(sums).sum()) if sums else 0.0
         i = len(self.squares)
         self.squares.append(sq * self.scales[i] ** 2)
