@@ -138,6 +138,11 @@ def get_config() -> ml_collections.ConfigDict:
     # trainable parameters): its mean over a run is the share of an update that is signal, not sampling noise
     # (scripts/diagnose.py reports it as `update_noise`)
     c.train.log_gradient_cosine = True
+    # log each epoch's gradient noise scale B_simple = tr(Sigma) / |G|^2 (McCandlish et al. 2018) and the update's
+    # signal share 1 / (1 + B_simple / B), estimated from the micro-batches' gradients of whole groups against the
+    # step's (recam.engine.noise_scale): how many samples an update needs before its direction is mostly signal. Costs
+    # one fp32 copy of the trainable gradients and a squared norm per micro-batch (scripts/bench_noise_scale.py)
+    c.train.noise_scale = True
     c.train.num_inner_epochs = 1  # passes over the epoch's samples
     c.train.gradient_accumulation_steps = 16  # micro-batches per optimizer step; 16 = the whole epoch in one step
     c.train.timestep_fraction = 0.5  # fraction of denoising steps trained: the noisiest, where layout and camera form

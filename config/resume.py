@@ -47,6 +47,7 @@ MUTABLE = {
     "model.gradient_checkpointing": "memory against compute (activations recomputed in the backward pass: the "
                                     "same numbers)",
     "train.learning_rate": "the learning rate from the next step on",
+    "train.noise_scale": "whether each update's gradient noise scale is measured (its running means are kept)",
     "health.action": "what the guard does on a critical finding",
     "health.max_rollbacks": "how many rollbacks the guard may make",
     "reward.async_workers": "reward threads",

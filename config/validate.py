@@ -98,7 +98,7 @@ NUMBER_FIELDS = (
 )
 BOOL_FIELDS = ("resume", "trust_legacy_checkpoint", "model.gradient_checkpointing", "train.ema",
                "advantage.filter_zero_std", "advantage.placebo", "train.guard_dt_weighting",
-               "sample.same_initial_noise", "train.log_gradient_cosine")
+               "sample.same_initial_noise", "train.log_gradient_cosine", "train.noise_scale")
 
 # Free-form strings ('' allowed); their contents are checked where they are read (domains, validate_files).
 STR_FIELDS = ("data.root", "model.vae", "model.lora_targets", "eval.report_rewards", "eval.select_by",

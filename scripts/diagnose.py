@@ -147,17 +147,21 @@ def main(argv: list[str] | None = None) -> int:
     word, status = verdict(findings, unreadable, n_skipped, n_steps + n_epochs, gaps)
     others = diagnosis.unknown_types(records)
     rollbacks = _rollbacks(source)
+    noise_line = diagnosis.noise_scale_line(records)
     if args.json:
         print(json.dumps({"source": str(source), "verdict": word, "unreadable_lines": [u.line for u in unreadable],
                           "recovered_lines": [u.line for u in recovered], "skipped_records": skipped,
                           "step_records": n_steps, "epoch_records": n_epochs, "step_record_gaps": gaps,
                           "unknown_types": others,
                           "rollbacks": rollbacks, "excluded_samples": excluded, "samples": samples,
+                          "noise_scale": noise_line,
                           "healthy": status == 0, "worst": diagnosis.worst_severity(findings),
                           "findings": [f.__dict__ for f in findings]}, indent=1, default=str))
         return status
     print(f"# Diagnosis of {source}\n")
     print(f"{n_steps} step records, {n_epochs} epoch records; {_last_step_line(records)}")
+    if noise_line:
+        print(noise_line)
     if excluded:
         print(f"excluded samples: {excluded} of {samples} in {epochs_hit} epoch(s) (failed rewards, kept out of "
               "the advantages; the reward statistics below ignore them)")

@@ -63,3 +63,23 @@ def test_bad_sizes_raise():
         KRepeatBatchSampler(10, 3, 4, 1, 0, 0, 1)
     with pytest.raises(ValueError, match="distinct"):
         global_batch_indices(3, 4, 2, 0, 0, 0, 1)
+
+
+@pytest.mark.parametrize("world,batch,k", [(4, 8, 4), (2, 8, 8), (3, 12, 4), (1, 8, 4)])
+def test_a_process_batch_of_a_multiple_of_k_holds_whole_groups_with_their_copies_together(world, batch, k):
+    # the unit of the advantages' centring stays on one process, where the noise scale can measure it whole
+    samplers = _replicas(world=world, batch=batch, k=k, bpe=3, dataset=200)
+    for pos in range(9):
+        for s in samplers:
+            mine = s.batch_at(pos)
+            assert set(Counter(mine).values()) == {k}
+            assert all(len(set(mine[i:i + k])) == 1 for i in range(0, batch, k))  # a group's copies in a row
+
+
+def test_groups_span_processes_only_where_the_process_batch_is_not_a_multiple_of_k():
+    # k = 4 over processes of 2 samples: each condition's copies on two processes, still k in all
+    samplers = _replicas(world=4, batch=2, k=4, bpe=2, dataset=50)
+    for pos in range(4):
+        per_rank = [s.batch_at(pos) for s in samplers]
+        assert set(Counter(i for b in per_rank for i in b).values()) == {4}
+        assert all(len(set(b)) == 1 for b in per_rank)

@@ -1,7 +1,8 @@
 """A run's health after the fact: the rules only an epoch knows (the reward spread, exclusions, the first on-policy
-ratio), the update's noise over a run, and `diagnose_run(records)`, which replays a whole metrics.jsonl through
-these and the step rules of recam.engine.health and reports each rule once, with the steps and epochs it fired on
-(scripts/diagnose.py, diagnosis.md). Nothing here runs on the way to an optimizer step.
+ratio), the update's noise over a run (the gradient cosine between steps, and the gradient noise scale, whose
+meaning for the run's updates noise_scale_line says in one line), and `diagnose_run(records)`, which replays a whole
+metrics.jsonl through these and the step rules of recam.engine.health and reports each rule once, with the steps and
+epochs it fired on (scripts/diagnose.py, diagnosis.md). Nothing here runs on the way to an optimizer step.
 
 The reward rules see what the trainer's guard sees (health.reward_evidence: each term's mean and standard error,
 the constraint's weight), and compare an epoch only with the earlier epochs the guard judged, so that the two agree
@@ -330,6 +331,7 @@ GUARD_CANNOT_JUDGE = {
     "excluded_samples": "the trainer excludes failed rewards itself; they are not a fault to stop for",
     "update_noise": "it is a statistic over the whole run's steps",
     "non_finite_samples": "it reads each reward's epoch mean, not the per-sample rewards and advantages",
+    "update_below_noise_scale": "it reads the gradient noise scale's running means, an epoch statistic",
 }
 _GUARD_EPOCH_KEYS = frozenset({"zero_std_ratio", "mean_reward", "epoch", "step"})
 
@@ -421,6 +423,65 @@ def rule_update_noise(steps: list[dict], th: Thresholds) -> list[Finding]:
          "scripts/gradient_agreement.py measures each step's share)"])]
 
 
+def _sig2(x: float) -> str:
+    """x rounded to two significant digits, with thousands separators: 11,000 for 10,873."""
+    if x <= 0 or not math.isfinite(x):
+        return f"{x:g}"
+    rounded = round(x, 1 - int(math.floor(math.log10(x))))
+    return f"{rounded:,.0f}" if rounded >= 10 else f"{rounded:.2g}"
+
+
+def _noise_epochs(epochs: list[dict]) -> list[dict]:
+    return [r for r in epochs if "gradient_noise_scale" in r]
+
+
+def noise_scale_line(records: list[dict]) -> str | None:
+    """One line on what the run's gradient noise scale means for its updates, from the last epoch record that has
+    one (recam.engine.noise_scale): "updates of 128 samples are about 6% signal (noise scale ~2,000 samples)". Where
+    no epoch could be measured, why (the last epoch's reason); None for records from before it was logged."""
+    epochs = _noise_epochs([r for r in records if r.get("type") == "epoch"])
+    if not epochs:
+        return None
+    measured = [r for r in epochs if _ok(_num(r, "gradient_noise_scale")) and _ok(_num(r, "noise/update_samples"))]
+    if not measured:
+        why = epochs[-1].get("noise/reason") or "no estimate"
+        return f"gradient noise scale: not measured ({why})"
+    r = measured[-1]
+    b_noise, B = _num(r, "gradient_noise_scale"), _num(r, "noise/update_samples")
+    share = _num(r, "update_signal_share")
+    share = share if _ok(share) else 1 / (1 + b_noise / B)
+    steps = _num(r, "noise/steps_running")
+    over = f", running mean over {int(steps)} steps" if steps else ""
+    return (f"updates of {B:.0f} samples are about {100 * share:.2g}% signal (noise scale ~{_sig2(b_noise)} samples"
+            f"{over}, epoch {r.get('epoch')})")
+
+
+def rule_noise_scale(epochs: list[dict], th: Thresholds) -> list[Finding]:
+    """Info when the run's last update is far below its gradient noise scale B_simple (under th.noise_scale_fraction
+    of it): an update of B samples is then about B / B_simple signal, and one of about B_simple samples would be half
+    signal (the expected cosine between two updates of B samples is 1 / (1 + B_simple / B))."""
+    measured = [r for r in _noise_epochs(epochs) if _ok(_num(r, "gradient_noise_scale"))
+                and _ok(_num(r, "noise/update_samples"))]
+    if not measured:
+        return []
+    r = measured[-1]
+    b_noise, B = _num(r, "gradient_noise_scale"), _num(r, "noise/update_samples")
+    if B >= th.noise_scale_fraction * b_noise:
+        return []
+    share = 1 / (1 + b_noise / B)
+    numbers = {"epoch": r.get("epoch"), "update_samples": B, "gradient_noise_scale": b_noise,
+               "update_signal_share": share, "noise_scale_over_update": b_noise / B}
+    return [Finding(
+        "update_below_noise_scale", "info", numbers,
+        f"Updates of {B:.0f} samples are about {100 * share:.2g}% signal: the gradient noise scale is ~{_sig2(b_noise)}"
+        f" samples, {b_noise / B:.0f} times an update (epoch {r.get('epoch')}, running means). Each update's "
+        f"direction is mostly the noise of its own samples; about {_sig2(b_noise)} samples per update would make it "
+        "half signal.",
+        ["more samples per optimizer step (sample.num_batches_per_epoch with train.gradient_accumulation_steps "
+         "covering them; the GPU presets in config/grpo.py)", "lower the noise per sample: train only the steps "
+         "whose gradients carry the signal (sample.window_size; scripts/gradient_agreement.py)"])]
+
+
 def _judged_by_guard(record: dict, step_epochs: set | None) -> bool:
     """Whether the trainer's guard saw this epoch's rewards: it judges them at the epoch's optimizer steps, so an
     epoch that took none (every sample excluded) never entered its history. step_epochs: the epochs of the run's
@@ -468,6 +529,7 @@ def diagnose_run(records: list[dict], *, thresholds: Thresholds | None = None,
             # an epoch record's step is where its updates start; only step records locate a step
             collected.append((f, {"epoch": r.get("epoch")}, guard_cannot_judge(f) or unseen))
     collected += [(f, {}, guard_cannot_judge(f)) for f in rule_update_noise(steps, th)]
+    collected += [(f, {"epoch": f.numbers.get("epoch")}, guard_cannot_judge(f)) for f in rule_noise_scale(epochs, th)]
     return _merge(collected)
 
 

@@ -74,6 +74,8 @@ class Thresholds:
     first_ratio_critical: float = 0.5
     update_noise_cosine: float = 0.1  # consecutive steps' gradients agreeing below this (95% upper bound): noise
     update_noise_min_steps: int = 10
+    # an update this small a fraction of the gradient noise scale (or smaller) is mostly noise: said with the number
+    noise_scale_fraction: float = 0.1
 
 
 DEFAULT = Thresholds()

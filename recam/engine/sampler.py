@@ -3,6 +3,10 @@
 The batch for (seed, epoch, batch index) is a pure function of those three numbers and the world size, so
 every process computes the same global batch without talking to the others, a resumed run can jump to any
 position, and DataLoader prefetching cannot desynchronise group sizes (there is no `set_epoch` to race).
+
+A group's copies sit next to each other in the global batch, so a process whose batch is a multiple of k holds
+whole groups: the unit of the advantages' centring stays on one process, where the gradient noise scale can measure
+it (recam.engine.noise_scale). The conditions, not the samples, are shuffled.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ def global_batch_indices(
     dataset_size: int, conditions_per_batch: int, k: int, seed: int, epoch: int, batch_index: int,
     batches_per_epoch: int,
 ) -> torch.Tensor:
-    """Dataset indices of one global sampling batch, shuffled, each chosen condition exactly k times.
+    """Dataset indices of one global sampling batch: its conditions in a shuffled order, each repeated k times in
+    a row (so a slice of the batch that starts at a multiple of k and holds a multiple of k samples is whole groups).
 
     Conditions are drawn without replacement within an epoch (one permutation per epoch, consecutive
     slices per batch, wrapping when the dataset is smaller than an epoch needs).
@@ -39,17 +44,17 @@ def global_batch_indices(
     if chosen.unique().numel() != conditions_per_batch:
         # A wrap-around slice may repeat a condition; re-draw this batch's conditions distinct.
         chosen = torch.randperm(dataset_size, generator=_generator(seed, epoch, batch_index, 1))[:conditions_per_batch]
-    repeated = chosen.repeat_interleave(k)
-    perm = torch.randperm(repeated.numel(), generator=_generator(seed, epoch, batch_index))
-    return repeated[perm]
+    perm = torch.randperm(chosen.numel(), generator=_generator(seed, epoch, batch_index))
+    return chosen[perm].repeat_interleave(k)
 
 
 class KRepeatBatchSampler(torch.utils.data.Sampler):
     """Infinite batch sampler yielding this rank's slice of each global k-repeat batch.
 
     Global batch = num_replicas * batch_size samples = (num_replicas * batch_size / k) conditions x k copies,
-    split into contiguous per-rank slices in rank order. Position is (epoch, batch index), derived from a
-    running counter that starts at `start_batch` (the checkpointed position when resuming).
+    split into contiguous per-rank slices in rank order: whole groups on each rank when k divides batch_size.
+    Position is (epoch, batch index), derived from a running counter that starts at `start_batch` (the checkpointed
+    position when resuming).
     """
 
     def __init__(self, dataset_size: int, batch_size: int, k: int, num_replicas: int, rank: int, seed: int,

@@ -1,8 +1,8 @@
 """The GRPO loop: one epoch is sample -> score -> advantages -> update -> guard -> checkpoint -> evaluate, each
 phase a method over the typed containers of recam.engine.containers. The trainer knows a domain only through
 recam.engine.domain.Domain, an algorithm only through its objective (recam.engine.objective), and side concerns
-through hooks and its components: budget, evaluation (and selection), run_checkpoints (and resume), and
-health (the guard's rules and the gradient cosine).
+through hooks and its components: budget, evaluation (and selection), run_checkpoints (and resume), health (the
+guard's rules and the gradient cosine) and noise_scale (each update's gradient noise scale).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from recam.engine.domain import decode, element_mask, exploration_scheduler
 from recam.engine.evaluation import Evaluator
 from recam.engine.health import GradientCosine, diagnose_step, nonfinite_findings, reward_signal
 from recam.engine.hooks import run_hooks
+from recam.engine.noise_scale import NoiseScale
 from recam.engine.objective import MicroBatch, accumulating_backward, build_objective
 from recam.engine.policy import build_policy, refuse_sharded_copies
 from recam.engine.reward_runner import (
@@ -91,8 +92,9 @@ class GRPOTrainer:
             s.eval_num_steps), eval_reward_fn, eval_reward_names, splits, accelerator, log, self.run_dir,
             self.autocast, self.sample_shape, net=self.net)
         self.gradient_cosine = GradientCosine(sum_over_shards(self.policy)) if t.log_gradient_cosine else None
+        self.noise = NoiseScale.of(t.noise_scale, self.policy, accelerator)  # its running means: saved as a hook's
         self.checkpoints = RunCheckpoints(self.run_dir / "checkpoints", accelerator, log, self.model, self.optimizer,
-                                          self.ema, self.hooks, self.objective, config.keep_checkpoints,
+                                          self.ema, [*self.hooks, self.noise], self.objective, config.keep_checkpoints,
                                           s.num_batches_per_epoch, self.evaluator, self.budget, self.net,
                                           self.gradient_cosine, trust_legacy=config.trust_legacy_checkpoint)
         self.sampler = KRepeatBatchSampler(len(self.train_set), s.batch_size, s.k, self.world_size, self.rank,
@@ -141,7 +143,7 @@ class GRPOTrainer:
             result = self.update(rollouts, groups, signal)          # 4. clipped-ratio policy updates with KL
             record["old_policy_decay"] = self.objective.after_epoch(self.global_step)
             t_updated = time.time()
-            record["optimizer_steps"] = [st.metrics for st in result.steps]
+            record |= {"optimizer_steps": [st.metrics for st in result.steps], **self.noise.record()}
             # every objective's ratio is against the weights that sampled: its first step's ratio is 1
             record["first_step_ratio_deviation"] = result.first_step_ratio_deviation
             record.update(budget.epoch_record(rollouts.start, t_sampled - epoch_t0, t_scored - t_sampled,
@@ -236,9 +238,8 @@ class GRPOTrainer:
         if adv_cfg.filter_zero_std:
             keep &= nonzero_group_mask(advantages, index)
         # one column per trained step; one for an objective that trains no stored step (T = 0)
-        columns = max(1, self.scheduler.num_train_steps)
-        return Groups(index, rewards, keep, broadcast_over_timesteps(advantages, columns),
-                      stats, exclusion, gather_details(scores.details, acc))
+        advantages = broadcast_over_timesteps(advantages, max(1, self.scheduler.num_train_steps))
+        return Groups(index, rewards, keep, advantages, stats, exclusion, gather_details(scores.details, acc))
 
     def epoch_record(self, rollouts: Rollouts, scores: Scores, groups: Groups) -> dict:
         ids = [self.domain.condition_id(self.train_set, int(i)) for i in groups.index]
@@ -265,8 +266,7 @@ class GRPOTrainer:
         adv = local_slice(groups.advantages, self.rank, P)
         traj = local_slice(trajectory_ids(groups.index), self.rank, P)
         keep_all = groups.keep.view(P, -1)  # (processes, n): what every process keeps, known to each of them
-        gen = torch.Generator().manual_seed(cfg.seed * 7919 + self.epoch)
-        order = torch.randperm(len(rollouts.states), generator=gen)  # the same permutation on every process
+        order = self.noise.begin_epoch(groups.index.view(P, -1), keep_all, seed=cfg.seed * 7919 + self.epoch)
         steps: list[StepStats] = []
         per_pass = math.ceil(math.ceil(len(order) / t.batch_size) / t.gradient_accumulation_steps)
         bar = tqdm(total=t.num_inner_epochs * per_pass, desc=f"epoch {self.epoch} training",
@@ -282,7 +282,7 @@ class GRPOTrainer:
                 for h in self.hooks:
                     h.before_step(self.global_step, self.model)
                 acc_metrics = []
-                for c, sel in enumerate(chunk):
+                for c, sel in self.noise.micro_batches(chunk, keep_all, self.rank):  # measures them as they go
                     mb = self.micro_batch(rollouts, sel, adv, traj, weight, inner)
                     acc_metrics += self.objective.accumulate(mb, self.budget.timed(accumulating_backward(
                         self.accelerator, self.policy, last_micro_batch=c == len(chunk) - 1)))

@@ -22,6 +22,7 @@ The verifier shares no code with the trainer it checks: it imports no torch and 
   parse_text      [GRPO Debug] text logs into epochs of facts: `parse_debug_log`, `DEBUG_LOG_FORMS`, `TAG`
   advantages      group advantages recomputed in float64 numpy: `recompute_advantages`
   checks_shared   whole-run checks both sources share (unreadable lines, missing epochs) and the check guard
+  checks_noise    the gradient noise scale's epoch fields against their definitions (`check_noise_scale`)
   checks_metrics  checks of metrics.jsonl records (`EPOCH_CHECKS`, step records) and `verify_metrics`
   checks_text     checks of [GRPO Debug] epochs and `verify_debug_log`
   report          `render_markdown` and the table of text-log forms (docs/guide.md) (`debug_log_forms_markdown`)
@@ -60,6 +61,7 @@ from recam.verify.checks_metrics import (
     settings_from_config,
     verify_metrics,
 )
+from recam.verify.checks_noise import check_noise_scale
 from recam.verify.checks_shared import check_missing_epochs, check_unreadable
 from recam.verify.checks_text import (
     check_debug_advantages,
@@ -101,7 +103,7 @@ __all__ = [
     "check_reward_finite", "check_advantage_shape", "check_advantage_per_condition", "check_advantage_recompute",
     "check_advantage_summary", "check_zero_std_groups", "check_reward_means", "check_group_size",
     "check_trained_prompt_num", "check_reward_std_mean", "check_excluded_samples", "check_step_records",
-    "check_epoch_steps", "verify_metrics",
+    "check_epoch_steps", "verify_metrics", "check_noise_scale",
     "check_debug_sampling_facts", "check_debug_counts", "check_debug_unique", "check_debug_shape",
     "check_debug_condition_samples", "check_debug_advantages", "check_debug_ranks", "verify_debug_log",
     # report and plots

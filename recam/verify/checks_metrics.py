@@ -12,6 +12,7 @@ import numpy as np
 
 from recam.infra.schema import REWARD_BOOKKEEPING
 from recam.verify.advantages import recompute_advantages
+from recam.verify.checks_noise import check_noise_scale
 from recam.verify.checks_shared import EPS_DOMINATES, _guard, check_missing_epochs, check_unreadable
 from recam.verify.core import FAIL, PASS, WARN, Check, Report, _array, _close, _float, _get, _int, _short, worst
 from recam.verify.parse_metrics import ParsedLog
@@ -788,6 +789,7 @@ def verify_metrics(parsed: ParsedLog, config: dict | None = None, tol: float = 1
                                 f"could not verify {which}: its record on line {line} could not be parsed "
                                 f"({reasons.get(line, 'unreadable')})", epoch=e))
     checks += _guard("step_records", check_step_records, epochs, steps)
+    checks += _guard("noise_scale", check_noise_scale, epochs)
     step_checks = _guard("epoch_step", check_epoch_steps, epochs, steps)
     for rec in epochs:
         try:

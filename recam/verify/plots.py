@@ -112,4 +112,42 @@ def write_plots(records: list[dict], out_dir: Path, stem: str) -> list[tuple[str
         fig.savefig(out_dir / name, dpi=90)
         plt.close(fig)
         written.append(("Importance ratio and KL over optimizer steps", name))
+    noise = _noise_scale_plot(plt, epochs, out_dir, f"{stem}_noise_scale.png")
+    if noise:
+        written.append(noise)
     return written
+
+
+def _noise_scale_plot(plt, epochs: list[dict], out_dir: Path, name: str) -> tuple[str, str] | None:
+    """The gradient noise scale over epochs (running means, and each epoch's own estimate) against the update's size,
+    and the signal share of an update; None when no epoch has a number to draw."""
+    def series(key):
+        return [_float(r.get(key)) for r in epochs]
+    scale, scale_epoch = series("gradient_noise_scale"), series("gradient_noise_scale_epoch")
+    if not any(x is not None for x in scale + scale_epoch):
+        return None
+    xs = [_int(r["epoch"]) for r in epochs]
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    nan = np.nan
+    ax1.plot(xs, _finite([nan if x is None else x for x in scale]), marker="o", label="noise scale (running means)")
+    ax1.plot(xs, _finite([nan if x is None else x for x in scale_epoch]), "x", label="this epoch's steps alone")
+    ax1.plot(xs, _finite([nan if x is None else x for x in series("noise/update_samples")]), "--",
+             label="samples per update")
+    ax1.set_yscale("log")
+    ax1.set_ylabel("samples")
+    ax1.set_title("Gradient noise scale B_simple = tr(Sigma) / |G|^2 over epochs")
+    ax1.legend()
+    ax1.grid(alpha=0.3, which="both")
+    for key, style, label in (("update_signal_share", "o-", "running means"),
+                              ("update_signal_share_epoch", "x", "this epoch's steps alone")):
+        ax2.plot(xs, _finite([nan if x is None else x for x in series(key)]), style, label=label)
+    ax2.set_ylim(0, 1)
+    ax2.set_xlabel("epoch")
+    ax2.set_ylabel("1 / (1 + B_simple / B)")
+    ax2.set_title("Signal share of an update (expected cosine between two updates)")
+    ax2.legend()
+    ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out_dir / name, dpi=90)
+    plt.close(fig)
+    return "Gradient noise scale and the update's signal share over epochs", name
