@@ -375,13 +375,6 @@ def test_landmarks_of_a_stack_of_frames_are_each_frame_s_pixel_by_pixel():
 # ------------------------------------------------------------------------ the landmark search in torch, batched
 
 
-@pytest.fixture
-def one_thread():
-    # a few small tensors per op: on a shared two-core machine a second torch thread only adds contention
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _world_batch(n: int = 8, noisy: int = 3):

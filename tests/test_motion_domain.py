@@ -34,16 +34,10 @@ from recam.domains.motion.world import MotionWorld, reference_mean_std
 from recam.engine.extensions.noise_subspace import SubspaceNoise
 from recam.engine.rollout import per_sample_noise, rescore, rollout
 
+# tiny tensors on a shared two-core machine: every test on one torch thread (conftest.py)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    # tiny ops on a shared 2-core machine: a second thread only contends
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -28,15 +28,8 @@ from recam.domains.motion.loading import (
 )
 from recam.domains.motion.model import MotionDiffusionModel
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny ops on a shared 2-core machine: a second OpenMP thread spin-waiting on a busy core made steps ~100x
-    # slower; one thread is faster here and restored afterwards.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# tiny tensors on a shared two-core machine: every test on one torch thread (conftest.py)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ---------------------------------------------------------------------------------------------------------

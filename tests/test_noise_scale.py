@@ -34,14 +34,9 @@ sys.path.insert(0, str(ROOT))
 
 from tests.toy_trainer import toy_trainer  # noqa: E402
 
+# tiny tensors on a shared two-core machine: every test on one torch thread (conftest.py)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # tiny tensors: a second thread only contends (the toy preset sets num_threads 1 likewise)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 # ---------------------------------------------------------------------------------------------------------------
 # the formulas by hand

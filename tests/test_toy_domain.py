@@ -20,6 +20,9 @@ from config.validate import ConfigError, validate, validate_files
 from recam.domains.toy.domain import ToyDomain, build_base
 from recam.engine.rollout import per_sample_noise, rescore, rollout
 
+# tiny tensors on a shared two-core machine: every test on one torch thread (conftest.py)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # Measured with `python scripts/train_recam.py --config config/grpo.py:toy --config.num_epochs=10
@@ -27,15 +30,6 @@ ROOT = Path(__file__).resolve().parents[1]
 # seed) -> 0.645 .. 0.803 after 10 epochs, gains +0.555 .. +0.714 (mean +0.655); bases pretrained from other
 # toy.model_seed values start at 0.101 .. 0.110. A required gain of 0.3 leaves a wide margin on either side.
 MIN_GAIN = 0.3
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    # the toy tensors are tiny: a second thread only adds contention (the preset sets num_threads 1 likewise)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _domain(**toy_overrides):
