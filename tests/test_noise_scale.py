@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -367,6 +368,40 @@ def test_the_diagnosis_says_what_the_noise_scale_means_and_when_an_update_is_far
                    "noise/reason": "train.noise_scale is off"}]
     assert noise_scale_line(unmeasured) == "gradient noise scale: not measured (train.noise_scale is off)"
     assert noise_scale_line([{"type": "epoch", "epoch": 0}]) is None  # a log from before the noise scale
+
+
+def test_the_run_s_noise_scale_pools_the_epochs_and_bounds_it_where_the_signal_is_not_measurable():
+    from recam.engine.diagnosis import diagnose_run, noise_scale_line, run_noise_scale
+    from recam.infra.stats import t975
+
+    def epochs(g2s, trace=0.01, steps=2, samples=128):
+        return [{**_epoch(e, g, trace, samples), "noise/steps": steps} for e, g in enumerate(g2s)]
+
+    # equal steps: the plain mean over epochs and its t-interval, by hand
+    g2s = [4e-6, -1e-6, 3e-6, 2e-6]
+    run = run_noise_scale(epochs(g2s))
+    mean, sd = np.mean(g2s), np.std(g2s, ddof=1)
+    assert run["g2"] == pytest.approx(mean) and run["trace"] == pytest.approx(0.01)
+    assert run["g2_half"] == pytest.approx(t975(3) * sd / 2)
+    assert run["noise_scale"] == pytest.approx(0.01 / mean)
+    assert run["at_least"] == pytest.approx(0.01 / (mean + t975(3) * sd / 2))
+    line = noise_scale_line(epochs(g2s))
+    assert line.startswith(f"updates of 128 samples are about {100 / (1 + 0.01 / mean / 128):.2g}% signal"), line
+    assert "95% over 4 epochs, 8 steps" in line
+    # |G|^2's estimate below 0: no point value, but the noise scale the run rules out being below
+    low = [-3e-7, 1e-7, -2e-7, -1e-7, 2e-7]
+    run = run_noise_scale(epochs(low))
+    assert run["noise_scale"] is None
+    assert run["at_least"] == pytest.approx(0.01 / (np.mean(low) + t975(4) * np.std(low, ddof=1) / np.sqrt(5)))
+    line = noise_scale_line(epochs(low))
+    assert line.startswith("updates of 128 samples are at most ") and "the noise scale is at least" in line
+    finding = next(f for f in diagnose_run(epochs(low)) if f.rule == "update_below_noise_scale")
+    assert finding.numbers["gradient_noise_scale"] is None
+    assert finding.numbers["gradient_noise_scale_at_least"] == pytest.approx(run["at_least"])
+    assert "at most" in finding.explanation
+    # steps weigh the epochs
+    weighted = [{**r, "noise/steps": n} for r, n in zip(epochs([1e-6, 3e-6]), (3, 1), strict=True)]
+    assert run_noise_scale(weighted)["g2"] == pytest.approx((3 * 1e-6 + 3e-6) / 4)
 
 
 def test_the_verifier_checks_the_noise_fields_against_their_definitions_and_plots_them(tmp_path):

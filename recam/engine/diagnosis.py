@@ -435,13 +435,53 @@ def _noise_epochs(epochs: list[dict]) -> list[dict]:
     return [r for r in epochs if "gradient_noise_scale" in r]
 
 
+def run_noise_scale(epochs: list[dict]) -> dict | None:
+    """The run's gradient noise scale from every epoch's own estimates (noise/g2, noise/trace: unbiased, each the mean
+    over its optimizer steps): their means over the epochs weighted by steps, with a 95% t-interval over epochs for
+    |G|^2. The point value is trace / |G|^2 where |G|^2 > 0; `at_least` is trace / (upper bound of |G|^2), the noise
+    scale the run's updates rule out being below (95%) -- what can still be said when the signal is too small for
+    |G|^2's estimate to be positive. None with fewer than two epochs carrying estimates (one epoch has no interval:
+    its running means are then the record's own)."""
+    rows = [(r, _num(r, "noise/g2"), _num(r, "noise/trace"), _num(r, "noise/steps")) for r in _noise_epochs(epochs)]
+    rows = [(r, g, t, n) for r, g, t, n in rows if _ok(g) and _ok(t) and _ok(n) and n > 0]
+    if len(rows) < 2:
+        return None
+    weights = [n for *_, n in rows]
+    total = sum(weights)
+    g2 = sum(g * w for (_, g, _, _), w in zip(rows, weights, strict=True)) / total
+    trace = sum(t * w for (_, _, t, _), w in zip(rows, weights, strict=True)) / total
+    # the interval treats the epochs as the independent draws: a step-weighted mean's standard error
+    spread = sum(w * (g - g2) ** 2 for (_, g, _, _), w in zip(rows, weights, strict=True)) / total
+    half = t975(len(rows) - 1) * math.sqrt(spread * sum(w * w for w in weights) / total ** 2 * len(rows)
+                                           / (len(rows) - 1))
+    samples = _num(rows[-1][0], "noise/update_samples")
+    out = {"epochs": len(rows), "steps": int(total), "g2": g2, "g2_half": half, "trace": trace,
+           "update_samples": samples, "noise_scale": trace / g2 if g2 > 0 and trace > 0 else None,
+           "at_least": trace / (g2 + half) if g2 + half > 0 and trace > 0 else None}
+    out["signal_share"] = (1 / (1 + out["noise_scale"] / samples)) if out["noise_scale"] and samples else None
+    out["signal_share_at_most"] = (1 / (1 + out["at_least"] / samples)) if out["at_least"] and samples else None
+    return out
+
+
 def noise_scale_line(records: list[dict]) -> str | None:
-    """One line on what the run's gradient noise scale means for its updates, from the last epoch record that has
-    one (recam.engine.noise_scale): "updates of 128 samples are about 6% signal (noise scale ~2,000 samples)". Where
-    no epoch could be measured, why (the last epoch's reason); None for records from before it was logged."""
+    """One line on what the run's gradient noise scale means for its updates: "updates of 128 samples are about 1%
+    signal (noise scale ~11,000 samples; at least 4,000, 95% over 12 epochs)", from the estimates of every epoch
+    (run_noise_scale); where |G|^2's estimate is not above 0, the noise scale the run rules out being below. With one
+    epoch, its own running means; where nothing was measured, why; None for records from before it was logged."""
     epochs = _noise_epochs([r for r in records if r.get("type") == "epoch"])
     if not epochs:
         return None
+    run = run_noise_scale(epochs)
+    if run is not None and run["update_samples"]:
+        B, n = run["update_samples"], f"95% over {run['epochs']} epochs, {run['steps']} steps"
+        if run["noise_scale"] is not None:
+            bound = f"; at least {_sig2(run['at_least'])}" if run["at_least"] else ""
+            return (f"updates of {B:.0f} samples are about {100 * run['signal_share']:.2g}% signal (noise scale "
+                    f"~{_sig2(run['noise_scale'])} samples{bound}, {n})")
+        if run["at_least"] is not None:
+            return (f"updates of {B:.0f} samples are at most {100 * run['signal_share_at_most']:.2g}% signal: the "
+                    f"noise scale is at least {_sig2(run['at_least'])} samples ({n}; the signal is too small for "
+                    "these updates to measure |G|^2 above 0)")
     measured = [r for r in epochs if _ok(_num(r, "gradient_noise_scale")) and _ok(_num(r, "noise/update_samples"))]
     if not measured:
         why = epochs[-1].get("noise/reason") or "no estimate"
@@ -457,26 +497,39 @@ def noise_scale_line(records: list[dict]) -> str | None:
 
 
 def rule_noise_scale(epochs: list[dict], th: Thresholds) -> list[Finding]:
-    """Info when the run's last update is far below its gradient noise scale B_simple (under th.noise_scale_fraction
+    """Info when the run's updates are far below its gradient noise scale B_simple (under th.noise_scale_fraction
     of it): an update of B samples is then about B / B_simple signal, and one of about B_simple samples would be half
-    signal (the expected cosine between two updates of B samples is 1 / (1 + B_simple / B))."""
-    measured = [r for r in _noise_epochs(epochs) if _ok(_num(r, "gradient_noise_scale"))
-                and _ok(_num(r, "noise/update_samples"))]
-    if not measured:
-        return []
-    r = measured[-1]
-    b_noise, B = _num(r, "gradient_noise_scale"), _num(r, "noise/update_samples")
+    signal (the expected cosine between two updates of B samples is 1 / (1 + B_simple / B)). The run's estimate over
+    its epochs (run_noise_scale) decides, its point value or, where |G|^2 is too small to estimate above 0, the
+    noise scale it is at least; with one epoch, that epoch's running means."""
+    run = run_noise_scale(epochs)
+    if run is not None and run["update_samples"] and (run["noise_scale"] or run["at_least"]):
+        b_noise, B = run["noise_scale"] or run["at_least"], run["update_samples"]
+        lower = run["noise_scale"] is None
+        where = f"over {run['epochs']} epochs"
+        numbers = {"epochs": run["epochs"], "update_samples": B, "gradient_noise_scale": run["noise_scale"],
+                   "gradient_noise_scale_at_least": run["at_least"], "g2": run["g2"], "g2_ci95": run["g2_half"],
+                   "trace": run["trace"]}
+    else:
+        measured = [r for r in _noise_epochs(epochs) if _ok(_num(r, "gradient_noise_scale"))
+                    and _ok(_num(r, "noise/update_samples"))]
+        if not measured:
+            return []
+        r = measured[-1]
+        b_noise, B, lower = _num(r, "gradient_noise_scale"), _num(r, "noise/update_samples"), False
+        where = f"epoch {r.get('epoch')}, running means"
+        numbers = {"epoch": r.get("epoch"), "update_samples": B, "gradient_noise_scale": b_noise}
     if B >= th.noise_scale_fraction * b_noise:
         return []
     share = 1 / (1 + b_noise / B)
-    numbers = {"epoch": r.get("epoch"), "update_samples": B, "gradient_noise_scale": b_noise,
-               "update_signal_share": share, "noise_scale_over_update": b_noise / B}
+    numbers |= {"update_signal_share": share, "noise_scale_over_update": b_noise / B}
+    about, scale = ("at most", f"at least {_sig2(b_noise)}") if lower else ("about", f"~{_sig2(b_noise)}")
     return [Finding(
         "update_below_noise_scale", "info", numbers,
-        f"Updates of {B:.0f} samples are about {100 * share:.2g}% signal: the gradient noise scale is ~{_sig2(b_noise)}"
-        f" samples, {b_noise / B:.0f} times an update (epoch {r.get('epoch')}, running means). Each update's "
-        f"direction is mostly the noise of its own samples; about {_sig2(b_noise)} samples per update would make it "
-        "half signal.",
+        f"Updates of {B:.0f} samples are {about} {100 * share:.2g}% signal: the gradient noise scale is {scale}"
+        f" samples, {b_noise / B:.0f} times an update ({where}). Each update's direction is mostly the noise of its "
+        f"own samples; {'at least ' if lower else 'about '}{_sig2(b_noise)} samples per update would make it half "
+        "signal.",
         ["more samples per optimizer step (sample.num_batches_per_epoch with train.gradient_accumulation_steps "
          "covering them; the GPU presets in config/grpo.py)", "lower the noise per sample: train only the steps "
          "whose gradients carry the signal (sample.window_size; scripts/gradient_agreement.py)"])]
