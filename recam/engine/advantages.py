@@ -83,6 +83,20 @@ def permute_within_groups(values: torch.Tensor, group_ids: torch.Tensor, keep: t
     return out
 
 
+PLACEBO_STREAM = 0x504C4342  # keeps the placebo's permutations apart from the training order's draws
+PLACEBO_BANNER = ("PLACEBO run (advantage.placebo=True): each group's advantages were permuted among its own "
+                  "samples; its changes are what training without reward information does")
+
+
+def placebo_advantages(values: torch.Tensor, group_ids: torch.Tensor, keep: torch.Tensor, seed: int,
+                       epoch: int) -> torch.Tensor:
+    """advantage.placebo's advantages for one epoch: permute_within_groups with a draw that depends on the run's seed
+    and the epoch alone, so every process (each holds the gathered tensors) draws the same permutation, and an epoch
+    redone after a rollback draws its own again."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch * 7 + PLACEBO_STREAM)
+    return permute_within_groups(values, group_ids, keep, generator)
+
+
 def broadcast_over_timesteps(values: torch.Tensor, num_timesteps: int) -> torch.Tensor:
     """(N,) -> (N, T): one scalar per sample repeated over its trained timesteps (a copy, not a view)."""
     return values[:, None].repeat(1, num_timesteps)

@@ -13,6 +13,7 @@ import torch
 from accelerate.utils import gather_object
 from tqdm.auto import tqdm
 
+from recam.engine.advantages import PLACEBO_BANNER
 from recam.engine.domain import decode
 from recam.engine.rollout import deterministic_sample, noise_source
 from recam.engine.selection import select_checkpoint
@@ -179,7 +180,7 @@ class Evaluator:
                                        e.select_max_drop)]
 
     def report(self, eval_before: dict, eval_after: dict, selected: dict | None, checkpoints: Path, rollbacks: int,
-               stopped_by: str | None, budget_stop: bool, banner: str | None = None) -> None:
+               stopped_by: str | None, budget_stop: bool, placebo: bool = False) -> None:
         """summary.md and the run's reports (main process): the base against the reported checkpoint, the selected
         one (pointed to by checkpoints/selected) or the end's."""
         if selected is not None:
@@ -190,7 +191,7 @@ class Evaluator:
                               budget=stopped_by if budget_stop else None, rollbacks=rollbacks, selected=selected,
                               selection=self.selection_rule() if selected else None, rows=self.domain.summary_rows,
                               rewards=self.reward_names, examples=self.run_dir / self.domain.examples_dir,
-                              banner=banner)
+                              banner=PLACEBO_BANNER if placebo else None)
 
     def selection_rule(self) -> str:
         e = self.e

@@ -27,6 +27,7 @@ ODE_SOLVERS = ("euler", "dpm2", "sa_solver")
 # Euler before it)
 SOLVER_SCOPES = ("all", "after_window")
 _WINDOW_STREAM = 0x57494E  # keeps the window's draws apart from the noise streams keyed by (seed, ...)
+INITIAL_NOISE_STREAM = 0x494E4954  # keeps sample.same_initial_noise's draws apart from the per-sample streams
 
 
 def window_start(mode: str, epoch: int, seed: int, start: int, max_start: int, shift_every: int) -> int:

@@ -19,7 +19,7 @@ from recam.engine.advantages import (
     broadcast_over_timesteps,
     local_slice,
     nonzero_group_mask,
-    permute_within_groups,
+    placebo_advantages,
     step_sample_weights,
     trajectory_ids,
 )
@@ -39,17 +39,12 @@ from recam.engine.reward_runner import (
     gather_details,
     masked_group_advantages,
 )
-from recam.engine.rollout import noise_source, rollout, solver_options
+from recam.engine.rollout import INITIAL_NOISE_STREAM, noise_source, rollout, solver_options
 from recam.engine.run_checkpoints import RunCheckpoints
 from recam.engine.sampler import KRepeatBatchSampler
 from recam.infra import runlog
 from recam.infra.checkpoint import latest_checkpoint, nonfinite_tensors
 from recam.infra.distributed import clip_gradients, forward_module, sum_over_shards, union_over_processes
-
-INITIAL_NOISE_STREAM = 0x494E4954  # keeps sample.same_initial_noise's draws apart from the per-sample streams
-PLACEBO_STREAM = 0x504C4342  # keeps the placebo's permutations apart from the training order's draws
-PLACEBO_BANNER = ("PLACEBO run (advantage.placebo=True): each group's advantages were permuted among its own "
-                  "samples; its changes are what training without reward information does")
 
 
 class GRPOTrainer:
@@ -171,8 +166,7 @@ class GRPOTrainer:
         self.selected = self.evaluator.selected()
         if self.accelerator.is_main_process:
             self.evaluator.report(eval_before, eval_after, self.selected, self.checkpoints.root, self.rollbacks,
-                                  self.stopped_by, self.budget_stop,
-                                  banner=PLACEBO_BANNER if cfg.advantage.placebo else None)
+                                  self.stopped_by, self.budget_stop, placebo=cfg.advantage.placebo)
         return None if self.budget_stop else self.stopped_by
 
     # ------------------------------------------------------------------------------------------------------
@@ -206,8 +200,7 @@ class GRPOTrainer:
             states.append(out.states)  # kept where sampled: no round trip through the host
             log_probs.append(out.log_probs)
             finals.append(out.final)
-            if out.means is not None:
-                means.append(out.means)
+            means += [] if out.means is None else [out.means]
             if keep_decoded:
                 decoded.append(samples)
         return Rollouts(torch.cat(index), torch.cat(states), torch.cat(log_probs), decoded, start=start,
@@ -233,8 +226,7 @@ class GRPOTrainer:
             rewards = h.adjust_rewards(rewards)
         advantages, _, stats = masked_group_advantages(rewards["avg"], index, keep, adv_cfg.std_mode, adv_cfg.eps)
         if adv_cfg.placebo:  # the control: the same draws on every process, a new one each epoch
-            gen = torch.Generator().manual_seed(self.config.seed * 1_000_003 + self.epoch * 7 + PLACEBO_STREAM)
-            advantages = permute_within_groups(advantages, index, keep, gen)
+            advantages = placebo_advantages(advantages, index, keep, self.config.seed, self.epoch)
         if adv_cfg.filter_zero_std:
             keep &= nonzero_group_mask(advantages, index)
         # one column per trained step; one for an objective that trains no stored step (T = 0)
@@ -246,8 +238,7 @@ class GRPOTrainer:
         record = runlog.epoch_record(self.epoch, self.global_step, self.numbers.record(), ids, groups.index,
                                      groups.rewards, groups.advantages, groups.stats, scores.seconds, groups.details)
         record["trajectory_ids"] = [f"{c}#{k}" for c, k in trajectory_ids(groups.index).tolist()]
-        if self.config.advantage.placebo:
-            record["placebo"] = True  # the verifier checks a within-group permutation instead of equality
+        record |= {"placebo": True} if self.config.advantage.placebo else {}  # the verifier checks a permutation
         for h in self.hooks:
             record.update(h.epoch_record(rollouts, groups, self.train_set))
         record["excluded"] = (~groups.keep).tolist()
