@@ -198,7 +198,7 @@ def load_state(out: Path, args: argparse.Namespace) -> dict | None:
     if not path.is_file():
         return None
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain data only: no code
     except Exception as e:  # noqa: BLE001 - a torn or foreign file: say which and why
         raise SystemExit(f"{path}: cannot read the resume state ({type(e).__name__}: {e})") from None
     mine = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k not in STAGE_ARGS}

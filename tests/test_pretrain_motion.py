@@ -53,3 +53,27 @@ def test_resume_with_other_arguments_is_refused(tmp_path):
     other = [*ARGS, "--lr", "0.002"]
     with pytest.raises(SystemExit, match=r"other arguments \(\['lr'\]\)"):
         pretrain.main(["--out", str(tmp_path / "r"), *other, "--resume"])
+
+
+class _Payload:
+    """Unpickling this runs os.system: what a crafted resume state would carry."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_resume_state_holding_code_is_refused_not_run(tmp_path):
+    mod = _script()
+    args = mod.parse_args(["--out", str(tmp_path / "out"), *ARGS])
+    marker = tmp_path / "ran"
+    path = mod.resume_file(args.out)
+    path.parent.mkdir(parents=True)
+    torch.save({"args": {}, "payload": _Payload(marker)}, path)
+    with pytest.raises(SystemExit, match="cannot read the resume state"):
+        mod.load_state(args.out, args)
+    assert not marker.exists()
