@@ -142,10 +142,11 @@ class LoadReport:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _torch_load(path: Path, allow_pickle: bool):
+def _torch_load(path: Path):
     try:
-        # weights_only: a checkpoint is data, never code to run.
-        return torch.load(str(path), map_location="cpu", weights_only=not allow_pickle)
+        # weights_only, always: a checkpoint is data, never code to run (a file that needs more is refused, and the
+        # message says how its owner can take the tensors out where they trust it)
+        return torch.load(str(path), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         # torch wraps every refusal of its safe unpickler in one long message; the part that matters is the
         # "Unsupported global: GLOBAL <name> ..." sentence, present only when the file is a real pickle of
@@ -153,8 +154,9 @@ def _torch_load(path: Path, allow_pickle: bool):
         found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
         if found:
             raise CheckpointFormatError(
-                f"{path} holds Python objects that safe loading refuses ({found.group(1)}); if you trust the "
-                "file, pass allow_pickle=True"
+                f"{path} holds Python objects that safe loading refuses ({found.group(1)}), and recam never "
+                "unpickles them; if you trust the file, save its state dict on its own (torch.save(obj['model'], "
+                "...) or safetensors) and load that"
             ) from err
         lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
         raise CheckpointFormatError(f"{path} is not a torch checkpoint ({lines[-1] if lines else 'unpickling'})") \
@@ -170,8 +172,7 @@ def _is_state_dict(obj) -> bool:
     return isinstance(obj, Mapping) and all(isinstance(k, str) for k in obj)
 
 
-def read_mdm_checkpoint(path: str | Path, *, use_ema: bool = True,
-                        allow_pickle: bool = False) -> tuple[dict[str, torch.Tensor], str, list[str]]:
+def read_mdm_checkpoint(path: str | Path, *, use_ema: bool = True) -> tuple[dict[str, torch.Tensor], str, list[str]]:
     """The tensors of an MDM ``.pt`` file.
 
     Returns:
@@ -181,7 +182,7 @@ def read_mdm_checkpoint(path: str | Path, *, use_ema: bool = True,
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint file at {path}")
-    obj = _torch_load(path, allow_pickle)
+    obj = _torch_load(path)
     if not _is_state_dict(obj):
         raise CheckpointFormatError(f"{path} holds a {type(obj).__name__}, not a state dict")
 
@@ -302,7 +303,6 @@ def load_mdm_checkpoint(
     args_json: str | Path | Mapping | None = None,
     *,
     use_ema: bool = True,
-    allow_pickle: bool = False,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
 ) -> tuple[MotionDiffusionModel, LoadReport]:
@@ -312,7 +312,6 @@ def load_mdm_checkpoint(
         path: the ``.pt`` file.
         args_json: path of args.json, or the args as a dict; None reads ``args.json`` next to ``path``.
         use_ema: from an EMA checkpoint take ``model_avg`` (default) rather than ``model``.
-        allow_pickle: load with ``weights_only=False`` (only for files you trust).
         dtype, device: of the loaded model.
 
     Raises:
@@ -321,7 +320,7 @@ def load_mdm_checkpoint(
         MDMCheckpointMismatchError: missing, unexpected or wrongly shaped keys, or foreign sinusoid tables.
     """
     path = Path(path)
-    state, variant, ignored = read_mdm_checkpoint(path, use_ema=use_ema, allow_pickle=allow_pickle)
+    state, variant, ignored = read_mdm_checkpoint(path, use_ema=use_ema)
     args, args_source = read_args(args_json, path)
     config, origin = config_from_args(args, state, args_source)
     source = f"{path} ({variant})" if variant != "plain" else str(path)
