@@ -382,7 +382,8 @@ def tiny_gpu():
     issue 44). The batches are sized for an 80 GB GPU: a trained step keeps 24 MB per sample for its backward (the
     tiny transformer's attention at 8 x 32 x 32), so a micro-batch of 512 holds about 12 GB, and sampling holds no
     graph. Learning rate and recipe are tiny_cpu's: no setting's signal share at 128 samples stood apart from
-    another's; `bash scripts/signal_sweep.sh camera OUT 4 tiny_gpu` ranks them at 2,048. scripts/device_check.py
+    another's; `python scripts/noise_sweep.py camera --preset tiny_gpu --out OUT` ranks them at 2,048 by their noise
+    scale. scripts/device_check.py
     runs it under a time cap (max_train_seconds)."""
     c = tiny_cpu()
     c.run_name = "tiny_gpu"
@@ -403,8 +404,8 @@ def motion_tiny_gpu():
     issue 44). Sized for an 80 GB GPU: a trained step keeps 4.5 MB per sample for its backward (a micro-batch of
     2,048 holds about 9 GB), and the epoch's stored states (7 per sample, 0.2 MB each) stay on the device, about
     24 GB. The synthetic world draws as many captions as asked, so every group of an update is a caption of its
-    own. Learning rate and recipe are motion_tiny_cpu's (no setting's share at 64 samples stood apart; `bash
-    scripts/signal_sweep.sh motion OUT 4 motion_tiny_gpu` ranks them at this size)."""
+    own. Learning rate and recipe are motion_tiny_cpu's (no setting's share at 64 samples stood apart; `python
+    scripts/noise_sweep.py motion --preset motion_tiny_gpu --out OUT` ranks them at this size)."""
     c = motion_tiny_cpu()
     c.run_name = "motion_tiny_gpu"
     c.run_dir = "runs/motion_tiny_gpu"

@@ -6,6 +6,7 @@ run_noise_scale).
     python scripts/noise_sweep.py camera --out runs/noise_sweep/camera --epochs 4
     python scripts/noise_sweep.py motion --out runs/noise_sweep/motion --epochs 12 --parallel 2
     python scripts/noise_sweep.py motion --out runs/noise_sweep/motion --table     # the table of what has finished
+    python scripts/noise_sweep.py camera --preset tiny_gpu --out runs/noise_sweep/camera_gpu --epochs 4   # on a GPU
 
 B_simple = tr(Sigma) / |G|^2 is the update size (in samples) at which two independent updates' directions agree at
 cosine 1/2; an update of B samples is 1 / (1 + B_simple / B) signal. Its 95% interval comes from |G|^2's t-interval
@@ -68,6 +69,20 @@ def slug(label: str) -> str:
     return re.sub(r"_+", "_", re.sub(r"[^a-zA-Z0-9]", "_", label)).strip("_")
 
 
+# Only the CPU presets need k 16's batch overrides: their sampling batches of 8 cannot hold a group of 16, the GPU
+# presets' (1,024 and 4,096) can.
+_CPU_ONLY = ("--config.sample.batch_size=", "--config.sample.num_batches_per_epoch=")
+
+
+def settings_for(domain: str, preset: str | None) -> tuple[str, list[tuple[str, str, list[str]]]]:
+    default, settings = SETTINGS[domain]
+    preset = preset or default
+    if preset == default:
+        return preset, settings
+    return preset, [(label, suffix, [o for o in overrides if not o.startswith(_CPU_ONLY)])
+                    for label, suffix, overrides in settings]
+
+
 def run_one(preset: str, label: str, suffix: str, overrides: list[str], out: Path, epochs: int,
             extra: list[str]) -> tuple[str, int]:
     run_dir = out / slug(label)
@@ -76,7 +91,8 @@ def run_one(preset: str, label: str, suffix: str, overrides: list[str], out: Pat
     run_dir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, str(ROOT / "scripts" / "train_recam.py"), f"--config=config/grpo.py:{preset}{suffix}",
            f"--config.run_dir={run_dir}", f"--config.num_epochs={epochs}", f"--config.eval.freq={epochs + 1}",
-           "--config.train.noise_scale=True", "--config.num_threads=1", "--config.logging.wandb_mode=disabled",
+           "--config.train.noise_scale=True", "--config.logging.wandb_mode=disabled",
+           *(["--config.num_threads=1"] if preset.endswith("_cpu") else []),
            *overrides, *extra]
     (run_dir / "command.txt").write_text(" ".join(cmd[1:]) + "\n")
     with (run_dir / "console.log").open("a") as log:
@@ -114,8 +130,8 @@ def _n(x: float | None) -> str:
     return f"{x:,.0f}" if x >= 10 else f"{x:.2g}"
 
 
-def table(domain: str, out: Path) -> str:
-    preset, settings = SETTINGS[domain]
+def table(domain: str, out: Path, preset: str | None = None) -> str:
+    preset, settings = settings_for(domain, preset)
     rows = []
     for label, *_ in settings:
         r = row(out / slug(label))
@@ -151,12 +167,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("domain", choices=sorted(SETTINGS))
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--preset", default=None, help="another preset of the domain (tiny_gpu, motion_tiny_gpu)")
     ap.add_argument("--epochs", type=int, default=None, help="epochs per run (camera 4, motion 12 by default)")
     ap.add_argument("--parallel", type=int, default=1)
     ap.add_argument("--only", action="append", default=[], help="run only settings whose label contains this")
     ap.add_argument("--table", action="store_true", help="print the table of finished runs and run nothing")
     args = ap.parse_args([a for a in argv if not a.startswith("--config.")])
-    preset, settings = SETTINGS[args.domain]
+    preset, settings = settings_for(args.domain, args.preset)
     epochs = args.epochs or (4 if args.domain == "camera" else 12)
     if not args.table:
         todo = [s for s in settings if not args.only or any(o in s[0] for o in args.only)]
@@ -167,13 +184,13 @@ def main(argv: list[str] | None = None) -> int:
             if code:
                 failed.append(f"{label} (exit {code}; see {args.out / slug(label) / 'console.log'})")
             args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "table.md").write_text(table(args.domain, args.out) + "\n")
+            (args.out / "table.md").write_text(table(args.domain, args.out, preset) + "\n")
 
         with ThreadPoolExecutor(args.parallel) as pool:
             list(pool.map(go, todo))
         if failed:
             print("runs that did not finish: " + "; ".join(failed), file=sys.stderr)
-    text = table(args.domain, args.out)
+    text = table(args.domain, args.out, preset)
     print(text)
     return 0
 

@@ -25,11 +25,11 @@ def _with_overrides(name: str, overrides: list[str]):
     return c
 
 
-@pytest.mark.parametrize("domain,label,suffix,overrides", [
-    (d, label, suffix, overrides) for d, (_, settings) in noise_sweep.SETTINGS.items()
+@pytest.mark.parametrize("preset,label,suffix,overrides", [
+    (preset, label, suffix, overrides) for d, gpu in (("camera", "tiny_gpu"), ("motion", "motion_tiny_gpu"))
+    for p in (None, gpu) for preset, settings in [noise_sweep.settings_for(d, p)]
     for label, suffix, overrides in settings])
-def test_every_setting_is_a_valid_config_at_the_presets_update_size(domain, label, suffix, overrides):
-    preset = noise_sweep.SETTINGS[domain][0]
+def test_every_setting_is_a_valid_config_at_the_presets_update_size(preset, label, suffix, overrides):
     base = validate(grpo.get_config(preset), 1)
     numbers = validate(_with_overrides(preset + suffix, overrides), 1)
     assert numbers.samples_per_epoch == base.samples_per_epoch  # settings compare at one update size
