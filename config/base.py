@@ -166,6 +166,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.adv_clip_max = clip.adv_clip_max  # advantages are clamped to +-this
     c.train.log_ratio_clamp = clip.log_ratio_clamp  # log-ratio clamped to +-this before exp
     c.train.beta = clip.beta  # KL coefficient toward the frozen reference (0 disables the reference)
+    # MixGRPO's "KL": + this x 0.5 mean((log p - log p_old)^2) against the sampling log-probs (no reference model);
+    # train.objective "grpo" with policy loss "grpo_clip" only. Its public scripts run it at 0
+    c.train.sampling_kl_coeff = clip.sampling_kl_coeff
     # recam.engine.losses.KL_ESTIMATORS: "gaussian_mean" (closed form, exact) | "k1" | "k2" | "k3" (sampled); all
     # return the
     # per-element KL of the transition to the reference (averaged over elements, the closed form's units)
@@ -180,6 +183,9 @@ def get_config() -> ml_collections.ConfigDict:
     # old_policy_decay in [0, 1); ramp 0 = d is old_policy_decay from the first epoch
     c.train.old_policy_decay = 0.5
     c.train.old_policy_decay_ramp = 0.001
+    # d = 0 for this many optimizer steps first, then the ramp from 0 (DiffusionNFT's decay_type 2: 75, ramp 0.0075,
+    # cap 0.999, its ocr preset); 0: the ramp starts at once (decay_type 1)
+    c.train.old_policy_decay_flat = 0
     # re-noised timesteps per final sample per optimizer pass; with "grid", 0 = int(fp_grid_fraction x num_steps)
     c.train.fp_num_timesteps = 2
     # noise levels: "stratified" (one per equal bin of [fp_min_noise, fp_max_noise]) | "uniform" (iid there) |
@@ -226,6 +232,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.advantage = ml_collections.ConfigDict()
     c.advantage.std_mode = "group"  # "group" | "global" | "none": what the centred reward is divided by
     c.advantage.eps = 1e-4  # > 0, added to the std (population std, as Flow-GRPO); < 0 would flip advantages
+    # the std with Bessel's correction (n - 1), as MixGRPO's script (torch's .std()); False: the population std
+    c.advantage.unbiased_std = False
     c.advantage.filter_zero_std = False  # drop groups whose rewards are all equal (advantage 0) from training
     # the control run: each group's advantages are permuted among its own samples (a seeded draw per epoch), so
     # they keep their distribution and lose their link to the samples; everything else is the same loop. What a
