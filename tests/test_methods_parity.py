@@ -250,6 +250,17 @@ def test_flow_grpo_parity_with_train_sd3_loss_and_gradient():
     assert out.states.shape[1] == S  # S - 1 trained steps, + the last state
 
 
+def test_flow_grpo_parity_defaults_in_recam_units():
+    """The presets' global std, clip range and KL weight as +flow_grpo sets them on a flow domain (beta / S: recam's KL
+    is the exact one, the reference's times 1 / |dt|); the DDIM domains keep the preset's clip and KL weight."""
+    for method in ("flow_grpo", "flow_grpo_balanced"):
+        c = method_config(method)
+        assert (c.advantage.std_mode, c.advantage.unbiased_std, c.advantage.eps) == ("global", False, 1e-4)
+        assert c.train.clip_range == FLOW_GRPO["clip_range"] and c.train.adv_clip_max == FLOW_GRPO["adv_clip_max"]
+        assert c.train.beta == pytest.approx(FLOW_GRPO["beta"] / c.sample.num_steps)
+        assert c.train.kl_type == "gaussian_mean" and c.sample.noise_level == FLOW_GRPO["noise_level"]
+
+
 @pytest.mark.parametrize("method,start", [("mixgrpo", 2), ("mixgrpo_flash", 1)])
 @pytest.mark.parametrize("kl_coeff", [MIXGRPO["kl_coeff"], 0.5])
 def test_mixgrpo_parity_with_train_grpo_flux_loss_and_gradient(method, start, kl_coeff):
@@ -286,7 +297,7 @@ def test_mixgrpo_parity_with_train_grpo_flux_loss_and_gradient(method, start, kl
     assert_same_loss_and_grads(loss, grads, total, policy)
 
 
-def test_mixgrpo_defaults_are_the_scripts():
+def test_mixgrpo_parity_defaults_are_the_scripts():
     """The scripts' settings as +mixgrpo / +mixgrpo_flash set them on tiny_cpu (its noise level 0.7 is their eta)."""
     for method in ("mixgrpo", "mixgrpo_flash"):
         c = method_config(method)
@@ -394,7 +405,7 @@ def test_mixgrpo_flash_parity_with_sampling_utils_rollout(steps, shift):
 # ---------------------------------------------------------------- DiffusionNFT
 
 
-def test_nft_defaults_are_the_reference_s_in_recam_units():
+def test_nft_parity_defaults_in_recam_units():
     c = method_config("nft")
     # kl_beta 1e-4 beside a policy loss scaled by adv_clip_max = 5 (train_nft_sd3.py L960, L970)
     assert c.train.beta == pytest.approx(1e-4 / 5) and c.train.adv_clip_max == 5
@@ -496,7 +507,7 @@ def test_nft_parity_levels_are_a_random_permutation_of_the_grid():
 # ---------------------------------------------------------------- AWM
 
 
-def test_awm_defaults_are_the_reference_preset_s():
+def test_awm_parity_defaults_are_the_preset_s():
     c = method_config("awm")
     assert (c.train.awm_old_kl_weight, c.train.awm_clip_range, c.train.beta) == (1.0, 1.0, 1e-3)
     assert (c.train.awm_weighting, c.train.awm_ghuber_power, c.train.awm_adv_scale) == ("ghuber", 0.25, 5.0)
