@@ -133,7 +133,7 @@ def nft(c: ml_collections.ConfigDict) -> None:
         c.sample.ode_solver = "dpm2"
 
 
-# AWM's presets evaluate an EMA of the weights: config/dgx_awm.py L90-92 (ema_decay 0.99, ema_update_step_interval
+# AWM's presets evaluate an EMA of the weights: config/dgx_awm.py L91-92 (ema_decay 0.99, ema_update_step_interval
 # 1), stepped once per epoch (scripts/train_sd3_awm.py L1391-1392)
 AWM_EMA_DECAY = 0.99
 
