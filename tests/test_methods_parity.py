@@ -661,3 +661,33 @@ def test_kl_sums_over_elements_when_the_log_probs_do():
         penalties[reduction] = torch.stack([m["kl_penalty"] for m in metrics])
     assert bool((penalties["mean"] > 0).all())
     torch.testing.assert_close(penalties["sum"], penalties["mean"] * math.prod(SHAPE), rtol=1e-5, atol=0)
+
+
+# ---------------------------------------------------------------- evaluation EMA (DiffusionNFT, AWM)
+
+
+@pytest.mark.parametrize("method,decay", [("nft", 0.9), ("awm", 0.99)])
+def test_evaluation_ema_parity_with_ema_module_wrapper(method, decay):
+    """flow_grpo/ema.py EMAModuleWrapper (DiffusionNFT's and AWM's copy), update_step_interval 1: at its s-th update
+    (s = global_step, 1 after the first optimizer step) ema += (1 - min((1 + s) / (10 + s), decay)) (p - ema). The
+    policy's EMA that +nft / +awm build (recam.engine.policy.build_policy) against that loop, written out."""
+    from recam.engine.policy import build_policy
+
+    class Domain:
+        def build_policy(self):
+            return Velocity(0)
+
+    c = method_config(method)
+    policy, _, _, ema = build_policy(Domain(), c.model, c.train, "cpu")
+    ema_parameters = [p.detach().clone() for p in policy.parameters()]
+    g = torch.Generator().manual_seed(12)
+    for global_step in range(1, 40):
+        with torch.no_grad():
+            for p in policy.parameters():
+                p.add_(0.1 * torch.randn(p.shape, generator=g))
+        ema.step(policy.parameters())
+        one_minus_decay = 1 - min((1 + global_step) / (10 + global_step), decay)
+        for ema_parameter, parameter in zip(ema_parameters, policy.parameters(), strict=True):
+            ema_parameter.add_(one_minus_decay * (parameter.detach() - ema_parameter))
+    for ours, theirs in zip(ema.shadow_params, ema_parameters, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)

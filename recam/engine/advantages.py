@@ -34,7 +34,7 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, std_mode: s
     Returns:
         advantages (N,) float32, exactly 0 for samples in groups whose rewards are all equal;
         stats (0-dim tensors): group_size (mean samples per group), trained_prompt_num (G),
-        zero_std_ratio (fraction of groups with std 0), reward_std_mean (mean group std).
+        zero_std_ratio (fraction of groups with std 0), reward_std_mean (mean group std, population).
     """
     if rewards.ndim != 1 or rewards.shape != group_ids.shape:
         raise ValueError(f"rewards {tuple(rewards.shape)} and group_ids {tuple(group_ids.shape)} must both be (N,)")
@@ -44,13 +44,14 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, std_mode: s
     sums = torch.zeros(num_groups, dtype=r.dtype).index_add_(0, inverse, r)
     means = sums / counts
     sq = torch.zeros(num_groups, dtype=r.dtype).index_add_(0, inverse, (r - means[inverse]) ** 2)
-    stds = (sq / (counts - 1).clamp_min(1) if unbiased else sq / counts).sqrt()
+    stds = (sq / counts).sqrt()
+    divisors = (sq / (counts - 1).clamp_min(1)).sqrt() if unbiased else stds
     gmax = torch.full((num_groups,), -torch.inf, dtype=r.dtype).scatter_reduce(0, inverse, r, "amax")
     gmin = torch.full((num_groups,), torch.inf, dtype=r.dtype).scatter_reduce(0, inverse, r, "amin")
     constant = gmax == gmin  # exact test: float rounding in the mean must not leak a tiny advantage
     if std_mode not in STD_MODES:
         raise ValueError(f"std_mode must be one of {list(STD_MODES)}, got {std_mode!r}")
-    adv = (r - means[inverse]) / STD_MODES[std_mode](r, stds[inverse], eps, unbiased)
+    adv = (r - means[inverse]) / STD_MODES[std_mode](r, divisors[inverse], eps, unbiased)
     adv = torch.where(constant[inverse], torch.zeros_like(adv), adv)
     stats = {
         "group_size": counts.double().mean().float(),
