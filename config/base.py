@@ -100,14 +100,16 @@ def get_config() -> ml_collections.ConfigDict:
     c.sample.window_shift_every = 1  # "progressive": epochs per one-step shift
     # deterministic steps of a rollout: "euler" (the scheduler's ODE / DDIM eta 0 step) | "dpm2" (DPM-Solver++(2M)
     # on the x0 prediction, MixGRPO-Flash; flow-matching domains only; first order at the start, its history kept
-    # through the window) | "sa_solver" (first-order stochastic SA-Solver, below; no trained steps, flow only)
+    # through the window) | "sa_solver" (first-order stochastic SA-Solver, below; no trained steps, flow only) |
+    # "sa_solver_pc" (AWM's sampler as its pipeline runs it: SA-Solver's order-2 predictor-corrector on the grid with
+    # its first point at 1 - 1e-3 and its next-to-last at half the one before; same tau window; flow only)
     c.sample.ode_solver = "euler"
     c.sample.ode_solver_scope = "all"  # "all" deterministic steps | "after_window" (Euler before it: MixGRPO-Flash)
     # < 1: the steps after the window run on the rest of the grid compressed to this fraction of its points (uniform
     # in unshifted time; MixGRPO-Flash's dpm_post_compress_ratio, 0.4): fewer evaluations where nothing is trained
     c.sample.post_window_compress = 1.0
-    # "sa_solver" (AWM's sampler, objectives without log-probs): tau = sa_eta on the steps that end at a sigma in
-    # [sa_min_sigma, sa_max_sigma], 0 (Euler) elsewhere; AWM's presets: 0.4 on [0.3, 0.9]
+    # "sa_solver" / "sa_solver_pc" (AWM's sampler, objectives without log-probs): tau = sa_eta on the steps that end
+    # at a sigma in [sa_min_sigma, sa_max_sigma], 0 elsewhere (Euler for "sa_solver"); AWM's presets: 0.4 on [0.3, 0.9]
     c.sample.sa_eta = 0.0
     c.sample.sa_min_sigma = 0.3
     c.sample.sa_max_sigma = 0.9

@@ -144,8 +144,8 @@ def awm(c: ml_collections.ConfigDict) -> None:
     (power 0.25, weighted by the noise level) against the weights that sampled, at 6 grid levels stratified over
     [1, int(0.9 S)); KL 1e-3 to the reference and weight 1 to the old policy (an average ramping by 0.001 per step
     up to 0.3, kl_ema_decay), both as velocity MSE; advantages over the global std; sampling with SA-Solver's
-    stochasticity 0.4 on the steps that end at sigma in [0.3, 0.9] (flow domains; first order here, see
-    docs/methods.md); evaluation with an EMA of the weights (decay 0.99, the presets' train.ema_decay)."""
+    stochasticity 0.4 on the steps that end at sigma in [0.3, 0.9], its order-2 predictor-corrector on the pipeline's
+    grid (flow domains); evaluation with an EMA of the weights (decay 0.99, the presets' train.ema_decay)."""
     c.train.objective = "awm"
     c.train.ema, c.train.ema_decay = True, AWM_EMA_DECAY
     c.train.old_policy_decay = 0.3
@@ -156,7 +156,8 @@ def awm(c: ml_collections.ConfigDict) -> None:
     c.train.fp_timestep_sampling, c.train.fp_num_timesteps, c.train.fp_grid_fraction = "grid_stratified", 6, 0.9
     c.train.awm_weighting, c.train.awm_ghuber_power = "ghuber", 0.25
     if _flow(c):
-        c.sample.ode_solver, c.sample.sa_eta, c.sample.sa_min_sigma, c.sample.sa_max_sigma = "sa_solver", 0.4, 0.3, 0.9
+        c.sample.ode_solver = "sa_solver_pc"
+        c.sample.sa_eta, c.sample.sa_min_sigma, c.sample.sa_max_sigma = 0.4, 0.3, 0.9
 
 
 METHODS: dict[str, Callable[[ml_collections.ConfigDict], None]] = {

@@ -216,9 +216,9 @@ def check_window_and_objective(config: ml_collections.ConfigDict) -> None:
     _require(s.sa_min_sigma <= s.sa_max_sigma,
              f"sample.sa_min_sigma={s.sa_min_sigma} must be <= sample.sa_max_sigma={s.sa_max_sigma}")
     flow = scheduler_is_flow(config.domain)
-    _require(s.ode_solver != "sa_solver" or (flow is not False and not objective_needs(t.objective,
-                                                                                       "needs_log_probs")),
-             f"sample.ode_solver='sa_solver' draws noise that no log-prob scores: it needs a flow domain and an "
+    _require(s.ode_solver not in ("sa_solver", "sa_solver_pc") or (
+        flow is not False and not objective_needs(t.objective, "needs_log_probs")),
+             f"sample.ode_solver={s.ode_solver!r} draws noise that no log-prob scores: it needs a flow domain and an "
              f"objective without log-probs ('nft', 'awm'); here domain {config.domain!r}, train.objective="
              f"{t.objective!r}")
     _require(s.ode_solver != "dpm2" or flow is not False,

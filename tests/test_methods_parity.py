@@ -599,13 +599,15 @@ def reference_sa_solver_first_order(x, x0, sigma_s, sigma_t, tau, noise):
     return math.exp(-(tau**2) * h) * (sigma_t / sigma_s) * x + gradient_part + noise_part
 
 
-def test_awm_sampler_is_sa_solver_first_order_with_its_stochasticity_window():
+def test_sa_solver_first_order_step_with_the_awm_stochasticity_window():
+    """`sample.ode_solver = "sa_solver"`: SA-Solver's first-order step (no longer +awm's default, which is the
+    predictor-corrector below)."""
     c = method_config("awm")
     sched = scheduler_of(c)
     model = Velocity(9)
     noise = torch.randn(B, c.sample.num_steps + 1, *SHAPE, generator=torch.Generator().manual_seed(11))
     with torch.no_grad():
-        ours = rollout(model, noise, sched, ode_solver=c.sample.ode_solver, sa_eta=c.sample.sa_eta,
+        ours = rollout(model, noise, sched, ode_solver="sa_solver", sa_eta=c.sample.sa_eta,
                        sa_sigma_range=(c.sample.sa_min_sigma, c.sample.sa_max_sigma)).final
         x, noisy = noise[:, 0].double(), 0
         for j in range(c.sample.num_steps):
@@ -627,6 +629,154 @@ def test_awm_sampler_is_sa_solver_first_order_with_its_stochasticity_window():
         euler = rollout(model, noise, sched).final
         quiet = rollout(model, noise, sched, ode_solver="sa_solver", sa_eta=0.0).final
     torch.testing.assert_close(quiet, euler, rtol=1e-5, atol=1e-6)
+
+
+class ReferenceSASolver:
+    """sa_solver.py SASolver (be51372) with NoiseScheduleFlowMatching (alpha = 1 - t, sigma = t), algorithm_type
+    "data_prediction", as sd3_pipeline_with_logprob.py L270-297 calls it: predictor_order 2, corrector_order 2,
+    pc_mode "PEC", the "few steps" updates; written out here step by step in float64 from its code."""
+
+    def __init__(self, model):
+        self.model = model
+
+    @staticmethod
+    def lam(t):
+        return math.log(1.0 - t) - math.log(t)  # marginal_lambda
+
+    def data_prediction(self, x, t):
+        return x - t * self.model(x.float(), torch.full((x.shape[0],), t)).double()
+
+    @staticmethod
+    def exponential_positive(order, start, end, tau):
+        """get_coefficients_exponential_positive L136-162: the integral of exp((1 + tau^2) x) x^order over
+        [start, end], after the change of variable."""
+        k = 1 + tau**2
+        e, s_ = k * end, k * start
+        if order == 0:
+            return math.exp(e) * (1 - math.exp(-(e - s_))) / k
+        if order == 1:
+            return math.exp(e) * ((e - 1) - (s_ - 1) * math.exp(-(e - s_))) / k**2
+        raise AssertionError("orders 0 and 1 suffice for order 2")
+
+    @staticmethod
+    def lagrange(order, lambda_list):
+        """lagrange_polynomial_coefficient L164-175."""
+        if order == 0:
+            return [[1]]
+        l0, l1 = lambda_list
+        return [[1 / (l0 - l1), -l1 / (l0 - l1)], [1 / (l1 - l0), -l0 / (l1 - l0)]]
+
+    def coefficients(self, order, start, end, lambda_list, tau):
+        """get_coefficients_fn L219-240 (predict_x0)."""
+        lagrange = self.lagrange(order - 1, lambda_list)
+        return [sum(lagrange[i][j] * self.exponential_positive(order - 1 - j, start, end, tau) for j in range(order))
+                for i in range(order)]
+
+    def update(self, corrector, order, x, tau, model_prev_list, t_prev_list, noise, t):
+        """adams_bashforth_update_few_steps L318-370 (corrector False) / adams_moulton_update_few_steps L372-436."""
+        sigma_t, lambda_t = t, self.lam(t)
+        sigma_prev = t_prev_list[-1]
+        h = lambda_t - self.lam(t_prev_list[-1])
+        t_list = t_prev_list + [t] if corrector else t_prev_list
+        lambda_list = [self.lam(t_list[-(i + 1)]) for i in range(order)]
+        c = self.coefficients(order, self.lam(t_prev_list[-1]), lambda_t, lambda_list, tau)
+        k = 1 + tau**2
+        if order == 2:
+            if corrector:
+                extra = math.exp(k * lambda_t) * (h / 2 - (h * k - 1 + math.exp(k * (-h))) / (k**2 * h))
+            else:
+                extra = math.exp(k * lambda_t) * (h**2 / 2 - (h * k - 1 + math.exp(k * (-h))) / k**2) / (
+                    self.lam(t_prev_list[-1]) - self.lam(t_prev_list[-2]))
+            c[0] += extra
+            c[1] -= extra
+        gradient_part = sum(k * sigma_t * math.exp(-(tau**2) * lambda_t) * c[i] * model_prev_list[-(i + 1)]
+                            for i in range(order))
+        noise_part = sigma_t * math.sqrt(1 - math.exp(-2 * tau**2 * h)) * noise
+        return math.exp(-(tau**2) * h) * (sigma_t / sigma_prev) * x + gradient_part + noise_part
+
+    def sample(self, x, tau, timesteps, noise_of, predictor_order=2, corrector_order=2):
+        """SASolver.sample L440-557, PEC, disable_first_corrector, skip_final_step, lower_order_final; noise_of(step)
+        is the draw its torch.randn_like makes at that step."""
+        steps = len(timesteps) - 1
+        t_prev_list = [timesteps[0]]
+        model_prev_list = [self.data_prediction(x, timesteps[0])]
+        for step in range(1, max(predictor_order, corrector_order - 1)):
+            t = timesteps[step]
+            predictor_order_used = min(predictor_order, step)
+            noise = noise_of(step)
+            x_p = self.update(False, predictor_order_used, x, tau(t), model_prev_list, t_prev_list, noise, t)
+            model_prev_list.append(self.data_prediction(x_p, t))
+            x = x_p  # the first corrector is disabled
+            t_prev_list.append(t)
+        for step in range(max(predictor_order, corrector_order - 1), steps + 1):
+            predictor_order_used = min(predictor_order, steps - step + 1)
+            corrector_order_used = min(corrector_order, steps - step + 2)
+            t = timesteps[step]
+            noise = noise_of(step) if step < steps else None
+            if step == steps:
+                x_p = model_prev_list[-1]  # denoise_to_zero
+            else:
+                x_p = self.update(False, predictor_order_used, x, tau(t), model_prev_list, t_prev_list, noise, t)
+            if step < steps:
+                model_prev_list.append(self.data_prediction(x_p, t))
+                x = self.update(True, corrector_order_used, x, tau(t), model_prev_list, t_prev_list, noise, t)
+            else:
+                x = x_p
+            t_prev_list.append(t)
+            del model_prev_list[0]
+        return x
+
+
+@pytest.mark.parametrize("steps,shift", [(10, 1.0), (14, 3.0)])
+def test_awm_sampler_parity_with_sa_solver_predictor_corrector(steps, shift):
+    """+awm's sampler against sa_solver.py's order-2 PEC sampler on the pipeline's grid: tiny_cpu's 10 steps and the
+    geneval preset's 14 at its time shift 3 (dgx_awm.py L37, L82)."""
+    c = method_config("awm")
+    c.sample.num_steps, c.sample.shift = steps, shift
+    assert c.sample.ode_solver == "sa_solver_pc"
+    sched = scheduler_of(c)
+    model = Velocity(9)
+    noise = torch.randn(B, steps + 1, *SHAPE, generator=torch.Generator().manual_seed(11))
+    with torch.no_grad():
+        ours = rollout(model, noise, sched, ode_solver=c.sample.ode_solver, sa_eta=c.sample.sa_eta,
+                       sa_sigma_range=(c.sample.sa_min_sigma, c.sample.sa_max_sigma)).final
+        # the pipeline's grid (L271-273): its scheduler's sigmas, here linspace(1, 0, S + 1) time-shifted (recam's
+        # grid, a departure for Flow-GRPO's SD3 scheduler), then t[-2] = t[-3] / 2 and t[0] = 1 - 1e-3
+        t = [float(v) for v in sd3_time_shift(shift, torch.linspace(1, 0, steps + 1).double())]
+        t[-2] = t[-3] / 2
+        t[0] = 1 - 1e-3
+        noise_level = 0.4  # config.sample.noise_level of geneval_sd3_no_cfg_1node (dgx_awm.py L47)
+        tau = lambda time: noise_level if 0.3 <= time <= 0.9 else 0  # noqa: E731 (the pipeline's L296)
+        theirs = ReferenceSASolver(model).sample(noise[:, 0].double(), tau, t, lambda i: noise[:, i].double())
+    torch.testing.assert_close(ours.double(), theirs, rtol=1e-4, atol=1e-5)
+    # the stochasticity acts (a change of the noise after step 0 moves the sample) and so does the corrector
+    with torch.no_grad():
+        quiet = rollout(model, noise, sched, ode_solver="sa_solver_pc", sa_eta=0.0).final
+        first_order = rollout(model, noise, sched, ode_solver="sa_solver", sa_eta=c.sample.sa_eta,
+                              sa_sigma_range=(c.sample.sa_min_sigma, c.sample.sa_max_sigma)).final
+    assert float((quiet - ours).abs().max()) > 1e-3 and float((first_order - ours).abs().max()) > 1e-3
+
+
+def test_sa_solver_pc_without_noise_is_second_order_on_an_exact_velocity():
+    """tau = 0: a deterministic order-2 multistep solver. On the Gaussian flow x0 ~ N(0, s^2), whose exact velocity is
+    v(x, t) = x (t - s^2 (1 - t)) / (t^2 + s^2 (1 - t)^2), halving the step size cuts its error about 4 times."""
+    from recam.engine.sde import flow_sa_solver_pc, sa_solver_grid
+
+    s2 = 0.25
+
+    def velocity(x, t):
+        tt = t.double().reshape(-1, 1)
+        return (x.double() * (tt - s2 * (1 - tt)) / (tt**2 + s2 * (1 - tt) ** 2)).float()
+
+    x1 = torch.randn(64, 1, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    errors = []
+    for n in (20, 40, 80):
+        grid = sa_solver_grid(torch.linspace(1, 0, n + 1))
+        t0 = float(grid[0])
+        start = x1 * math.sqrt(t0**2 + s2 * (1 - t0) ** 2)  # the exact marginal's scale at t0
+        out = flow_sa_solver_pc(velocity, start, grid, lambda t: 0.0, None)
+        errors.append(float((out - x1 * math.sqrt(s2)).abs().max()))
+    assert errors[0] / errors[1] > 3.0 and errors[1] / errors[2] > 3.0, errors
 
 
 def test_kl_sums_over_elements_when_the_log_probs_do():
