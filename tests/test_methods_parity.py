@@ -515,7 +515,7 @@ def test_awm_parity_defaults_are_the_preset_s():
         ("grid_stratified", 6, 0.9)
     assert (c.train.old_policy_decay, c.advantage.std_mode) == (0.3, "global")
     assert (c.sample.ode_solver, c.sample.sa_eta, c.sample.sa_min_sigma, c.sample.sa_max_sigma) == \
-        ("sa_solver", 0.4, 0.3, 0.9)
+        ("sa_solver_pc", 0.4, 0.3, 0.9)  # use_sa_solver, noise_level 0.4, L296's window
     # the evaluation EMA (config/dgx_awm.py L91-92): decay 0.99
     assert c.train.ema and c.train.ema_decay == 0.99
 
