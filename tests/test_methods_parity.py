@@ -633,7 +633,7 @@ def test_sa_solver_first_order_step_with_the_awm_stochasticity_window():
 
 class ReferenceSASolver:
     """sa_solver.py SASolver (be51372) with NoiseScheduleFlowMatching (alpha = 1 - t, sigma = t), algorithm_type
-    "data_prediction", as sd3_pipeline_with_logprob.py L270-297 calls it: predictor_order 2, corrector_order 2,
+    "data_prediction", as sd3_pipeline_with_logprob.py L271-297 calls it: predictor_order 2, corrector_order 2,
     pc_mode "PEC", the "few steps" updates; written out here step by step in float64 from its code."""
 
     def __init__(self, model):
@@ -648,7 +648,7 @@ class ReferenceSASolver:
 
     @staticmethod
     def exponential_positive(order, start, end, tau):
-        """get_coefficients_exponential_positive L136-162: the integral of exp((1 + tau^2) x) x^order over
+        """get_coefficients_exponential_positive L136-163: the integral of exp((1 + tau^2) x) x^order over
         [start, end], after the change of variable."""
         k = 1 + tau**2
         e, s_ = k * end, k * start
@@ -660,20 +660,20 @@ class ReferenceSASolver:
 
     @staticmethod
     def lagrange(order, lambda_list):
-        """lagrange_polynomial_coefficient L164-175."""
+        """lagrange_polynomial_coefficient L165-226 (orders 0 and 1)."""
         if order == 0:
             return [[1]]
         l0, l1 = lambda_list
         return [[1 / (l0 - l1), -l1 / (l0 - l1)], [1 / (l1 - l0), -l0 / (l1 - l0)]]
 
     def coefficients(self, order, start, end, lambda_list, tau):
-        """get_coefficients_fn L219-240 (predict_x0)."""
+        """get_coefficients_fn L228-251 (predict_x0)."""
         lagrange = self.lagrange(order - 1, lambda_list)
         return [sum(lagrange[i][j] * self.exponential_positive(order - 1 - j, start, end, tau) for j in range(order))
                 for i in range(order)]
 
     def update(self, corrector, order, x, tau, model_prev_list, t_prev_list, noise, t):
-        """adams_bashforth_update_few_steps L318-370 (corrector False) / adams_moulton_update_few_steps L372-436."""
+        """adams_bashforth_update_few_steps L331-383 (corrector False) / adams_moulton_update_few_steps L385-436."""
         sigma_t, lambda_t = t, self.lam(t)
         sigma_prev = t_prev_list[-1]
         h = lambda_t - self.lam(t_prev_list[-1])
@@ -695,7 +695,7 @@ class ReferenceSASolver:
         return math.exp(-(tau**2) * h) * (sigma_t / sigma_prev) * x + gradient_part + noise_part
 
     def sample(self, x, tau, timesteps, noise_of, predictor_order=2, corrector_order=2):
-        """SASolver.sample L440-557, PEC, disable_first_corrector, skip_final_step, lower_order_final; noise_of(step)
+        """SASolver.sample L442-559, PEC, disable_first_corrector, skip_final_step, lower_order_final; noise_of(step)
         is the draw its torch.randn_like makes at that step."""
         steps = len(timesteps) - 1
         t_prev_list = [timesteps[0]]
@@ -730,7 +730,7 @@ class ReferenceSASolver:
 @pytest.mark.parametrize("steps,shift", [(10, 1.0), (14, 3.0)])
 def test_awm_sampler_parity_with_sa_solver_predictor_corrector(steps, shift):
     """+awm's sampler against sa_solver.py's order-2 PEC sampler on the pipeline's grid: tiny_cpu's 10 steps and the
-    geneval preset's 14 at its time shift 3 (dgx_awm.py L37, L82)."""
+    geneval preset's 14 at its time shift 3 (dgx_awm.py L37, L89)."""
     c = method_config("awm")
     c.sample.num_steps, c.sample.shift = steps, shift
     assert c.sample.ode_solver == "sa_solver_pc"
@@ -740,12 +740,12 @@ def test_awm_sampler_parity_with_sa_solver_predictor_corrector(steps, shift):
     with torch.no_grad():
         ours = rollout(model, noise, sched, ode_solver=c.sample.ode_solver, sa_eta=c.sample.sa_eta,
                        sa_sigma_range=(c.sample.sa_min_sigma, c.sample.sa_max_sigma)).final
-        # the pipeline's grid (L271-273): its scheduler's sigmas, here linspace(1, 0, S + 1) time-shifted (recam's
+        # the pipeline's grid (L272-274): its scheduler's sigmas, here linspace(1, 0, S + 1) time-shifted (recam's
         # grid, a departure for Flow-GRPO's SD3 scheduler), then t[-2] = t[-3] / 2 and t[0] = 1 - 1e-3
         t = [float(v) for v in sd3_time_shift(shift, torch.linspace(1, 0, steps + 1).double())]
         t[-2] = t[-3] / 2
         t[0] = 1 - 1e-3
-        noise_level = 0.4  # config.sample.noise_level of geneval_sd3_no_cfg_1node (dgx_awm.py L47)
+        noise_level = 0.4  # config.sample.noise_level of geneval_sd3_no_cfg_1node (dgx_awm.py L48)
         tau = lambda time: noise_level if 0.3 <= time <= 0.9 else 0  # noqa: E731 (the pipeline's L296)
         theirs = ReferenceSASolver(model).sample(noise[:, 0].double(), tau, t, lambda i: noise[:, i].double())
     torch.testing.assert_close(ours.double(), theirs, rtol=1e-4, atol=1e-5)

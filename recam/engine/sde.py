@@ -260,7 +260,7 @@ def flow_sa_step(velocity: Tensor, sigma: float, sigma_next: float, sample: Tens
 
 
 def sa_solver_grid(sigmas: Tensor) -> Tensor:
-    """The grid AWM's pipeline hands SA-Solver (sd3_pipeline_with_logprob.py L271-273): the sampling grid (S + 1
+    """The grid AWM's pipeline hands SA-Solver (sd3_pipeline_with_logprob.py L272-274): the sampling grid (S + 1
     sigmas, the last 0) with its next-to-last point moved to half the one before it and its first to 1 - 1e-3
     (lambda finite there), float64."""
     t = sigmas.detach().double().cpu().clone()
@@ -274,7 +274,7 @@ def sa_solver_grid(sigmas: Tensor) -> Tensor:
 def flow_sa_solver_pc(denoise, x: Tensor, times: Tensor, tau_at, draw_noise) -> Tensor:
     """SA-Solver as AWM's pipeline runs it: stochastic Adams predictor and corrector of order 2 in PEC mode (one
     model evaluation per step), data prediction on the flow schedule, the "few steps" coefficients, the first
-    corrector skipped and the last step replaced by the data prediction (sa_solver.py L440-557, its defaults
+    corrector skipped and the last step replaced by the data prediction (sa_solver.py L442-559, its defaults
     disable_first_corrector, skip_final_step, lower_order_final).
 
     times: the S + 1 grid (sa_solver_grid), times[-1] = 0; tau_at(t): the stochasticity of the step that ends at
