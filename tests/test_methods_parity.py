@@ -470,6 +470,18 @@ def test_nft_parity_with_train_nft_sd3_loss_and_gradient():
     torch.testing.assert_close(adv_clip_max * loss, total.detach().float(), rtol=1e-5, atol=1e-7)
     for ours, theirs in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(adv_clip_max * ours, theirs.float(), rtol=1e-4, atol=1e-7)
+    # and where clipping binds (L996: clip_grad_norm_ at max_grad_norm 1.0, config/base.py L79): at a loss scale
+    # where the reference's gradient norm is 3, its clipped gradient is still 5 x recam's clipped at +nft's
+    # max_grad_norm, so Adam takes the same step
+
+    def clipped(gradients, max_norm):
+        total = float(torch.sqrt(sum((g.double() ** 2).sum() for g in gradients)))
+        return [g.double() * min(1.0, max_norm / total) for g in gradients]
+
+    scale = 3.0 / float(torch.sqrt(sum((g.double() ** 2).sum() for g in ref_grads)))
+    for ours, theirs in zip(clipped([scale * g for g in grads], c.train.max_grad_norm),
+                            clipped([scale * g for g in ref_grads], 1.0), strict=True):
+        torch.testing.assert_close(adv_clip_max * ours, theirs, rtol=1e-4, atol=1e-7)
 
 
 def test_nft_parity_levels_are_a_random_permutation_of_the_grid():
