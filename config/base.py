@@ -100,14 +100,16 @@ def get_config() -> ml_collections.ConfigDict:
     c.sample.window_shift_every = 1  # "progressive": epochs per one-step shift
     # deterministic steps of a rollout: "euler" (the scheduler's ODE / DDIM eta 0 step) | "dpm2" (DPM-Solver++(2M)
     # on the x0 prediction, MixGRPO-Flash; flow-matching domains only; first order at the start, its history kept
-    # through the window) | "sa_solver" (first-order stochastic SA-Solver, below; no trained steps, flow only)
+    # through the window) | "sa_solver" (first-order stochastic SA-Solver, below; no trained steps, flow only) |
+    # "sa_solver_pc" (AWM's sampler as its pipeline runs it: SA-Solver's order-2 predictor-corrector on the grid with
+    # its first point at 1 - 1e-3 and its next-to-last at half the one before; same tau window; flow only)
     c.sample.ode_solver = "euler"
     c.sample.ode_solver_scope = "all"  # "all" deterministic steps | "after_window" (Euler before it: MixGRPO-Flash)
     # < 1: the steps after the window run on the rest of the grid compressed to this fraction of its points (uniform
     # in unshifted time; MixGRPO-Flash's dpm_post_compress_ratio, 0.4): fewer evaluations where nothing is trained
     c.sample.post_window_compress = 1.0
-    # "sa_solver" (AWM's sampler, objectives without log-probs): tau = sa_eta on the steps that end at a sigma in
-    # [sa_min_sigma, sa_max_sigma], 0 (Euler) elsewhere; AWM's presets: 0.4 on [0.3, 0.9]
+    # "sa_solver" / "sa_solver_pc" (AWM's sampler, objectives without log-probs): tau = sa_eta on the steps that end
+    # at a sigma in [sa_min_sigma, sa_max_sigma], 0 elsewhere (Euler for "sa_solver"); AWM's presets: 0.4 on [0.3, 0.9]
     c.sample.sa_eta = 0.0
     c.sample.sa_min_sigma = 0.3
     c.sample.sa_max_sigma = 0.9
@@ -166,6 +168,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.adv_clip_max = clip.adv_clip_max  # advantages are clamped to +-this
     c.train.log_ratio_clamp = clip.log_ratio_clamp  # log-ratio clamped to +-this before exp
     c.train.beta = clip.beta  # KL coefficient toward the frozen reference (0 disables the reference)
+    # MixGRPO's "KL": + this x 0.5 mean((log p - log p_old)^2) against the sampling log-probs (no reference model);
+    # train.objective "grpo" with policy loss "grpo_clip" only. Its public scripts run it at 0
+    c.train.sampling_kl_coeff = clip.sampling_kl_coeff
     # recam.engine.losses.KL_ESTIMATORS: "gaussian_mean" (closed form, exact) | "k1" | "k2" | "k3" (sampled); all
     # return the
     # per-element KL of the transition to the reference (averaged over elements, the closed form's units)
@@ -180,6 +185,9 @@ def get_config() -> ml_collections.ConfigDict:
     # old_policy_decay in [0, 1); ramp 0 = d is old_policy_decay from the first epoch
     c.train.old_policy_decay = 0.5
     c.train.old_policy_decay_ramp = 0.001
+    # d = 0 for this many optimizer steps first, then the ramp from 0 (DiffusionNFT's decay_type 2: 75, ramp 0.0075,
+    # cap 0.999, its ocr preset); 0: the ramp starts at once (decay_type 1)
+    c.train.old_policy_decay_flat = 0
     # re-noised timesteps per final sample per optimizer pass; with "grid", 0 = int(fp_grid_fraction x num_steps)
     c.train.fp_num_timesteps = 2
     # noise levels: "stratified" (one per equal bin of [fp_min_noise, fp_max_noise]) | "uniform" (iid there) |
@@ -226,6 +234,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.advantage = ml_collections.ConfigDict()
     c.advantage.std_mode = "group"  # "group" | "global" | "none": what the centred reward is divided by
     c.advantage.eps = 1e-4  # > 0, added to the std (population std, as Flow-GRPO); < 0 would flip advantages
+    # the std with Bessel's correction (n - 1), as MixGRPO's script (torch's .std()); False: the population std
+    c.advantage.unbiased_std = False
     c.advantage.filter_zero_std = False  # drop groups whose rewards are all equal (advantage 0) from training
     # the control run: each group's advantages are permuted among its own samples (a seeded draw per epoch), so
     # they keep their distribution and lose their link to the samples; everything else is the same loop. What a

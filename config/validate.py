@@ -41,6 +41,7 @@ INT_FIELDS = (
     ("eval.num_train_conditions", 0, None, "0 = no evaluation on training conditions"),
     ("data.seed", 0, 2**32 - 1, ""),
     ("model.lora_rank", 0, None, "0 = full fine-tuning"),
+    ("train.old_policy_decay_flat", 0, None, "optimizer steps before the old policy's ramp starts"),
     ("sample.eval_num_steps", 1, None, "ODE steps of held-out evaluation"),
     ("sample.window_size", 0, None, "0 = the first round(train.timestep_fraction x num_steps) steps"),
     ("sample.window_start", 0, None, "a scheduler step"),
@@ -73,6 +74,7 @@ NUMBER_FIELDS = (
     ("train.adv_clip_max", 0, None, True, False, True),
     ("train.log_ratio_clamp", 0, None, True, False, True),
     ("train.beta", 0, None, False, False, False),
+    ("train.sampling_kl_coeff", 0, None, False, False, False),
     ("train.ema_decay", 0, 1, True, True, False),
     ("reward.constraint_slack", 0, None, False, False, False),
     ("reward.constraint_lr", 0, None, False, False, False),
@@ -97,7 +99,8 @@ NUMBER_FIELDS = (
     ("max_train_seconds", 0, None, False, False, False),
 )
 BOOL_FIELDS = ("resume", "trust_legacy_checkpoint", "model.gradient_checkpointing", "train.ema",
-               "advantage.filter_zero_std", "advantage.placebo", "train.guard_dt_weighting",
+               "advantage.filter_zero_std", "advantage.placebo",
+               "advantage.unbiased_std", "train.guard_dt_weighting",
                "sample.same_initial_noise", "train.log_gradient_cosine", "train.noise_scale")
 
 # Free-form strings ('' allowed); their contents are checked where they are read (domains, validate_files).
@@ -213,9 +216,9 @@ def check_window_and_objective(config: ml_collections.ConfigDict) -> None:
     _require(s.sa_min_sigma <= s.sa_max_sigma,
              f"sample.sa_min_sigma={s.sa_min_sigma} must be <= sample.sa_max_sigma={s.sa_max_sigma}")
     flow = scheduler_is_flow(config.domain)
-    _require(s.ode_solver != "sa_solver" or (flow is not False and not objective_needs(t.objective,
-                                                                                       "needs_log_probs")),
-             f"sample.ode_solver='sa_solver' draws noise that no log-prob scores: it needs a flow domain and an "
+    _require(s.ode_solver not in ("sa_solver", "sa_solver_pc") or (
+        flow is not False and not objective_needs(t.objective, "needs_log_probs")),
+             f"sample.ode_solver={s.ode_solver!r} draws noise that no log-prob scores: it needs a flow domain and an "
              f"objective without log-probs ('nft', 'awm'); here domain {config.domain!r}, train.objective="
              f"{t.objective!r}")
     _require(s.ode_solver != "dpm2" or flow is not False,
@@ -352,6 +355,9 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> RunNumber
              f"{t.objective!r} has its own weighting: set train.step_weighting='uniform' or train.objective='grpo'")
     _require(t.objective in known_objectives(),
              f"train.objective={t.objective!r} unknown; use one of {sorted(OBJECTIVES)}")
+    _require(t.sampling_kl_coeff == 0 or (t.objective == "grpo" and t.policy_loss == "grpo_clip"),
+             f"train.sampling_kl_coeff={t.sampling_kl_coeff!r} (MixGRPO's KL form) is read by train.objective 'grpo' "
+             f"with policy loss 'grpo_clip' only; here {t.objective!r} / {t.policy_loss!r}: set it to 0")
     check_window_and_objective(config)
     _require(a.std_mode in STD_MODES, f"advantage.std_mode must be one of {list(STD_MODES)}, got {a.std_mode!r}")
     _require(config.mixed_precision in ("no", "fp16", "bf16"),

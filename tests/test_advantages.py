@@ -4,7 +4,7 @@ import torch
 from recam.engine.advantages import broadcast_over_timesteps, group_advantages, nonzero_group_mask
 
 
-def _loop_advantages(rewards, ids, std_mode, eps):
+def _loop_advantages(rewards, ids, std_mode, eps, unbiased=False):
     out = torch.zeros_like(rewards, dtype=torch.float64)
     r_all = rewards.double()
     for g in set(ids.tolist()):
@@ -13,23 +13,24 @@ def _loop_advantages(rewards, ids, std_mode, eps):
         if bool((r == r[0]).all()):
             continue
         if std_mode == "group":
-            denom = r.std(unbiased=False) + eps
+            denom = r.std(unbiased=unbiased) + eps
         elif std_mode == "global":
-            denom = r_all.std(unbiased=False) + eps
+            denom = r_all.std(unbiased=unbiased) + eps
         else:
             denom = 1.0
         out[m] = (r - r.mean()) / denom
     return out.float()
 
 
+@pytest.mark.parametrize("unbiased", [False, True])
 @pytest.mark.parametrize("std_mode", ["group", "global", "none"])
 @pytest.mark.parametrize("groups,k,seed", [(1, 2, 0), (4, 4, 1), (16, 4, 2), (7, 3, 3), (32, 8, 4)])
-def test_vectorised_matches_loop(std_mode, groups, k, seed):
+def test_vectorised_matches_loop(std_mode, groups, k, seed, unbiased):
     g = torch.Generator().manual_seed(seed)
     rewards = torch.rand(groups * k, generator=g)
     ids = torch.arange(groups).repeat_interleave(k)[torch.randperm(groups * k, generator=g)] * 7 + 3
-    adv, stats = group_advantages(rewards, ids, std_mode, 1e-4)
-    torch.testing.assert_close(adv, _loop_advantages(rewards, ids, std_mode, 1e-4), atol=1e-5, rtol=1e-5)
+    adv, stats = group_advantages(rewards, ids, std_mode, 1e-4, unbiased)
+    torch.testing.assert_close(adv, _loop_advantages(rewards, ids, std_mode, 1e-4, unbiased), atol=1e-5, rtol=1e-5)
     assert stats["trained_prompt_num"].item() == groups and stats["group_size"].item() == k
 
 
@@ -52,6 +53,17 @@ def test_permutation_invariance_and_hand_value():
     perm = torch.tensor([3, 0, 2, 1])
     adv_p, _ = group_advantages(rewards[perm], ids[perm], eps=0.0)
     assert torch.equal(adv_p, adv[perm])
+
+
+def test_unbiased_std_is_bessel_corrected_and_keeps_the_logged_std():
+    """advantage.unbiased_std (MixGRPO's torch .std()): the group of {1, 3} has std sqrt(2) with n - 1, 1 without; the
+    logged reward_std_mean stays the population std either way."""
+    rewards, ids = torch.tensor([1.0, 3.0, 10.0, 20.0]), torch.tensor([5, 5, 9, 9])
+    adv, stats = group_advantages(rewards, ids, eps=0.0, unbiased=True)
+    torch.testing.assert_close(adv, torch.tensor([-1.0, 1.0, -1.0, 1.0]) / 2**0.5)
+    assert stats["reward_std_mean"].item() == pytest.approx((1 + 5) / 2)
+    single, _ = group_advantages(torch.tensor([0.5, 0.1, 0.9]), torch.tensor([0, 1, 1]), unbiased=True)
+    assert single[0].item() == 0.0 and bool(torch.isfinite(single).all())  # a group of one: advantage 0
 
 
 def test_broadcast_shape_and_bad_input():

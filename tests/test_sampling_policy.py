@@ -37,6 +37,9 @@ def test_old_policy_decay_ramps_like_the_reference_scripts():
     assert [old_policy_decay_at(s, 0.5, 0.001) for s in (0, 1, 250, 500, 10_000)] == [0.0, 0.001, 0.25, 0.5, 0.5]
     assert old_policy_decay_at(400, 0.3, 0.001) == 0.3
     assert old_policy_decay_at(0, 0.5, 0.0) == 0.5  # no ramp: the cap from the start
+    # DiffusionNFT decay_type 2 (its ocr preset): 0 for 75 steps, then 0.0075 per step up to 0.999
+    assert [old_policy_decay_at(s, 0.999, 0.0075, 75) for s in (0, 74, 75, 76, 175, 300)] == \
+        pytest.approx([0.0, 0.0, 0.0, 0.0075, 0.75, 0.999])
 
 
 def test_nft_samples_with_its_old_policy(tmp_path):

@@ -326,14 +326,15 @@ def test_missing_input_is_a_parse_failure_not_a_traceback(tmp_path, capsys):
     assert verify_script.main([str(empty), "--out", str(out)]) == 2
 
 
+@pytest.mark.parametrize("unbiased", [False, True])
 @pytest.mark.parametrize("std_mode", ["group", "global", "none"])
-def test_recompute_matches_trainer(std_mode):
+def test_recompute_matches_trainer(std_mode, unbiased):
     g = torch.Generator().manual_seed(3)
     r = torch.rand(24, generator=g)
     ids = torch.arange(6).repeat_interleave(4)[torch.randperm(24, generator=g)]
     r[ids == 2] = 0.7
-    want, _ = group_advantages(r, ids, std_mode)
-    got, stats = verify.recompute_advantages(r.tolist(), ids.numpy(), std_mode)
+    want, _ = group_advantages(r, ids, std_mode, unbiased=unbiased)
+    got, stats = verify.recompute_advantages(r.tolist(), ids.numpy(), std_mode, unbiased=unbiased)
     np.testing.assert_allclose(got, want.numpy(), atol=1e-6)
     assert stats[2].constant and not stats[0].constant and stats[0].count == 4
 

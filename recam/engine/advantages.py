@@ -2,7 +2,8 @@
 
 Notation: N samples, G groups (unique conditions), T trained timesteps.
 Std is the population std (as Flow-GRPO / numpy), eps added to it (default 1e-4); verl uses Bessel's
-correction and 1e-6 instead, which inflates advantages of small groups by sqrt(k / (k - 1)).
+correction and 1e-6 instead, which inflates advantages of small groups by sqrt(k / (k - 1)), and MixGRPO's script
+Bessel's correction and 1e-8 (torch's default `.std()`): `unbiased=True` (advantage.unbiased_std).
 """
 
 from __future__ import annotations
@@ -12,14 +13,14 @@ import torch
 
 # What the centred reward is divided by: the group's std, the std of all N rewards, or nothing (only centred).
 STD_MODES = {
-    "group": lambda r, group_std, eps: group_std + eps,
-    "global": lambda r, group_std, eps: r.std(unbiased=False) + eps,
-    "none": lambda r, group_std, eps: torch.ones_like(r),
+    "group": lambda r, group_std, eps, unbiased: group_std + eps,
+    "global": lambda r, group_std, eps, unbiased: r.std(unbiased=unbiased and r.numel() > 1) + eps,
+    "none": lambda r, group_std, eps, unbiased: torch.ones_like(r),
 }
 
 
 def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, std_mode: str = "group",
-                     eps: float = 1e-4) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                     eps: float = 1e-4, unbiased: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Advantages (r - mean_g) / (std + eps) within each group.
 
     Args:
@@ -27,11 +28,13 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, std_mode: s
         group_ids: (N,) int64 group key per sample (e.g. dataset index of the condition).
         std_mode: "group" divides by the group's std, "global" by the std of all N rewards, "none" only centres.
         eps: added to the std.
+        unbiased: the std with Bessel's correction (divided by n - 1; a group of one keeps std 0), as torch's
+            default `.std()` that MixGRPO's script calls; False: the population std (Flow-GRPO's np.std).
 
     Returns:
         advantages (N,) float32, exactly 0 for samples in groups whose rewards are all equal;
         stats (0-dim tensors): group_size (mean samples per group), trained_prompt_num (G),
-        zero_std_ratio (fraction of groups with std 0), reward_std_mean (mean group std).
+        zero_std_ratio (fraction of groups with std 0), reward_std_mean (mean group std, population).
     """
     if rewards.ndim != 1 or rewards.shape != group_ids.shape:
         raise ValueError(f"rewards {tuple(rewards.shape)} and group_ids {tuple(group_ids.shape)} must both be (N,)")
@@ -42,12 +45,13 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, std_mode: s
     means = sums / counts
     sq = torch.zeros(num_groups, dtype=r.dtype).index_add_(0, inverse, (r - means[inverse]) ** 2)
     stds = (sq / counts).sqrt()
+    divisors = (sq / (counts - 1).clamp_min(1)).sqrt() if unbiased else stds
     gmax = torch.full((num_groups,), -torch.inf, dtype=r.dtype).scatter_reduce(0, inverse, r, "amax")
     gmin = torch.full((num_groups,), torch.inf, dtype=r.dtype).scatter_reduce(0, inverse, r, "amin")
     constant = gmax == gmin  # exact test: float rounding in the mean must not leak a tiny advantage
     if std_mode not in STD_MODES:
         raise ValueError(f"std_mode must be one of {list(STD_MODES)}, got {std_mode!r}")
-    adv = (r - means[inverse]) / STD_MODES[std_mode](r, stds[inverse], eps)
+    adv = (r - means[inverse]) / STD_MODES[std_mode](r, divisors[inverse], eps, unbiased)
     adv = torch.where(constant[inverse], torch.zeros_like(adv), adv)
     stats = {
         "group_size": counts.double().mean().float(),

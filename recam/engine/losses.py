@@ -86,6 +86,9 @@ class ClipSettings:
     adv_clip_max: float = 5.0  # advantages are clamped to +-this
     log_ratio_clamp: float = 10.0  # log-ratio clamped to +-this before exp, so one outlier cannot overflow
     beta: float = 0.02  # KL coefficient toward the frozen reference (0 disables the reference)
+    # MixGRPO's "KL" (train_grpo_flux.py L583-584): this x 0.5 mean over samples of (log p - log p_old)^2, against the
+    # sampling log-probs, no reference model; its public scripts run it at 0 (kl_coeff 0.0)
+    sampling_kl_coeff: float = 0.0
 
 
 # Every registered policy loss: fn(StepLossInputs, its settings) -> (loss scalar, metrics of detached 0-dim tensors)
@@ -328,7 +331,8 @@ def weighted_terms(per_sample: Tensor, sample_weight: Tensor | None) -> tuple[Te
 @register_policy_loss("grpo_clip", settings=ClipSettings)
 def grpo_clip(x: StepLossInputs, s: ClipSettings) -> tuple[Tensor, dict[str, Tensor]]:
     return grpo_policy_loss(x.log_prob, x.old_log_prob, x.advantages, s.clip_range, s.adv_clip_max,
-                            s.log_ratio_clamp, x.kl, s.beta, sample_weight=x.sample_weight)
+                            s.log_ratio_clamp, x.kl, s.beta, sample_weight=x.sample_weight,
+                            sampling_kl_coeff=s.sampling_kl_coeff)
 
 
 def grpo_policy_loss(
@@ -341,8 +345,10 @@ def grpo_policy_loss(
     kl: Tensor | None = None,
     beta: float = 0.0,
     sample_weight: Tensor | None = None,
+    sampling_kl_coeff: float = 0.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """PPO-style clipped GRPO loss: mean(max(-A r, -A clip(r, 1 - eps, 1 + eps))) + beta * mean(kl); with
+    """PPO-style clipped GRPO loss: mean(max(-A r, -A clip(r, 1 - eps, 1 + eps))) + beta * mean(kl)
+    + sampling_kl_coeff * mean(0.5 (log_prob - old_log_prob)^2) (MixGRPO's form, unclamped); with
     `sample_weight` (N,) the means become weighted sums (see weighted_terms) and the logged loss terms are the
     weighted means over samples of positive weight.
 
@@ -360,8 +366,8 @@ def grpo_policy_loss(
     for name, value in bounds.items():
         if not value > 0:
             raise ValueError(f"{name} must be > 0, got {value!r}")
-    if not beta >= 0:
-        raise ValueError(f"beta must be >= 0, got {beta!r}")
+    if not (beta >= 0 and sampling_kl_coeff >= 0):
+        raise ValueError(f"beta and sampling_kl_coeff must be >= 0, got {beta!r}, {sampling_kl_coeff!r}")
     if beta > 0 and kl is None:
         raise ValueError("beta > 0 needs a kl tensor")
     diff = log_prob - old_log_prob
@@ -373,11 +379,16 @@ def grpo_policy_loss(
     kl_penalty, kl_metric = weighted_terms(kl, sample_weight) if kl is not None else (
         torch.zeros_like(policy_loss), torch.zeros_like(policy_metric))
     loss = policy_loss + beta * kl_penalty if beta > 0 else policy_loss
+    loss_metric = policy_metric + beta * kl_metric if beta > 0 else policy_metric
+    if sampling_kl_coeff > 0:
+        sampling_kl, sampling_kl_metric = weighted_terms(0.5 * diff**2, sample_weight)
+        loss = loss + sampling_kl_coeff * sampling_kl
+        loss_metric = loss_metric + sampling_kl_coeff * sampling_kl_metric
     with torch.no_grad():
         high = (ratio > 1.0 + clip_range).float().mean()
         low = (ratio < 1.0 - clip_range).float().mean()
         metrics = {
-            "loss": policy_metric + beta * kl_metric if beta > 0 else policy_metric,
+            "loss": loss_metric,
             "policy_loss": policy_metric,
             "kl_penalty": kl_metric,
             "mean_ratio": ratio.mean(),

@@ -28,7 +28,10 @@ def build_policy(domain, model_config, train_config, device):
     ema = None
     if t.ema:
         from diffusers.training_utils import EMAModel
-        ema = EMAModel(policy.parameters(), decay=t.ema_decay)
+        # decay min((1 + s) / (10 + s), ema_decay) at the s-th update, the ramp of the references' EMAModuleWrapper
+        # (flow_grpo/ema.py get_current_decay, which DiffusionNFT and AWM copy; their first update is s = 1).
+        # diffusers' own count starts one update later (its first update copies); update_after_step=-1 aligns them
+        ema = EMAModel(policy.parameters(), decay=t.ema_decay, update_after_step=-1)
     return policy, reference, optimizer, ema
 
 

@@ -449,7 +449,7 @@ def exclusion_mask(valid: torch.Tensor, group_ids: torch.Tensor, policy: str = "
 
 
 def masked_group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, keep: torch.Tensor,
-                            std_mode: str = "group", eps: float = 1e-4
+                            std_mode: str = "group", eps: float = 1e-4, unbiased: bool = False
                             ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
     """Group advantages over the kept samples only (recam.engine.advantages.group_advantages on the subset).
 
@@ -464,7 +464,7 @@ def masked_group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, keep
         raise ValueError("a kept sample has a non-finite reward; build keep with exclusion_mask first")
     advantages = torch.zeros(rewards.shape, dtype=torch.float32)
     if bool(keep.any()):
-        adv_kept, stats = group_advantages(rewards[keep], group_ids[keep], std_mode, eps)
+        adv_kept, stats = group_advantages(rewards[keep], group_ids[keep], std_mode, eps, unbiased)
         advantages[keep] = adv_kept
     else:
         stats = {"group_size": torch.tensor(0.0), "trained_prompt_num": torch.tensor(0.0),

@@ -19,10 +19,10 @@ import numpy as np
 import torch
 
 from recam.engine.containers import Rollout
-from recam.engine.sde import StepOutput
+from recam.engine.sde import StepOutput, flow_sa_solver_pc, sa_solver_grid
 
 WINDOW_MODES = ("fixed", "random", "progressive")
-ODE_SOLVERS = ("euler", "dpm2", "sa_solver")
+ODE_SOLVERS = ("euler", "dpm2", "sa_solver", "sa_solver_pc")
 # where sample.ode_solver runs: on every deterministic step, or only after the window (MixGRPO-Flash's "post":
 # Euler before it)
 SOLVER_SCOPES = ("all", "after_window")
@@ -254,7 +254,9 @@ def rollout(denoise, noise: torch.Tensor, scheduler, mask: torch.Tensor | None =
         after the window is second order, as MixGRPO-Flash keeps its solver state through the window) or
         "sa_solver" (flow only, T = 0: SA-Solver's first-order stochastic step with tau = sa_eta on the steps that
         end at a sigma inside sa_sigma_range, tau 0 (Euler) elsewhere; it reads step j's noise noise[:, j + 1] and
-        stores nothing, AWM's sampler).
+        stores nothing) or "sa_solver_pc" (flow only, T = 0: AWM's sampler as its pipeline runs it, SA-Solver's
+        order-2 predictor-corrector on sa_solver_grid's grid, recam.engine.sde.flow_sa_solver_pc; step j's noise
+        noise[:, j + 1]).
     solver_scope: "all" (ode_solver on every deterministic step) or "after_window" (Euler before the window).
     post_window_compress: below 1, the steps after the window run on the scheduler's grid from the window's end
         compressed to this fraction of its points (scheduler.compressed_after, MixGRPO-Flash): fewer evaluations
@@ -264,13 +266,20 @@ def rollout(denoise, noise: torch.Tensor, scheduler, mask: torch.Tensor | None =
     if not 0 <= start <= S - T:
         raise ValueError(f"a window of {T} steps starting at {start} does not fit in {S} steps")
     _check_solver(ode_solver, scheduler)
-    if ode_solver == "sa_solver" and T:
-        raise ValueError("ode_solver 'sa_solver' draws noise that no log-prob scores: it needs a rollout with no "
+    if ode_solver in ("sa_solver", "sa_solver_pc") and T:
+        raise ValueError(f"ode_solver {ode_solver!r} draws noise that no log-prob scores: it needs a rollout with no "
                          f"trained steps, got {T}")
     if solver_scope not in SOLVER_SCOPES:
         raise ValueError(f"solver_scope must be one of {SOLVER_SCOPES}, got {solver_scope!r}")
     noise = TensorNoise(noise) if isinstance(noise, torch.Tensor) else noise
     x = noise.draw(0)
+    if ode_solver == "sa_solver_pc":
+        final = flow_sa_solver_pc(denoise, x, sa_solver_grid(scheduler.sigmas),
+                                  lambda t: sa_eta if sa_sigma_range[0] <= t <= sa_sigma_range[1] else 0.0, noise.draw)
+        n, shape = final.shape[0], tuple(final.shape[1:])
+        return Rollout(final=final, states=final.new_empty((n, 0, *shape)),
+                       log_probs=torch.empty(n, 0, device=final.device), start=start,
+                       means=final.new_empty((n, 0, *shape)) if store_means else None)
     states, log_probs, means = [], [], []
     previous = None  # the 2M solver's last x0 prediction; None restarts it at first order
     grid, j = scheduler, 0  # the grid becomes the compressed one after the window
@@ -315,7 +324,7 @@ def solver_options(sample_config) -> dict:
 def _check_solver(ode_solver: str, scheduler) -> None:
     if ode_solver not in ODE_SOLVERS:
         raise ValueError(f"ode_solver must be one of {ODE_SOLVERS}, got {ode_solver!r}")
-    if ode_solver in ("dpm2", "sa_solver") and not getattr(scheduler, "is_flow", False):
+    if ode_solver in ("dpm2", "sa_solver", "sa_solver_pc") and not getattr(scheduler, "is_flow", False):
         raise ValueError(f"ode_solver {ode_solver!r} is written for flow matching; {type(scheduler).__name__} is not")
 
 
@@ -323,8 +332,8 @@ def _check_solver(ode_solver: str, scheduler) -> None:
 def deterministic_sample(denoise, noise: torch.Tensor, scheduler, ode_solver: str = "euler") -> torch.Tensor:
     """Noise-free sampling from noise (N, *sample_shape); used for evaluation."""
     _check_solver(ode_solver, scheduler)
-    if ode_solver == "sa_solver":
-        raise ValueError("ode_solver 'sa_solver' is stochastic; noise-free sampling takes 'euler' or 'dpm2'")
+    if ode_solver in ("sa_solver", "sa_solver_pc"):
+        raise ValueError(f"ode_solver {ode_solver!r} is stochastic; noise-free sampling takes 'euler' or 'dpm2'")
     x, previous = noise, None
     for j in range(scheduler.num_steps):
         out = denoise(x, scheduler.model_time(j, x.shape[0]))

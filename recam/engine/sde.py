@@ -259,6 +259,69 @@ def flow_sa_step(velocity: Tensor, sigma: float, sigma_next: float, sample: Tens
     return x_next.to(sample.dtype)
 
 
+def sa_solver_grid(sigmas: Tensor) -> Tensor:
+    """The grid AWM's pipeline hands SA-Solver (sd3_pipeline_with_logprob.py L272-274): the sampling grid (S + 1
+    sigmas, the last 0) with its next-to-last point moved to half the one before it and its first to 1 - 1e-3
+    (lambda finite there), float64."""
+    t = sigmas.detach().double().cpu().clone()
+    if t.shape[0] < 3:
+        raise ValueError(f"SA-Solver's predictor-corrector needs at least 2 steps, got a grid of {t.shape[0]} points")
+    t[-2] = t[-3] / 2
+    t[0] = 1 - 1e-3
+    return t
+
+
+def flow_sa_solver_pc(denoise, x: Tensor, times: Tensor, tau_at, draw_noise) -> Tensor:
+    """SA-Solver as AWM's pipeline runs it: stochastic Adams predictor and corrector of order 2 in PEC mode (one
+    model evaluation per step), data prediction on the flow schedule, the "few steps" coefficients, the first
+    corrector skipped and the last step replaced by the data prediction (sa_solver.py L442-559, its defaults
+    disable_first_corrector, skip_final_step, lower_order_final).
+
+    times: the S + 1 grid (sa_solver_grid), times[-1] = 0; tau_at(t): the stochasticity of the step that ends at
+    time t; draw_noise(i): step i's standard normal draw (i = 1 .. S - 1), shared by its predictor and corrector.
+    With D(x, t) = x - t v(x, t), lambda = log((1 - t) / t), k = 1 + tau^2, step i from s = t_{i-1} to t = t_i,
+    h = lambda_t - lambda_s, h' = lambda_s - lambda_{t_{i-2}} and m_j the data predictions at the predicted points:
+        base = e^(-tau^2 h) (t / s) x + t sqrt(1 - e^(-2 tau^2 h)) noise
+        predictor x_p = base + (1 - t) [(1 - e^(-k h)) m_{i-1} + k h^2 / (2 h') (m_{i-1} - m_{i-2})]
+            (first order on step 1: without the second term)
+        m_i = D(x_p, t)
+        corrector x = base + (1 - t) [(1 - e^(-k h)) m_{i-1} + k h / 2 (m_i - m_{i-1})]   (skipped on step 1)
+    and the sample is m_{S-1}, the data prediction at the last predicted point. These are the reference's
+    Lagrange-interpolated exponential integrals of order 2 with its O(h^3) "few steps" terms added, summed in
+    closed form (tests/test_methods_parity.py writes the reference's form out). tau = 0 everywhere is a
+    second-order deterministic multistep solver. x: (B, ...) the initial noise; returns the sample in x's dtype."""
+    t = [float(v) for v in times]
+    S = len(t) - 1
+    if S < 2 or t[-1] != 0.0 or not all(a > b for a, b in zip(t, t[1:], strict=False)) or t[0] >= 1.0:
+        raise ValueError(f"times must fall from below 1 to 0 over at least 2 steps, got {t}")
+
+    def data(z: Tensor, time: float) -> Tensor:
+        return z - time * denoise(z.to(x.dtype), torch.full((z.shape[0],), time, device=z.device)).float()
+
+    z = x.float()
+    m_prev, m_older = data(z, t[0]), None
+    for i in range(1, S):
+        s_, t_ = t[i - 1], t[i]
+        tau = float(tau_at(t_))
+        if tau < 0:
+            raise ValueError(f"tau must be >= 0, got {tau}")
+        k = 1.0 + tau * tau
+        h = _flow_log_snr(t_) - _flow_log_snr(s_)
+        base = math.exp(-tau * tau * h) * (t_ / s_) * z
+        if tau > 0:
+            base = base + t_ * math.sqrt(-math.expm1(-2.0 * tau * tau * h)) * draw_noise(i).float()
+        first = (1.0 - t_) * -math.expm1(-k * h)
+        if m_older is None:
+            x_p = base + first * m_prev
+        else:
+            h_prev = _flow_log_snr(s_) - _flow_log_snr(t[i - 2])
+            x_p = base + first * m_prev + ((1.0 - t_) * k * h * h / (2.0 * h_prev)) * (m_prev - m_older)
+        m_new = data(x_p, t_)
+        z = x_p if m_older is None else base + first * m_prev + ((1.0 - t_) * k * h / 2.0) * (m_new - m_prev)
+        m_older, m_prev = m_prev, m_new
+    return m_prev.to(x.dtype)
+
+
 def flow_noise_to(x0: Tensor, noise: Tensor, u: Tensor) -> Tensor:
     """The flow forward process at noise level u (B,) in (0, 1): x_u = (1 - u) x0 + u noise, float32."""
     col = _batch_column(u, "u", x0)

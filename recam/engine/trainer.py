@@ -224,7 +224,8 @@ class GRPOTrainer:
         keep, exclusion = exclusion_mask(valid, index, self.runner.exclusion_policy)
         for h in self.hooks:
             rewards = h.adjust_rewards(rewards)
-        advantages, _, stats = masked_group_advantages(rewards["avg"], index, keep, adv_cfg.std_mode, adv_cfg.eps)
+        advantages, _, stats = masked_group_advantages(rewards["avg"], index, keep, adv_cfg.std_mode, adv_cfg.eps,
+                                                       adv_cfg.unbiased_std)
         if adv_cfg.placebo:  # the control: the same draws on every process, a new one each epoch
             advantages = placebo_advantages(advantages, index, keep, self.config.seed, self.epoch)
         if adv_cfg.filter_zero_std:

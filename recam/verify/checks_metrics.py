@@ -25,6 +25,7 @@ class Settings:
     eps: float = 1e-4
     config: dict | None = None
     placebo: bool = False  # advantage.placebo: advantages are a within-group permutation of the normalised rewards
+    unbiased: bool = False  # advantage.unbiased_std: the stds divided by have Bessel's correction
 
 
 def settings_from_config(config: dict | None, tol: float = 1e-3) -> Settings:
@@ -32,7 +33,8 @@ def settings_from_config(config: dict | None, tol: float = 1e-3) -> Settings:
     eps = _float(_get(config, "advantage", "eps"))
     return Settings(tol=tol, std_mode=std_mode if std_mode in ("group", "global", "none") else "group",
                     eps=1e-4 if eps is None else eps, config=config if isinstance(config, dict) else None,
-                    placebo=_get(config, "advantage", "placebo") is True)
+                    placebo=_get(config, "advantage", "placebo") is True,
+                    unbiased=_get(config, "advantage", "unbiased_std") is True)
 
 
 class EpochView:
@@ -348,7 +350,7 @@ def check_advantage_per_condition(v: EpochView, s: Settings) -> Check:
     idx = np.asarray(v.indices)
     groups = None
     if v.r0 is not None:
-        _, groups = recompute_advantages(v.r0, idx, s.std_mode, s.eps, v.keep)
+        _, groups = recompute_advantages(v.r0, idx, s.std_mode, s.eps, v.keep, s.unbiased)
     rows = []
     kept = v.keep if v.keep is not None else np.ones(len(idx), dtype=bool)
     for g in sorted(set(idx[kept].tolist())):
@@ -368,12 +370,12 @@ def check_advantage_per_condition(v: EpochView, s: Settings) -> Check:
             row["status"], row["note"] = PASS, f"std_mode={s.std_mode}: std is not 1 by design"
         elif abs(std - 1.0) <= s.tol:
             row["status"], row["note"] = PASS, ""
-        elif reward and abs(std - (expected := reward.std / (reward.std + s.eps))) <= s.tol:
+        elif reward and abs(std - (expected := reward.std / (reward.divisor + s.eps))) <= s.tol:
             # std_r / (std_r + eps) is what the formula gives every group; only a reward std of a few eps makes
             # eps, not the rewards, set the advantages, which is worth a look but is not a bug.
             dominated = reward.std < EPS_DOMINATES * s.eps
             row["status"] = WARN if dominated else PASS
-            row["note"] = (f"std = std_r/(std_r+eps) = {expected:.4f} (reward std {reward.std:.2g}, eps {s.eps:g})"
+            row["note"] = (f"std = std_r/(divisor+eps) = {expected:.4f} (reward std {reward.std:.2g}, eps {s.eps:g})"
                            + (f"; below {EPS_DOMINATES:g} eps, eps sets these advantages" if dominated else ""))
         else:
             row["status"], row["note"] = FAIL, f"std {std:.4f} is not 1"
@@ -401,7 +403,7 @@ def check_advantage_recompute(v: EpochView, s: Settings) -> Check:
                            ["rewards/avg or advantages (shape)"])
     if v.adv.ndim not in (1, 2):
         return Check(name, FAIL, {"logged_shape": list(v.adv.shape)}, "advantages are not an (N, T) array")
-    expected, _ = recompute_advantages(v.r0, np.asarray(v.indices), s.std_mode, s.eps, v.keep)
+    expected, _ = recompute_advantages(v.r0, np.asarray(v.indices), s.std_mode, s.eps, v.keep, s.unbiased)
     logged = v.adv if v.adv.ndim == 2 else v.adv[:, None]
     if logged.shape[0] != expected.shape[0]:
         return Check(name, FAIL, {"logged": list(v.adv.shape), "expected_N": int(expected.size)},
@@ -488,7 +490,7 @@ def check_zero_std_groups(v: EpochView, s: Settings) -> Check:
     name = "zero_std_groups"
     if v.r0 is None or v.indices is None:
         return _not_logged(name, ["rewards/avg", "dataset_indices"])
-    _, groups = recompute_advantages(v.r0, np.asarray(v.indices), s.std_mode, s.eps, v.keep)
+    _, groups = recompute_advantages(v.r0, np.asarray(v.indices), s.std_mode, s.eps, v.keep, s.unbiased)
     zero = [g for g, st in groups.items() if st.constant]
     ratio = len(zero) / len(groups) if groups else 0.0
     nums = {"zero_std_groups": len(zero), "groups": len(groups), "zero_std_ratio": ratio,
@@ -611,7 +613,7 @@ def check_reward_std_mean(v: EpochView, s: Settings) -> Check:
         return Check(name, WARN, {}, "reward_std_mean not logged")
     if v.r0 is None:
         return _not_logged(name, ["rewards/avg"])
-    _, groups = recompute_advantages(v.r0, np.asarray(v.indices), s.std_mode, s.eps, v.keep)
+    _, groups = recompute_advantages(v.r0, np.asarray(v.indices), s.std_mode, s.eps, v.keep, s.unbiased)
     if not groups:
         nums = {"logged": logged, "recomputed": None, "excluded_samples": v.excluded}
         if math.isnan(logged):
@@ -807,5 +809,6 @@ def verify_metrics(parsed: ParsedLog, config: dict | None = None, tol: float = 1
     notes = [f"{n} record(s) of unknown type {t!r} ignored" for t, n in others.items()]
     epoch_nums = sorted({e for e in (_int(r.get("epoch")) for r in epochs) if e is not None})
     return Report(source, "metrics.jsonl", checks, parsed.unreadable, epoch_nums,
-                  {"tol": tol, "std_mode": s.std_mode, "eps": s.eps, "config": config is not None,
+                  {"tol": tol, "std_mode": s.std_mode, "eps": s.eps, "unbiased_std": s.unbiased,
+                   "config": config is not None,
                    "placebo": s.placebo or any(r.get("placebo") is True for r in epochs)}, notes)

@@ -27,8 +27,9 @@ class OldPolicy:
     weights that sampled stay available while the policy moves (AWM's old losses)."""
 
     def __init__(self, model: torch.nn.Module, decay: float, ramp: float, samples_with_it: bool,
-                 keep_sampling_snapshot: bool):
+                 keep_sampling_snapshot: bool, flat: int = 0):
         self.model, self.decay, self.ramp, self.samples_with_it = model, decay, ramp, samples_with_it
+        self.flat = flat
         self.copy = copy.deepcopy(model).requires_grad_(False).eval()
         self.snapshot = None
         if keep_sampling_snapshot and not samples_with_it:
@@ -62,7 +63,7 @@ class OldPolicy:
 
     def after_epoch(self, global_step: int) -> float:
         """Average the old policy toward the policy; returns the weight d used."""
-        decay = old_policy_decay_at(global_step, self.decay, self.ramp)
+        decay = old_policy_decay_at(global_step, self.decay, self.ramp, self.flat)
         blend_into(list(self.tensors().values()), list(self.trainable(self.model).values()), decay)
         return decay
 
@@ -92,8 +93,8 @@ class OldPolicy:
 
 class KeepsOldPolicy(Objective):
     """Base of an objective with an old policy: it is built when the objective is attached to the policy, from
-    self.t (config.train: old_policy_decay, old_policy_decay_ramp) and the class's samples_with_old_policy and
-    needs_sampling_policy flags, and travels with every checkpoint."""
+    self.t (config.train: old_policy_decay, old_policy_decay_ramp, old_policy_decay_flat) and the class's
+    samples_with_old_policy and needs_sampling_policy flags, and travels with every checkpoint."""
 
     needs_old_policy = True
     old: OldPolicy | None = None
@@ -101,7 +102,7 @@ class KeepsOldPolicy(Objective):
     def attach(self, model: torch.nn.Module) -> None:
         self.old = OldPolicy(model, self.t.old_policy_decay, self.t.old_policy_decay_ramp,
                              getattr(self, "samples_with_old_policy", False),
-                             getattr(self, "needs_sampling_policy", False))
+                             getattr(self, "needs_sampling_policy", False), self.t.old_policy_decay_flat)
 
     def sampling_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return self.old.sampling_model()
@@ -119,11 +120,16 @@ class KeepsOldPolicy(Objective):
         self.old.load(folder, info)
 
 
-def old_policy_decay_at(step: int, decay: float, ramp: float) -> float:
-    """The old policy's averaging weight after `step` optimizer steps: min(ramp x step, decay), DiffusionNFT's and
-    AWM's schedule (their scripts: 0.001 per step, capped at 0.5 and 0.3), so that early on the old policy is the
-    policy and it lags more as training settles; ramp 0 holds it at `decay` from the start."""
-    return float(decay) if ramp <= 0 else min(float(ramp) * int(step), float(decay))
+def old_policy_decay_at(step: int, decay: float, ramp: float, flat: int = 0) -> float:
+    """The old policy's averaging weight after `step` optimizer steps: 0 for the first `flat` steps, then
+    min(ramp x (step - flat), decay), DiffusionNFT's return_decay (train_nft_sd3.py L169-189: decay_type 1 is flat 0,
+    ramp 0.001, cap 0.5; decay_type 2, its ocr preset, flat 75, ramp 0.0075, cap 0.999) and AWM's linear
+    kl_ema_decay (ramp 0.001, cap 0.3), so that early on the old policy is the policy and it lags more as training
+    settles; ramp 0 holds it at `decay` from the start."""
+    if ramp <= 0:
+        return float(decay)
+    step = int(step)
+    return 0.0 if step < int(flat) else min(float(ramp) * (step - int(flat)), float(decay))
 
 
 def blend_into(old: list[torch.Tensor], new: list[torch.Tensor], decay: float) -> None:
