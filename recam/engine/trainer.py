@@ -217,18 +217,17 @@ class GRPOTrainer:
     def advantages(self, rollouts: Rollouts, scores: Scores) -> Groups:
         """Gather every process's samples (rank order), normalise rewards within each condition's group over the
         samples that are kept (a failed reward is excluded, never counted as a 0)."""
-        acc, adv_cfg = self.accelerator, self.config.advantage
+        acc, a = self.accelerator, self.config.advantage
         index = acc.gather(rollouts.index.to(acc.device)).cpu()
         rewards = {k: acc.gather(v.to(acc.device)).cpu() for k, v in scores.rewards.items()}
         valid = acc.gather(scores.valid.to(acc.device)).cpu().bool()
         keep, exclusion = exclusion_mask(valid, index, self.runner.exclusion_policy)
         for h in self.hooks:
             rewards = h.adjust_rewards(rewards)
-        advantages, _, stats = masked_group_advantages(rewards["avg"], index, keep, adv_cfg.std_mode, adv_cfg.eps,
-                                                       adv_cfg.unbiased_std)
-        if adv_cfg.placebo:  # the control: the same draws on every process, a new one each epoch
+        advantages, _, stats = masked_group_advantages(rewards["avg"], index, keep, a.std_mode, a.eps, a.unbiased_std)
+        if a.placebo:  # the control: the same draws on every process, a new one each epoch
             advantages = placebo_advantages(advantages, index, keep, self.config.seed, self.epoch)
-        if adv_cfg.filter_zero_std:
+        if a.filter_zero_std:
             keep &= nonzero_group_mask(advantages, index)
         # one column per trained step; one for an objective that trains no stored step (T = 0)
         advantages = broadcast_over_timesteps(advantages, max(1, self.scheduler.num_train_steps))
