@@ -23,7 +23,6 @@ continues from its checkpoints); <out>/table.md is rewritten after each run.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 import subprocess

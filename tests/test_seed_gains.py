@@ -105,7 +105,7 @@ def _curve_run(root: Path, name: str, seed: int, placebo: bool, evals) -> Path:
     lines = [json.dumps({"type": "epoch", "epoch": 0, "samples_per_epoch": 64})]
     tags = ["start"] + [f"epoch_{s}" for s, _ in evals[1:-1]] + ["final"]
     lines += [json.dumps({"type": "eval", "tag": tag, "step": step, "eval/cam_score": float(np.mean(rows)),
-                          "rows/eval/cam_score": rows}) for tag, (step, rows) in zip(tags, evals)]
+                          "rows/eval/cam_score": rows}) for tag, (step, rows) in zip(tags, evals, strict=True)]
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     return _config(run, seed, placebo)
 
