@@ -217,11 +217,13 @@ def write_curve_png(rows: list[dict], metric: str, path: Path, title: str = "") 
         m = [r[arm][0] for r in rows]
         h = [r[arm][1] if math.isfinite(r[arm][1]) else 0.0 for r in rows]
         a.plot(x, m, marker="o", color=colour, label="GRPO" if arm == "grpo" else "placebo")
-        a.fill_between(x, [u - v for u, v in zip(m, h, strict=True)], [u + v for u, v in zip(m, h, strict=True)], color=colour, alpha=0.2)
+        a.fill_between(x, [u - v for u, v in zip(m, h, strict=True)], [u + v for u, v in zip(m, h, strict=True)],
+                       color=colour, alpha=0.2)
     m = [r["difference"][0] for r in rows]
     h = [r["difference"][1] if math.isfinite(r["difference"][1]) else 0.0 for r in rows]
     b.plot(x, m, marker="o", color="tab:green")
-    b.fill_between(x, [u - v for u, v in zip(m, h, strict=True)], [u + v for u, v in zip(m, h, strict=True)], color="tab:green", alpha=0.2)
+    b.fill_between(x, [u - v for u, v in zip(m, h, strict=True)], [u + v for u, v in zip(m, h, strict=True)],
+                   color="tab:green", alpha=0.2)
     for ax, name in ((a, f"{metric}: change from the base"), (b, "GRPO minus placebo")):
         ax.axhline(0.0, color="black", lw=0.8)
         ax.set_xlabel("samples trained")
