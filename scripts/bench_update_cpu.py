@@ -33,9 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from config.grpo import get_config  # noqa: E402
 from recam.domains.motion.skeleton import MAX_FRAMES, NUM_FEATURES  # noqa: E402  (the motion domain's sample)
+from recam.engine import records  # noqa: E402
 from recam.engine.reward_runner import RewardDetails, masked_group_advantages  # noqa: E402
 from recam.engine.rollout import KeyedNoise, per_sample_noise  # noqa: E402
-from recam.infra import runlog  # noqa: E402
 from rewards.pose import landmarks, to_uint8_frames  # noqa: E402
 from scripts.bench_model import timed  # noqa: E402  (median of repeats after a warm-up)
 
@@ -117,8 +117,8 @@ def bench_records(repeats: int) -> dict:
 
         def update_records(index=index, rewards=rewards, keep=keep, details=details, T=p["T"]):
             adv, _, stats = masked_group_advantages(rewards["avg"], index, keep, "group", 1e-4)
-            record = runlog.epoch_record(0, 0, {}, [f"c{i}" for i in index.tolist()], index, rewards,
-                                        adv[:, None].expand(-1, T), stats, 1.0, details)
+            record = records.verification_record(0, 0, {}, [f"c{i}" for i in index.tolist()], index, rewards,
+                                                 adv[:, None].expand(-1, T), stats, 1.0, details)
             with tempfile.TemporaryFile("w") as f:
                 f.write(json.dumps({"type": "epoch", **record}) + "\n")
 

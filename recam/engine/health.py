@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from recam.infra.runlog import reward_terms
+from recam.engine.records import reward_terms
 from recam.infra.schema import REWARD_BOOKKEEPING
 
 SEVERITIES = ("info", "warn", "critical")

@@ -32,7 +32,7 @@ import cv2
 import numpy as np
 import torch
 
-from rewards.pose import PoseEstimate, centre_parallax, register_estimator
+from rewards.pose.estimator import PoseEstimate, centre_parallax, register_estimator
 
 MIN_LANDMARKS = 4
 COLOUR_RADIUS = 0.6  # RGB distance (in [0, 1] units) within which a pixel votes for a landmark colour

@@ -622,7 +622,7 @@ class MotionDomain:
         return (NUM_FEATURES, 1, MAX_FRAMES)
 
     def scheduler(self, device) -> DDIMScheduler:
-        from recam.engine.rollout import num_train_timesteps
+        from recam.engine.plan import num_train_timesteps
 
         s, m = self.config.sample, self.config.motion
         return DDIMScheduler(cosine_alphas_cumprod(m.diffusion_steps), s.num_steps, m.eta, "sample",
