@@ -1,4 +1,4 @@
-"""scripts/import_graph.py: cycles found in a hand-made graph, imports read from source (relative, lazy, and
+"""scripts/tools/import_graph.py: cycles found in a hand-made graph, imports read from source (relative, lazy, and
 TYPE_CHECKING-only ones), and the project's own graph readable end to end."""
 
 import sys
@@ -6,7 +6,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts import import_graph  # noqa: E402
+from scripts.tools import import_graph  # noqa: E402
 
 
 def test_cycles_are_the_strongly_connected_components():

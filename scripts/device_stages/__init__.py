@@ -9,7 +9,7 @@ and run(device, size, ctx) -> that entry. The driver runs each in a process of i
   fsdp.py      one smoke epoch through config/accelerate/fsdp.yaml
   learning.py  presets tiny_gpu and motion_tiny_gpu run by scripts/train_recam.py, across GPU windows (bundle.py:
                what a run brings back and continues from)
-  measure.py   the timing helpers they share; report.py what the driver writes besides (device_check.md)
+  timing.py    the timing helpers they share; report.py what the driver writes besides (device_check.md)
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ def carry_over(prior: Path, run_dir: Path) -> dict:
     if (root / name / LEGACY_TRAINER).exists():
         raise RuntimeError(f"{prior / 'checkpoints' / name / LEGACY_TRAINER} is a pickle (written before checkpoints "
                            "were pickle-free): convert the bundle's checkpoints first, with "
-                           f"scripts/convert_checkpoints.py --trust-legacy-checkpoint {prior}")
+                           f"scripts/tools/convert_checkpoints.py --trust-legacy-checkpoint {prior}")
     state = json.loads((root / name / "state.json").read_text())
     seconds = state.get("budget", {}).get("train_seconds")
     if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):

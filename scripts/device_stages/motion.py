@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from scripts.device_stages import Context
-from scripts.device_stages.measure import median_time, peak_gib, reset_peak, timed
+from scripts.device_stages.timing import median_time, peak_gib, reset_peak, timed
 
 SIZES = {"full": {"model": "mdm", "batch": 64, "frames": 196, "sample_steps": 5, "trained_steps": 2, "repeats": 3},
          "tiny": {"model": "tiny", "batch": 4, "frames": 196, "sample_steps": 3, "trained_steps": 2, "repeats": 5}}

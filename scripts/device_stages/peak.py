@@ -7,7 +7,7 @@ import statistics
 import torch
 
 from scripts.device_stages import Context
-from scripts.device_stages.measure import timed
+from scripts.device_stages.timing import timed
 
 SIZES = {"full": {"n": 8192, "iters": 20}, "tiny": {"n": 256, "iters": 5}}
 CAP = {"full": 15, "tiny": 30}

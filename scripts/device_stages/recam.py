@@ -15,7 +15,7 @@ import copy
 import torch
 
 from scripts.device_stages import Context
-from scripts.device_stages.measure import autocast, forward_flops, median_time, peak_gib, reset_peak, timed
+from scripts.device_stages.timing import autocast, forward_flops, median_time, peak_gib, reset_peak, timed
 
 SIZES = {
     "full": {"model": "wan21_1_3b", "latent": (16, 21, 60, 104), "text": (512, 4096), "sample_steps": 2,

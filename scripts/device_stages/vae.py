@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from scripts.device_stages import Context
-from scripts.device_stages.measure import peak_gib, reset_peak, timed
+from scripts.device_stages.timing import peak_gib, reset_peak, timed
 
 SIZES = {"full": {"config": {}, "clip": (3, 81, 480, 832)}, "tiny": {"config": {"base_dim": 8}, "clip": (3, 5, 32, 32)}}
 CAP = {"full": 40, "tiny": 60}

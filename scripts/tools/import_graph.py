@@ -2,9 +2,9 @@
 between packages and between files, the imports out of recam.infra, and the project files an entry point reaches
 with their line counts.
 
-    python scripts/import_graph.py                                   # packages, edges, cycles
-    python scripts/import_graph.py --reach scripts/train_recam.py    # + the files train_recam.py reaches
-    python scripts/import_graph.py --reach scripts/train_recam.py --also recam/domains/camera/domain.py
+    python scripts/tools/import_graph.py                                   # packages, edges, cycles
+    python scripts/tools/import_graph.py --reach scripts/train_recam.py    # + the files train_recam.py reaches
+    python scripts/tools/import_graph.py --reach scripts/train_recam.py --also recam/domains/camera/domain.py
 
 A package is a module's folder (recam/engine/trainer.py -> recam.engine; config/validate.py -> config). Imports
 inside functions count (they are imports all the same, only later); `if TYPE_CHECKING:` blocks do not. "Reaches"
@@ -20,7 +20,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ("config", "recam", "rewards", "scripts")
 
 
