@@ -9,8 +9,8 @@ import torch
 
 from config.base import get_config
 from recam import verify
-from recam.engine import records
 from recam.engine.advantages import broadcast_over_timesteps, group_advantages
+from recam.engine.records import epoch_line, verification_record
 from recam.engine.reward_runner import exclusion_mask, masked_group_advantages
 from recam.engine.sampler import global_batch_indices
 from recam.infra import reports, runlog
@@ -73,8 +73,8 @@ def make_epoch(epoch, step, failed=(), policy="sample"):
     keep, exclusion = exclusion_mask(torch.isfinite(rewards["avg"]), idx, policy)
     adv, _, stats = masked_group_advantages(rewards["avg"], idx, keep)
     ids = [f"scene{i // 4:03d}/traj{i % 4}" for i in idx.tolist()]
-    rec = records.verification_record(epoch, step, _derived(), ids, idx, rewards, broadcast_over_timesteps(adv, T),
-                                      stats, 0.1)
+    rec = verification_record(epoch, step, _derived(), ids, idx, rewards, broadcast_over_timesteps(adv, T), stats,
+                              0.1)
     rec["excluded"] = (~keep).tolist()
     rec.update(exclusion)
     return {"type": "epoch", **rec}
@@ -1017,12 +1017,12 @@ def test_epoch_line_prints_missing_values_as_na():
     records = records_with({1: [_gathered_indices(1).tolist().index(i) for i in dict.fromkeys(
         _gathered_indices(1).tolist())]}, policy="group")
     rec = epoch_rec(records, 1)  # no optimizer step: first_step_ratio_deviation None, zero_std_ratio NaN
-    line = records.epoch_line(rec)
+    line = epoch_line(rec)
     assert "first-step |ratio-1| n/a" in line and "zero_std_ratio n/a" in line and "loss n/a" in line
     assert f"kept 0/{N} samples" in line
     rec["reward_unifiedscore"] = float("nan")
-    assert "reward_unifiedscore n/a" in records.epoch_line(rec)
-    ok = records.epoch_line(epoch_rec(records, 0))
+    assert "reward_unifiedscore n/a" in epoch_line(rec)
+    ok = epoch_line(epoch_rec(records, 0))
     assert "n/a" not in ok and "first-step |ratio-1| 2.00e-04" in ok and f"kept {N}/{N} samples" in ok
 
 
