@@ -383,7 +383,8 @@ def tiny_gpu():
     issue 44). The batches are sized for an 80 GB GPU: a trained step keeps 24 MB per sample for its backward (the
     tiny transformer's attention at 8 x 32 x 32), so a micro-batch of 512 holds about 12 GB, and sampling holds no
     graph. Learning rate and recipe are tiny_cpu's: no setting's signal share at 128 samples stood apart from
-    another's; `bash scripts/measure/signal_sweep.sh camera OUT 4 tiny_gpu` ranks them at 2,048. scripts/device_check.py
+    another's; `python scripts/noise_sweep.py camera --preset tiny_gpu --out OUT` ranks them at 2,048 by their noise
+    scale. scripts/device_check.py
     runs it under a time cap (max_train_seconds)."""
     c = tiny_cpu()
     c.run_name = "tiny_gpu"
@@ -404,8 +405,8 @@ def motion_tiny_gpu():
     issue 44). Sized for an 80 GB GPU: a trained step keeps 4.5 MB per sample for its backward (a micro-batch of
     2,048 holds about 9 GB), and the epoch's stored states (7 per sample, 0.2 MB each) stay on the device, about
     24 GB. The synthetic world draws as many captions as asked, so every group of an update is a caption of its
-    own. Learning rate and recipe are motion_tiny_cpu's (no setting's share at 64 samples stood apart; `bash
-    scripts/measure/signal_sweep.sh motion OUT 4 motion_tiny_gpu` ranks them at this size)."""
+    own. Learning rate and recipe are motion_tiny_cpu's (no setting's share at 64 samples stood apart; `python
+    scripts/noise_sweep.py motion --preset motion_tiny_gpu --out OUT` ranks them at this size)."""
     c = motion_tiny_cpu()
     c.run_name = "motion_tiny_gpu"
     c.run_dir = "runs/motion_tiny_gpu"
@@ -419,11 +420,44 @@ def motion_tiny_gpu():
     return c
 
 
+def tiny_cpu_long():
+    """tiny_cpu run long enough to tell GRPO from its placebo: 64 epochs of 128 = 8,192 samples (the default job has
+    1,536), evaluated every 8 epochs, a held-out grid of 1,024 samples. 1,024 training conditions (tiny_cpu's 256
+    would be seen 8 times each; here each twice), and the setting item 4 of issue 53 ranked: tiny_cpu's own, as no
+    setting's noise scale separated from the default's (docs/results.md). Run beside its placebo, one core each,
+    resumable: `python scripts/placebo_runs.py --preset tiny_cpu_long --seeds 0 --out runs/long_camera --metric
+    eval/cam_score --metric eval/fidelity`."""
+    c = tiny_cpu()
+    c.run_name = "tiny_cpu_long"
+    c.run_dir = "runs/tiny_cpu_long"
+    c.num_epochs = 64
+    c.eval.freq = 8
+    c.data.num_train_conditions = 1024
+    return c
+
+
+def motion_tiny_cpu_long():
+    """motion_tiny_cpu run long enough to tell GRPO from its placebo: 250 epochs of 64 = 16,000 samples (the default
+    job has 1,920), evaluated every 32 epochs, a held-out grid of 2,048 samples. 2,048 training captions (the
+    default's 512 would be seen 31 times each; here about 8), and motion_tiny_cpu's own setting (no setting's noise
+    scale separated from the default's, docs/results.md). Run beside its placebo, one core each, resumable:
+    `python scripts/placebo_runs.py --preset motion_tiny_cpu_long --seeds 0 --out runs/long_motion --metric
+    eval/r_precision_top3 --metric eval/motion_alignment --metric eval/skating`."""
+    c = motion_tiny_cpu()
+    c.run_name = "motion_tiny_cpu_long"
+    c.run_dir = "runs/motion_tiny_cpu_long"
+    c.num_epochs = 250
+    c.eval.freq = 32
+    c.data.num_train_conditions = 2048
+    return c
+
+
 REAL_SCALE_PRESETS = (recam_wan_1_3b_8npu, recam_wan_14b_multinode)
 MOTION_PRESETS = (motion_tiny_cpu, motion_smoke, mdm_humanml3d_8npu)
+LONG_PRESETS = (tiny_cpu_long, motion_tiny_cpu_long)
 GPU_PRESETS = (tiny_gpu, motion_tiny_gpu)
 PRESETS = {f.__name__: f for f in (tiny_cpu, smoke, recam_8npu, toy, *VARIANT_PRESETS, *REAL_SCALE_PRESETS,
-                                     *MOTION_PRESETS, *GPU_PRESETS)}
+                                     *MOTION_PRESETS, *GPU_PRESETS, *LONG_PRESETS)}
 
 
 def get_config(name: str = "tiny_cpu"):

@@ -10,7 +10,8 @@ Runs go to <out>/<grpo|placebo>/seed<k>, `--parallel` at a time, each on `--thre
 its placebo side by side, one core each, by default). Resumable: a finished run (summary.md present) is skipped,
 and an interrupted one continues from its checkpoints (train_recam.py resumes by default), so the same command
 picks up where it stopped. Any --config.* argument is passed to every run. The comparison is written to
-<out>/report.md with this command.
+<out>/report.md with this command, and each metric's held-out curve over the runs' evaluation grid, GRPO beside
+placebo with intervals, to <out>/curve_<metric>.png (the long presets evaluate every 1,024 or 2,048 samples).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     grpo = [args.out / "grpo" / f"seed{s}" for s in args.seeds]
     placebo = [args.out / "placebo" / f"seed{s}" for s in args.seeds]
     metrics = [x for m in args.metric for x in ("--metric", m)]
-    text = seed_gains.main([*map(str, grpo), "--placebo", *map(str, placebo), *metrics])
+    text = seed_gains.main([*map(str, grpo), "--placebo", *map(str, placebo), *metrics, "--curve", str(args.out)])
     command = "python scripts/placebo_runs.py " + " ".join(shlex.quote(a) for a in argv)
     (args.out / "report.md").write_text(f"# GRPO against its placebo: {args.preset}\n\n{text}\n\ncommand: "
                                         f"`{command}`\n")

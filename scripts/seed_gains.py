@@ -18,6 +18,10 @@ The difference is paired by seed where both sides have every seed (the config's 
 placebo's values on the same held-out conditions are paired over the conditions; over seeds, the mean of the
 per-seed differences with its t-interval (one seed: its interval over conditions). Otherwise it is Welch's interval
 over the two sets of runs' changes.
+
+`--curve DIR` (with --placebo) adds each metric's held-out curve: at every sample count on which all runs evaluated
+(their eval.freq grid), each arm's change from its base and GRPO minus placebo, paired the same way, as a table and
+as DIR/curve_<metric>.png.
 """
 
 from __future__ import annotations
@@ -145,16 +149,113 @@ def placebo_report(grpo: list[Path], placebo: list[Path], metrics: list[str]) ->
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# the held-out curve: every evaluation on the run's grid of sample counts
+
+
+def run_curve(run_dir: Path) -> dict[int, dict]:
+    """A run's evaluations by the samples trained on before each: {samples: record}, the base at 0. Where two
+    evaluations share a step (a periodic one and the final one), the later is kept."""
+    records = read_records(run_dir / "metrics.jsonl")
+    per_epoch = next((r.get("samples_per_epoch") for r in records if r.get("type") == "epoch"), None)
+    if not per_epoch:
+        raise SystemExit(f"{run_dir}: metrics.jsonl has no epoch record with samples_per_epoch")
+    out = {}
+    for r in records:
+        if r.get("type") == "eval" and isinstance(r.get("step"), int):
+            out[r["step"] * int(per_epoch)] = r
+    if 0 not in out:
+        raise SystemExit(f"{run_dir}: metrics.jsonl has no evaluation of the base (step 0)")
+    return dict(sorted(out.items()))
+
+
+def curve_rows(grpo: list[Path], placebo: list[Path], metric: str) -> list[dict]:
+    """At every sample count all runs evaluated: each arm's change from its base (the mean over seeds with its
+    t-interval; one seed: paired over the held-out conditions), and GRPO minus placebo paired as
+    grpo_minus_placebo pairs it (by seed, over conditions; Welch otherwise)."""
+    curves = {arm: [run_curve(r) for r in runs] for arm, runs in (("grpo", grpo), ("placebo", placebo))}
+    grid = sorted(set.intersection(*(set(c) for cs in curves.values() for c in cs)))
+    by_seed = {run_seed(r): c for r, c in zip(placebo, curves["placebo"], strict=True)}
+    paired = len(by_seed) == len(placebo) and all(run_seed(r) in by_seed for r in grpo) and None not in by_seed
+    rows = []
+    for n in grid:
+        row = {"samples": n}
+        for arm, cs in curves.items():
+            changes = [eval_change(c[0], c[n], metric) for c in cs]
+            row[arm] = changes[0][:2] if len(cs) == 1 else mean_interval([d[0] for d in changes])
+        if paired:
+            diffs = [eval_change(by_seed[run_seed(r)][n], c[n], metric) for r, c in zip(grpo, curves["grpo"],
+                                                                                     strict=True)]
+            row["difference"] = diffs[0][:2] if len(diffs) == 1 else mean_interval([d[0] for d in diffs])
+        else:
+            m, h, _ = welch_difference(*[[eval_change(c[0], c[n], metric)[0] for c in curves[a]]
+                                         for a in ("grpo", "placebo")])
+            row["difference"] = (m, h)
+        rows.append(row)
+    return rows
+
+
+def curve_table(rows: list[dict], metric: str) -> str:
+    lines = [f"**{metric} on the held-out grid** (change from each run's base; ± a 95% interval)", "",
+             "| samples trained | GRPO | placebo | GRPO minus placebo |", "|---|---|---|---|"]
+    lines += [f"| {r['samples']:,} | {fmt(*r['grpo'])} | {fmt(*r['placebo'])} | {fmt(*r['difference'])} |"
+              for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_curve_png(rows: list[dict], metric: str, path: Path, title: str = "") -> None:
+    """Two panels over the samples trained: each arm's change from its base with its interval shaded, and GRPO minus
+    placebo with its interval against 0."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = [r["samples"] for r in rows]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for arm, colour in (("grpo", "tab:blue"), ("placebo", "tab:grey")):
+        m = [r[arm][0] for r in rows]
+        h = [r[arm][1] if math.isfinite(r[arm][1]) else 0.0 for r in rows]
+        a.plot(x, m, marker="o", color=colour, label="GRPO" if arm == "grpo" else "placebo")
+        a.fill_between(x, [u - v for u, v in zip(m, h)], [u + v for u, v in zip(m, h)], color=colour, alpha=0.2)
+    m = [r["difference"][0] for r in rows]
+    h = [r["difference"][1] if math.isfinite(r["difference"][1]) else 0.0 for r in rows]
+    b.plot(x, m, marker="o", color="tab:green")
+    b.fill_between(x, [u - v for u, v in zip(m, h)], [u + v for u, v in zip(m, h)], color="tab:green", alpha=0.2)
+    for ax, name in ((a, f"{metric}: change from the base"), (b, "GRPO minus placebo")):
+        ax.axhline(0.0, color="black", lw=0.8)
+        ax.set_xlabel("samples trained")
+        ax.set_title(name)
+    a.legend()
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", type=Path, help="finished run folders (one per seed)")
     p.add_argument("--metric", action="append", required=True, help="an evaluation key, e.g. eval/cam_score")
     p.add_argument("--placebo", nargs="+", type=Path, default=[],
                    help="placebo runs (advantage.placebo=True) of the same preset: GRPO minus placebo per metric")
+    p.add_argument("--curve", type=Path, default=None,
+                   help="with --placebo: a folder for the held-out curve of each metric (curve_<metric>.png) over "
+                        "the runs' evaluation grid of sample counts; its table is printed too")
     args = p.parse_args(argv)
     text = report(args.runs, args.metric)
     if args.placebo:
         text += "\n" + placebo_report(args.runs, args.placebo, args.metric)
+    if args.curve is not None:
+        if not args.placebo:
+            raise SystemExit("--curve draws GRPO beside its placebo: give --placebo runs too")
+        args.curve.mkdir(parents=True, exist_ok=True)
+        for metric in args.metric:
+            rows = curve_rows(args.runs, args.placebo, metric)
+            text += "\n" + curve_table(rows, metric)
+            write_curve_png(rows, metric, args.curve / f"curve_{metric.replace('/', '_')}.png",
+                            f"{len(args.runs)} GRPO run(s) beside {len(args.placebo)} placebo run(s)")
     print(text)
     return text
 
