@@ -1,6 +1,7 @@
 """A run's reports, written once at its end: summary.md's before/after table, the verification and diagnosis
-reports (by their own scripts), and the evaluation summaries and comparison videos they read. Nothing here runs
-on the way to an optimizer step (recam.infra.runlog writes the records while training).
+reports (by their own scripts), and the evaluation summaries and comparison videos they read; and how a report
+prints a missing value (`fmt_or_na`, which the console's line per epoch uses too). Nothing here runs on the way to
+an optimizer step (recam.infra.runlog writes the records while training).
 """
 
 from __future__ import annotations
