@@ -392,6 +392,13 @@ def reward_signal(record: dict) -> dict:
     return {"zero_std_ratio": record["zero_std_ratio"], **reward_evidence(record)}
 
 
+def findings_record(findings: list[Finding]) -> tuple[list[dict], list[str]]:
+    """What a health record holds of the guard's findings (rule, severity, numbers), and the console's lines for the
+    ones above "info"; recam.infra.runlog writes both as they are."""
+    return ([{"rule": f.rule, "severity": f.severity, "numbers": f.numbers} for f in findings],
+            [f"health {f.severity}: {f.rule} {f.numbers}" for f in findings if f.severity != "info"])
+
+
 def nonfinite_findings(bad: list[str]) -> list[Finding]:
     """The critical finding for tensors (by name) left NaN or inf after an applied update; [] for none."""
     if not bad:

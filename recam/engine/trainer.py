@@ -28,7 +28,7 @@ from recam.engine.budget import RunBudget
 from recam.engine.containers import EpochResult, Groups, Rollouts, Scores, StepStats
 from recam.engine.domain import decode, element_mask, exploration_scheduler
 from recam.engine.evaluation import Evaluator
-from recam.engine.health import GradientCosine, diagnose_step, nonfinite_findings, reward_signal
+from recam.engine.health import GradientCosine, diagnose_step, findings_record, nonfinite_findings, reward_signal
 from recam.engine.hooks import run_hooks
 from recam.engine.noise_scale import NoiseScale
 from recam.engine.objective import MicroBatch, accumulating_backward, build_objective
@@ -327,7 +327,7 @@ class GRPOTrainer:
         self.log.step_record(self.global_step, self.epoch, m)
         self.history.append({**m, **signal})
         if findings:
-            self.log.health_record(self.global_step, self.epoch, findings)
+            self.log.health_record(self.global_step, self.epoch, *findings_record(findings))
         for h in self.hooks:
             h.after_step(self.global_step)
         return StepStats(self.global_step, m, findings, applied)
@@ -361,7 +361,7 @@ class GRPOTrainer:
         bad = union_over_processes(nonfinite_tensors(self.model, self.optimizer, self.ema), self.world_size)
         findings = nonfinite_findings(bad)
         if findings:
-            self.log.health_record(self.global_step, self.epoch, findings)
+            self.log.health_record(self.global_step, self.epoch, *findings_record(findings))
         return findings
 
     # ------------------------------------------------------------------------------------------------------

@@ -309,14 +309,14 @@ class RunLog:
             return []
         return [r for r in read_records(self.path) if r.get("type") == "eval"]
 
-    def health_record(self, step: int, epoch: int, findings) -> None:
+    def health_record(self, step: int, epoch: int, findings: list[dict], console: list[str] = ()) -> None:
+        """The guard's findings as the engine puts them (recam.engine.health.findings_record), and the lines of them
+        the console shows."""
         if not self.enabled:
             return
-        self._append({"type": "health", "step": step, "epoch": epoch,
-                      "findings": [{"rule": f.rule, "severity": f.severity, "numbers": f.numbers} for f in findings]})
-        for f in findings:
-            if f.severity != "info":
-                tqdm.write(f"[recam] health {f.severity}: {f.rule} {f.numbers}")
+        self._append({"type": "health", "step": step, "epoch": epoch, "findings": findings})
+        for line in console:
+            tqdm.write(f"[recam] {line}")
 
     def truncate_after(self, epoch: int, archive_reason: str | None = None, base_record: dict | None = None) -> None:
         """Drop records of epochs >= `epoch`: written by a run killed before checkpointing them, or rolled back.
