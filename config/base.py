@@ -143,7 +143,7 @@ def get_config() -> ml_collections.ConfigDict:
     # log each epoch's gradient noise scale B_simple = tr(Sigma) / |G|^2 (McCandlish et al. 2018) and the update's
     # signal share 1 / (1 + B_simple / B), estimated from the micro-batches' gradients of whole groups against the
     # step's (recam.engine.noise_scale): how many samples an update needs before its direction is mostly signal. Costs
-    # one fp32 copy of the trainable gradients and a squared norm per micro-batch (scripts/bench_noise_scale.py)
+    # one fp32 copy of the trainable gradients and a squared norm per micro-batch (scripts/bench/bench_noise_scale.py)
     c.train.noise_scale = True
     c.train.num_inner_epochs = 1  # passes over the epoch's samples
     c.train.gradient_accumulation_steps = 16  # micro-batches per optimizer step; 16 = the whole epoch in one step
@@ -319,7 +319,8 @@ def get_config() -> ml_collections.ConfigDict:
     # Batches are the engine's: samples per epoch = processes x sample.batch_size x sample.num_batches_per_epoch and
     # conditions per epoch = samples / sample.k (motion_tiny_cpu: 1 x 8 x 8 = 64 samples = 16 conditions x k 4).
     c.motion = ml_collections.ConfigDict()
-    c.motion.format = "base"  # "base": a scripts/pretrain_motion_base.py folder | "mdm": an MDM release's model*.pt
+    # "base": a scripts/pretrain/pretrain_motion_base.py folder | "mdm": an MDM release's model*.pt
+    c.motion.format = "base"
     c.motion.pretrained = "checkpoints/motion_tiny_base"  # the base folder, or the MDM .pt file (format "mdm")
     c.motion.mdm_args = ""  # mdm: path of args.json; "" = the args.json beside the .pt
     c.motion.mdm_use_ema = True  # mdm: an EMA checkpoint's averaged weights (model_avg), as MDM's own loaders take

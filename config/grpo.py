@@ -186,12 +186,12 @@ def toy():
 
 def motion_tiny_cpu():
     """The motion domain's embedded job: a tiny MDM (latent 64, 3 layers, 147k parameters) with its word-level text
-    encoder, pretrained on the synthetic text-to-motion world by scripts/pretrain_motion_base.py into
+    encoder, pretrained on the synthetic text-to-motion world by scripts/pretrain/pretrain_motion_base.py into
     checkpoints/motion_tiny_base, post-trained on that world's captions on one CPU process.
 
     Per epoch 1 process x 8 samples x 8 batches = 64 samples = 16 conditions x k 4; 20 DDIM steps over the cosine
     1000-step schedule, the 6 noisiest stochastic (eta 1) and trained, two optimizer steps. Rewards: motion_alignment
-    (checkpoints/motion_evaluator, from scripts/train_motion_evaluator.py) plus half-weighted motion_physics;
+    (checkpoints/motion_evaluator, from scripts/pretrain/train_motion_evaluator.py) plus half-weighted motion_physics;
     motion_retrieval reported; evaluation on 128 held-out captions (four pools of 32 for R-precision), graded by
     checkpoints/motion_grader (a transformer evaluator trained apart from the reward's GRU one) with the reward
     network's own numbers beside it, and 32 validation captions that choose the reported checkpoint. What these
@@ -274,9 +274,10 @@ def mdm_humanml3d_8npu():
     Nothing is downloaded; it expects MDM's HumanML3D release (models/MDM/humanml_trans_enc_512/model000475000.pt
     with its args.json), a local CLIP folder (models/clip-vit-base-patch32), the HumanML3D folder (data/HumanML3D:
     new_joint_vecs/, texts/, Mean.npy, Std.npy, train/val/test.txt) and a retrieval evaluator trained on it
-    (scripts/train_motion_evaluator.py --source humanml3d --root data/HumanML3D --out
-    checkpoints/motion_evaluator_humanml3d) and a grader trained apart from it (scripts/train_motion_evaluator.py
-    --source humanml3d --root data/HumanML3D --arch transformer --seed 1 --out checkpoints/motion_grader_humanml3d).
+    (scripts/pretrain/train_motion_evaluator.py --source humanml3d --root data/HumanML3D --out
+    checkpoints/motion_evaluator_humanml3d) and a grader trained apart from it
+    (scripts/pretrain/train_motion_evaluator.py --source humanml3d --root data/HumanML3D --arch transformer --seed 1
+    --out checkpoints/motion_grader_humanml3d).
     Held-out metrics on 512 test captions (16 pools of 32); 256 val captions choose the reported checkpoint."""
     c = motion_tiny_cpu()
     c.run_name = "mdm_humanml3d_8npu"
@@ -382,8 +383,8 @@ def tiny_gpu():
     issue 44). The batches are sized for an 80 GB GPU: a trained step keeps 24 MB per sample for its backward (the
     tiny transformer's attention at 8 x 32 x 32), so a micro-batch of 512 holds about 12 GB, and sampling holds no
     graph. Learning rate and recipe are tiny_cpu's: no setting's signal share at 128 samples stood apart from
-    another's; `python scripts/noise_sweep.py camera --preset tiny_gpu --out OUT` ranks them at 2,048 by their noise
-    scale. scripts/device_check.py
+    another's; `python scripts/measure/noise_sweep.py camera --preset tiny_gpu --out OUT` ranks them at 2,048 by
+    their noise scale. scripts/device_check.py
     runs it under a time cap (max_train_seconds)."""
     c = tiny_cpu()
     c.run_name = "tiny_gpu"
@@ -405,7 +406,7 @@ def motion_tiny_gpu():
     2,048 holds about 9 GB), and the epoch's stored states (7 per sample, 0.2 MB each) stay on the device, about
     24 GB. The synthetic world draws as many captions as asked, so every group of an update is a caption of its
     own. Learning rate and recipe are motion_tiny_cpu's (no setting's share at 64 samples stood apart; `python
-    scripts/noise_sweep.py motion --preset motion_tiny_gpu --out OUT` ranks them at this size)."""
+    scripts/measure/noise_sweep.py motion --preset motion_tiny_gpu --out OUT` ranks them at this size)."""
     c = motion_tiny_cpu()
     c.run_name = "motion_tiny_gpu"
     c.run_dir = "runs/motion_tiny_gpu"

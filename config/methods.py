@@ -1,6 +1,6 @@
 """Policy-optimisation methods as changes to a preset: `--config config/grpo.py:<preset>+<method>`.
 
-One list (METHODS) that scripts/bench_time_to_reward.py compares and any preset can take. Each method only sets
+One list (METHODS) that scripts/bench/bench_time_to_reward.py compares and any preset can take. Each method only sets
 the fields that define it; everything else (model, rewards, group size, conditions per epoch, evaluation) stays the
 preset's, so methods differ in the algorithm alone. Formulas: recam/engine/extensions/fast_objectives.py (objectives)
 and recam/engine/rollout.py (windows, solvers); defaults and their sources in docs/time_to_reward.md.

@@ -1,6 +1,6 @@
 """--config.plugins: modules of the user's own, imported before validation, so that what they register (rewards,
 with rewards.register_reward; policy losses, with recam.engine.losses.register_policy_loss) is known to validation
-and to the run without editing the project. The entry points (scripts/train_recam.py, scripts/at_base.py) call
+and to the run without editing the project. The entry points (scripts/train_recam.py, scripts/measure/at_base.py) call
 `import_plugins` first, then `add_loss_settings`."""
 
 from __future__ import annotations

@@ -11,8 +11,7 @@ import math
 
 import ml_collections
 
-from recam.engine.containers import RunNumbers
-from recam.engine.rollout import StepPlan, latest_window_start, trained_steps
+from recam.engine.plan import RunNumbers, StepPlan, latest_window_start, trained_steps
 from recam.infra.config_checks import (  # noqa: F401  (ConfigError, eval_report_rewards: re-exported for callers)
     ConfigError,
     FieldChecks,
@@ -165,7 +164,7 @@ def derived_numbers(config: ml_collections.ConfigDict, num_processes: int) -> Ru
 
 
 def step_plan(config: ml_collections.ConfigDict) -> StepPlan:
-    """The run's trained steps and window (recam.engine.rollout.StepPlan), from sample.* and train.*."""
+    """The run's trained steps and window (recam.engine.plan.StepPlan), from sample.* and train.*."""
     from recam.engine.objective import objective_needs
 
     s = config.sample
@@ -198,7 +197,8 @@ def check_window_and_objective(config: ml_collections.ConfigDict) -> None:
     above)."""
     from recam.engine.extensions.fast_objectives import AWM_WEIGHTINGS, FP_TIMESTEP_SAMPLING, fp_level_count
     from recam.engine.objective import objective_needs
-    from recam.engine.rollout import ODE_SOLVERS, SOLVER_SCOPES, WINDOW_MODES
+    from recam.engine.plan import WINDOW_MODES
+    from recam.engine.rollout import ODE_SOLVERS, SOLVER_SCOPES
 
     s, t = config.sample, config.train
     check_choice(config, "sample.window_mode", WINDOW_MODES)

@@ -1,5 +1,5 @@
-"""scripts/base_report.py: a base's held-out samples, the rewards' ceiling and floor and the signal share, and the
-comparison table's paired changes (by hand)."""
+"""scripts/measure/base_report.py: a base's held-out samples, the rewards' ceiling and floor and the signal share, and
+the comparison table's paired changes (by hand)."""
 
 import json
 import math
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from config import grpo  # noqa: E402
-from scripts import base_report  # noqa: E402
+from scripts.measure import base_report  # noqa: E402
 
 
 def test_measure_reads_the_base_its_ceiling_and_the_signal():

@@ -2,7 +2,7 @@
 translating trajectory families and three rotation-only / static ones, under four degradations; then the same world
 exported in ReCamMaster's layout, loaded back, and a real-data preset run on it.
 
-Frames are cut from the benchmark's 16 (scripts/bench_cam_score.py, docs/results.md) to 8 at the same 256 x 448 so
+Frames are cut from the benchmark's 16 (scripts/bench/bench_cam_score.py, docs/results.md) to 8 at the same 256 x 448 so
 the sweep takes under a minute on two cores. At 192 x 336 the half-resolution degradation (96 x 168) is too small
 for forward motion: dolly and zoom there came out right or wrong with RANSAC's seed.
 """
@@ -26,7 +26,7 @@ from recam.domains.camera.world import c2w_to_w2c, collate_conditions
 from rewards.cam_score import CamScore, CamScoreSettings
 from rewards.pose import to_uint8_frames
 from rewards.pose.sfm import SfMSettings
-from scripts.bench_cam_still import standing_still
+from scripts.bench.bench_cam_still import standing_still
 
 ROOT = Path(__file__).resolve().parents[1]
 TRANSLATING = ("orbit", "dolly", "truck", "zoom", "orbit+truck", "orbit+dolly")

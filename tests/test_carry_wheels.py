@@ -1,4 +1,4 @@
-"""scripts/carry_wheels.py: the wheels an accelerator machine without network installs, downloaded for its Python
+"""scripts/tools/carry_wheels.py: the wheels an accelerator machine without network installs, downloaded for its Python
 (3.12), installed offline, and imported from where they went."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("carry_wheels", ROOT / "scripts" / "carry_wheels.py")
+_spec = importlib.util.spec_from_file_location("carry_wheels", ROOT / "scripts" / "tools" / "carry_wheels.py")
 carry_wheels = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(carry_wheels)
 

@@ -618,10 +618,10 @@ def test_the_guide_lists_exactly_the_fields_a_resume_may_change():
 
 @needs_base
 def test_the_smoke_run_repeats_its_committed_numbers(finished):
-    """The standing fingerprint of this module's smoke run (scripts/run_fingerprint.py; the toy run's is in
+    """The standing fingerprint of this module's smoke run (scripts/tools/run_fingerprint.py; the toy run's is in
     tests/test_fingerprint.py): the records' structure exactly, their floats and the final weights within the
     tolerances measured across CPU code paths and thread counts and recorded in the file."""
-    from scripts.run_fingerprint import check
+    from scripts.tools.run_fingerprint import check
 
     committed = ROOT / "tests" / "fingerprints" / "smoke.json"
     assert json.loads(committed.read_text())["command"] == ["scripts/train_recam.py", *TRAIN[2:]]

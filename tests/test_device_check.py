@@ -1,6 +1,7 @@
-"""scripts/device_check.py: every stage at tiny sizes on the CPU writes every key a GPU run reports, a stage that
-runs out of time is recorded without losing the others, the learning stage's interval is a paired t-interval, and
-its runs draw a held-out curve, come back small and continue in a later window (--resume)."""
+"""scripts/device_check.py: every stage at tiny sizes on the CPU writes every key a GPU run reports (each stage's
+module in scripts/device_stages/ names them), a stage that runs out of time is recorded without losing the others,
+the learning stage's interval is a paired t-interval, and its runs draw a held-out curve, come back small and
+continue in a later window (--resume)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("device_check", ROOT / "scripts" / "device_check.py")
 device_check = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(device_check)
+_spec.loader.exec_module(device_check)  # puts the repository on sys.path, for the stage modules below
+
+from recam.infra.stats import paired_change  # noqa: E402
+from scripts.device_stages import bundle, learning  # noqa: E402
 
 KEYS = {
     "recam": ("sampling_step_s", "trained_step_s", "peak_memory_gib", "mfu", "first_step_ratio_dev_bf16",
@@ -43,7 +47,7 @@ def check_tiny(*args: str) -> tuple[int, dict]:
 
 
 def log_records(run_dir: Path) -> list[dict]:
-    with gzip.open(run_dir / device_check.PACKED_LOG, "rt") as f:
+    with gzip.open(run_dir / bundle.PACKED_LOG, "rt") as f:
         return [json.loads(line) for line in f]
 
 
@@ -97,13 +101,26 @@ def test_tiny_run_writes_every_key(tiny):
         run = out / "runs" / ("tiny_gpu" if name == "camera" else "motion_tiny_gpu")
         folders = sorted(p.name for p in (run / "checkpoints").glob("epoch_*"))
         assert folders == learning["bundle"]["checkpoints"] and "epoch_0001" in folders and len(folders) <= 2
-        assert not (run / "metrics.jsonl").exists() and (run / device_check.PACKED_LOG).exists()
+        assert not (run / "metrics.jsonl").exists() and (run / bundle.PACKED_LOG).exists()
         assert learning["bundle"]["bytes"] == sum(p.stat().st_size for p in run.rglob("*") if p.is_file())
     assert r["learning"]["motion"]["score"] == "eval/r_precision_top3"  # its gain paired per caption
     assert set(r["overhead"]) == {"recam_sampling", "recam_training", "motion_sampling", "motion_training"}
     summary = (out / "device_check.md").read_text()
     assert "# Device check: cpu" in summary and "sampling_step_s" in summary and "learning" in summary
     assert "### camera: held-out curve" in summary and "| start | 0 |" in summary
+
+
+def test_each_stage_reports_the_keys_its_module_names(tiny):
+    _, r = tiny
+    for name, module in device_check.STAGE_MODULES.items():
+        entries = [r[name][run] for run in ("camera", "motion")] if name == "learning" else [r[name]]
+        for entry in entries:
+            if name == "fsdp" and "skipped" in entry:  # the CPU: accelerate's FSDP needs an accelerator
+                continue
+            missing = [k for k in module.KEYS if k not in entry]
+            assert not missing, (name, missing)
+        assert set(module.CAP) == set(module.SIZES) == {"full", "tiny"}
+        assert device_check.SIZES["tiny"]["caps"][name] == module.CAP["tiny"]
 
 
 def test_a_learning_run_continues_in_a_later_window(tmp_path):
@@ -146,13 +163,13 @@ def test_a_learning_run_continues_in_a_later_window(tmp_path):
 def test_seconds_per_update_and_the_device_share_are_none_where_no_record_has_them():
     epochs = [{"epoch_seconds": 30.0, "optimizer_steps": [{}]}, {"epoch_seconds": 20.0, "optimizer_steps": [{}, {}]},
               {"epoch_seconds": 12.0, "optimizer_steps": [{}]}]
-    t = device_check.update_timing(epochs)
+    t = learning.update_timing(epochs)
     assert t["seconds_per_update"] == 12.0 and t["epochs_device_timed"] == 0
     assert t["seconds_device"] is t["seconds_host"] is t["device_share"] is None
     epochs[0].update(seconds_device=20.0, seconds_host=10.0)
     epochs[1].update(seconds_device=16.0, seconds_host=None)  # not measured there: left out, not counted as 0
     epochs[2].update(seconds_device=8.0, seconds_host=4.0)
-    t = device_check.update_timing(epochs)
+    t = learning.update_timing(epochs)
     assert t["epochs_device_timed"] == 2 and t["seconds_device"] == 14.0 and t["seconds_host"] == 7.0
     assert t["device_share"] == pytest.approx(28 / 42)
 
@@ -169,7 +186,7 @@ def test_a_stage_past_its_cap_is_recorded_and_the_others_still_run(tmp_path, mon
 def test_paired_gain_is_the_t_interval_of_the_differences():
     before, after = [0.1, 0.2, None, 0.4, 0.3], [0.2, 0.2, 0.5, 0.7, float("nan")]
     diffs = [0.1, 0.0, 0.3]  # conditions scored in both evaluations only
-    mean, half, n = device_check.paired_change(before, after)
+    mean, half, n = paired_change(before, after)
     assert n == 3 and mean == pytest.approx(statistics.fmean(diffs))
     assert half == pytest.approx(4.303 * statistics.stdev(diffs) / math.sqrt(3), rel=2e-4)  # t_{0.975, 2}
 
@@ -179,9 +196,9 @@ def test_a_longer_learning_run_gets_a_cap_that_holds_it_and_unknown_presets_are_
     device_check.set_learning("full", 240.0, "motion_tiny_gpu")
     size = device_check.SIZES["full"]
     assert size["learning"]["presets"] == ("motion_tiny_gpu",) and size["learning"]["seconds"] == 240.0
-    assert size["caps"]["learning"] == 240 + device_check.LEARNING_MARGIN_S + 10  # one run, its margin
+    assert size["caps"]["learning"] == 240 + learning.LEARNING_MARGIN_S + 10  # one run, its margin
     device_check.set_learning("full", 100.0, "tiny_gpu,motion_tiny_gpu")  # two runs, one after the other
-    assert size["caps"]["learning"] == 2 * (100 + device_check.LEARNING_MARGIN_S) + 10
+    assert size["caps"]["learning"] == 2 * (100 + learning.LEARNING_MARGIN_S) + 10
     with pytest.raises(SystemExit, match="unknown \\['camera'\\]"):
         device_check.set_learning("full", None, "camera")
     with pytest.raises(SystemExit, match="must be positive"):  # num_epochs never ends these runs: the cap must
@@ -196,14 +213,14 @@ def test_a_bundle_keeps_the_checkpoints_its_pointers_name_and_prunes_nothing_whe
     (run / "checkpoints" / "latest").write_text("epoch_0002")
     (run / "checkpoints" / "selected").write_text("epoch_0000")
     (run / "metrics.jsonl").write_text('{"type": "epoch", "epoch": 0}\n')
-    out = device_check.pack(run)
+    out = bundle.pack(run)
     assert out["checkpoints"] == ["epoch_0000", "epoch_0002"] and "pruned" not in out
     assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.is_dir()) == ["epoch_0000", "epoch_0002"]
     assert log_records(run) == [{"type": "epoch", "epoch": 0}] and not (run / "metrics.jsonl").exists()
     assert out["bytes"] == sum(p.stat().st_size for p in run.rglob("*") if p.is_file())
 
     (run / "checkpoints" / "latest").write_text("epoch_0009")  # names nothing there: no guess at what to keep
-    out = device_check.pack(run)
+    out = bundle.pack(run)
     assert "nothing" in out["pruned"] and out["checkpoints"] == ["epoch_0000", "epoch_0002"]
 
 
@@ -216,7 +233,7 @@ def test_a_bundle_whose_checkpoint_fails_its_manifest_is_not_continued(tmp_path)
         "state.json": {"bytes": 3, "sha256": "0" * 64}}}))
     (prior / "checkpoints" / "latest").write_text("epoch_0001")
     size = device_check.SIZES["tiny"]["learning"]
-    out = device_check.run_preset("motion_tiny_gpu", size, tmp_path / "out", 60, prior)
+    out = learning.run_preset("motion_tiny_gpu", size, tmp_path / "out", 60, prior)
     assert "CheckpointCorrupt" in out["error"] and "state.json" in out["error"]
     assert not (tmp_path / "out" / "runs" / "motion_tiny_gpu").exists()  # nothing half-copied stays behind
 
@@ -228,7 +245,7 @@ def test_the_committed_learning_runs_continue_from_pickle_free_checkpoints(tmp_p
     from recam.infra.checkpoint import LEGACY_TRAINER, read_pointer, read_trainer_state, verify_checkpoint
 
     prior = ROOT / "docs" / "learning_gpu" / "runs" / preset
-    carried = device_check.carry_over(prior, tmp_path / "run")
+    carried = bundle.carry_over(prior, tmp_path / "run")
     root = tmp_path / "run" / "checkpoints"
     assert carried["checkpoint"] == read_pointer(root) and carried["epochs"] > 0
     for ckpt in sorted(root.glob("epoch_*")):
@@ -240,4 +257,4 @@ def test_the_committed_learning_runs_continue_from_pickle_free_checkpoints(tmp_p
     manifest["files"][LEGACY_TRAINER] = {"bytes": 8, "sha256": hashlib.sha256(b"a pickle").hexdigest()}
     (legacy / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(RuntimeError, match=f"{LEGACY_TRAINER} is a pickle .*convert_checkpoints.py"):
-        device_check.carry_over(tmp_path / "run", tmp_path / "again")
+        bundle.carry_over(tmp_path / "run", tmp_path / "again")

@@ -128,9 +128,9 @@ def test_a_rollout_reads_only_the_draws_its_stochastic_steps_use():
 
 
 def test_the_host_bench_prices_each_part_and_sums_them(monkeypatch):
-    """scripts/bench_update_cpu.py at a small size: the parts it times are there, positive, and the host total is
+    """scripts/bench/bench_update_cpu.py at a small size: the parts it times are there, positive, and the host total is
     their sum (camera: PnP included; motion: no PnP)."""
-    from scripts import bench_update_cpu as bench
+    from scripts.bench import bench_update_cpu as bench
 
     noise, records = bench.bench_noise(1, 1, 2), bench.bench_records(1)
     assert set(noise) == set(records) == {"tiny_gpu", "motion_tiny_gpu"}

@@ -17,8 +17,8 @@ _spec.loader.exec_module(diagnose_script)
 
 
 def step_metrics(step):
-    """One optimizer step's metrics as the trainer's guard sees them (runlog.step_metrics: no step, no epoch, no
-    reward; the epoch's reward signal is merged in by the trainer)."""
+    """One optimizer step's metrics as the trainer's guard sees them (recam.engine.records.step_metrics: no step, no
+    epoch, no reward; the epoch's reward signal is merged in by the trainer)."""
     return {"loss": 0.01 * (-1) ** step, "policy_loss": 0.0096 * (-1) ** step, "kl_penalty": 1e-4,
             "mean_ratio": 1.0003, "ratio_min": 0.998, "ratio_max": 1.004, "clipfrac": 0.04, "approx_kl": 2e-6,
             "mean_log_prob_current": 1.31, "mean_log_prob_old": 1.31, "mean_log_prob_ref": 1.30,
@@ -29,8 +29,8 @@ FIDELITY = [0.30, 0.35, 0.40, 0.45, 0.32, 0.37, 0.42, 0.47]
 
 
 def epoch_record(e, step, cam, *, steps=2, constraint_weight=None, fidelity=FIDELITY):
-    """An epoch record as runlog.epoch_record writes it, rewards per sample: cam_score `cam`, fidelity, and their
-    average; `steps` optimizer steps taken."""
+    """An epoch record as recam.engine.records.epoch_record builds it, rewards per sample: cam_score `cam`, fidelity,
+    and their average; `steps` optimizer steps taken."""
     avg = [(c + f) / 2 for c, f in zip(cam, fidelity, strict=True)]
     rec = {"type": "epoch", "epoch": e, "step": step, "rewards/avg": [[a, a] for a in avg],
            "rewards/cam_score": list(cam), "rewards/fidelity": list(fidelity),

@@ -620,7 +620,7 @@ def test_step_gradients_script_tables_every_trained_step():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    p = subprocess.run([sys.executable, "scripts/step_gradients.py", "--config", "config/grpo.py:toy",
+    p = subprocess.run([sys.executable, "scripts/measure/step_gradients.py", "--config", "config/grpo.py:toy",
                         "--config.toy.pretrain_steps=20", "--conditions", "4"], cwd=root, capture_output=True,
                        text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]

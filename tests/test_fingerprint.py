@@ -4,7 +4,7 @@ written into the file (the smoke run's is checked in tests/test_checkpoint_integ
 makes). The same run on another CPU path passes; a learning-rate or reward-weight change of 1e-3 fails. A change
 that moves a number fails here until its commit rewrites the file, saying why, with the command the file records:
 
-    python scripts/run_fingerprint.py --write tests/fingerprints/toy.json --command "<the command>"
+    python scripts/tools/run_fingerprint.py --write tests/fingerprints/toy.json --command "<the command>"
 """
 
 import json
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from scripts.run_fingerprint import (
+from scripts.tools.run_fingerprint import (
     MARGIN,
     RTOL_FLOOR,
     SETTINGS,

@@ -1,4 +1,4 @@
-"""scripts/import_graph.py: cycles found in a hand-made graph, imports read from source (relative, lazy, and
+"""scripts/tools/import_graph.py: cycles found in a hand-made graph, imports read from source (relative, lazy, and
 TYPE_CHECKING-only ones), and the project's own graph readable end to end."""
 
 import sys
@@ -6,7 +6,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts import import_graph  # noqa: E402
+from scripts.tools import import_graph  # noqa: E402
 
 
 def test_cycles_are_the_strongly_connected_components():
@@ -61,3 +61,22 @@ def test_the_core_engine_never_imports_its_research_extensions():
     assert "recam.engine.trainer" in core and "recam.engine.objective" in core
     into = sorted(f"{m} -> {t}" for m, ts in core.items() for t in ts if t.startswith("recam.engine.extensions"))
     assert into == []
+
+
+def test_no_two_files_import_each_other_and_infra_imports_nothing_above_it():
+    # a cycle between files hides inside a package, where package_edges does not look (containers <-> rollout and
+    # reports <-> runlog were two, issue 55); infra importing the engine would be infra knowing what GRPO records
+    edges, files = import_graph.graph()
+    assert import_graph.cycles(edges) == []
+    assert import_graph.infra_imports_above(edges, files) == []
+    text = import_graph.main([])
+    assert "file import cycles: 0" in text and "imports from recam.infra into the packages above it: 0" in text
+
+
+def test_importing_a_module_from_its_package_is_an_edge_to_the_module_alone(tmp_path):
+    src = tmp_path / "mod.py"
+    src.write_text("from pkg import sub\nfrom pkg import thing\n")
+    got = import_graph.imports_of(src, "other.mod", {"pkg", "pkg.sub"})
+    assert got == {"pkg.sub", "pkg"}  # `thing` is no module: it comes from pkg/__init__.py
+    src.write_text("from pkg import sub\n")
+    assert import_graph.imports_of(src, "other.mod", {"pkg", "pkg.sub"}) == {"pkg.sub"}

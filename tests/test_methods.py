@@ -15,7 +15,7 @@ from config.grpo import get_config  # noqa: E402
 from config.methods import METHODS, apply_method  # noqa: E402
 from config.validate import step_plan, validate  # noqa: E402
 from recam.engine.rollout import rollout  # noqa: E402
-from scripts.bench_time_to_reward import (  # noqa: E402
+from scripts.bench.bench_time_to_reward import (  # noqa: E402
     first_reach,
     mean_interval,
     read_run,
@@ -201,7 +201,7 @@ def test_update_agreement_is_read_from_the_steps_and_averaged_per_seed_then_over
 
     args = types.SimpleNamespace(preset="toy", seeds=[0, 1], parallel=1, threads=1, budget_s=60.0, eval_every_s=30.0,
                                  report_only=False, reused=0, runs_dir="runs/x")
-    write_markdown(tmp_path / "report.md", s, "r", "python scripts/bench_time_to_reward.py", args)
+    write_markdown(tmp_path / "report.md", s, "r", "python scripts/bench/bench_time_to_reward.py", args)
     rows = {line.split(" | ")[0].strip("| "): line for line in (tmp_path / "report.md").read_text().splitlines()
             if line.startswith("| base | 1.0") or line.startswith("| old | 1.0")}
     assert rows["base"].endswith("| 0.035 ± 0.191 |") and rows["old"].endswith("| n/a |")

@@ -294,7 +294,7 @@ def test_bad_text_embedding_shape_raises():
 
 def test_committed_checkpoint_loads():
     if not (CHECKPOINT / "config.json").is_file():
-        pytest.skip(f"committed checkpoint {CHECKPOINT} not produced yet (scripts/pretrain_base.py makes it)")
+        pytest.skip(f"committed checkpoint {CHECKPOINT} not produced yet (scripts/pretrain/pretrain_base.py makes it)")
     model = ReCamTransformer3DModel.from_pretrained(CHECKPOINT).eval()
     assert model.config.in_channels == 3
     # Pretraining must have moved the camera encoders away from their zero init.
@@ -312,7 +312,7 @@ def test_committed_checkpoint_loads():
 def _load_pretrain_script():
     import importlib.util
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "pretrain_base.py"
+    path = Path(__file__).resolve().parents[1] / "scripts" / "pretrain" / "pretrain_base.py"
     spec = importlib.util.spec_from_file_location("pretrain_base", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -697,12 +697,12 @@ def test_t2m_loader_errors(tmp_path):
 
 
 def test_training_script_saves_the_architecture_and_evaluate_reproduces_its_numbers(tmp_path):
-    """scripts/train_motion_evaluator.py --arch transformer writes the architecture into evaluator.json and
+    """scripts/pretrain/train_motion_evaluator.py --arch transformer writes the architecture into evaluator.json and
     provenance.json, and --evaluate on the saved folder measures the same held-out numbers (same split, same
     shuffles) as the training run recorded."""
     import importlib.util
 
-    path = ROOT / "scripts" / "train_motion_evaluator.py"
+    path = ROOT / "scripts" / "pretrain" / "train_motion_evaluator.py"
     spec = importlib.util.spec_from_file_location("train_motion_evaluator", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)

@@ -1,4 +1,4 @@
-"""scripts/noise_sweep.py: every setting it runs is a valid config, and its table's noise scale, interval and
+"""scripts/measure/noise_sweep.py: every setting it runs is a valid config, and its table's noise scale, interval and
 seconds to a cosine of 1/2 are the hand-computed ones from a run's epoch records."""
 
 import json
@@ -8,7 +8,7 @@ import pytest
 
 from config import grpo
 from config.validate import validate
-from scripts import noise_sweep
+from scripts.measure import noise_sweep
 
 
 def _with_overrides(name: str, overrides: list[str]):

@@ -1,5 +1,5 @@
-"""scripts/pretrain_motion_base.py: a run cut in two stages (--stop-at, then --resume) ends with the same base, bit
-for bit, as the run in one go; a resume with other arguments is refused by name."""
+"""scripts/pretrain/pretrain_motion_base.py: a run cut in two stages (--stop-at, then --resume) ends with the same
+base, bit for bit, as the run in one go; a resume with other arguments is refused by name."""
 
 import importlib.util
 import json
@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("pretrain_motion_base", ROOT / "scripts" / "pretrain_motion_base.py")
+    spec = importlib.util.spec_from_file_location("pretrain_motion_base",
+                                                  ROOT / "scripts" / "pretrain" / "pretrain_motion_base.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -18,7 +18,8 @@ from torch.distributions import Normal
 
 from config import grpo
 from config.validate import ConfigError, validate
-from recam.engine.rollout import deterministic_sample, per_sample_noise, rescore, rollout, window_start
+from recam.engine.plan import window_start
+from recam.engine.rollout import deterministic_sample, per_sample_noise, rescore, rollout
 from recam.engine.scheduler import DDIMScheduler, FlowMatchScheduler
 from recam.engine.sde import flow_dpm2_step
 

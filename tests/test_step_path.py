@@ -1,4 +1,4 @@
-"""scripts/step_path.py: the files a run executes on its way to one optimizer step (docs/architecture.md's
+"""scripts/tools/step_path.py: the files a run executes on its way to one optimizer step (docs/architecture.md's
 numbers), on the toy preset."""
 
 import os
@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _path(tmp_path, *extra):
-    p = subprocess.run([sys.executable, "scripts/step_path.py", "--config", "config/grpo.py:toy",
+    p = subprocess.run([sys.executable, "scripts/tools/step_path.py", "--config", "config/grpo.py:toy",
                         f"--config.run_dir={tmp_path / 'run'}", *extra], cwd=ROOT, capture_output=True, text=True,
                        timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]

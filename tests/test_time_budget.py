@@ -17,13 +17,13 @@ import pytest
 import torch
 
 from config import grpo
+from recam.engine import records
 from recam.engine.budget import time_eval_tag
 from recam.engine.containers import EpochResult, StepStats
 from recam.engine.diagnosis import diagnose_epoch
 from recam.engine.extensions.old_policy import KeepsOldPolicy, decode_tensors, encode_tensors
 from recam.engine.health import diagnose_step
 from recam.engine.objective import OBJECTIVES, register_objective
-from recam.infra import runlog
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = grpo.get_config("toy")
@@ -236,7 +236,7 @@ def test_absent_ratios_are_skipped_by_the_guard_and_the_logs():
     assert not any("ratio" in f.rule for f in findings)
     findings = diagnose_epoch({"epoch": 0, "step": 1, "first_step_ratio_deviation": None}, [])
     assert not any("ratio" in f.rule or "first_step" in f.rule for f in findings)
-    assert "n/a" in runlog.epoch_line({"epoch": 0, "step": 1, "first_step_ratio_deviation": None})
+    assert "n/a" in records.epoch_line({"epoch": 0, "step": 1, "first_step_ratio_deviation": None})
 
 
 def test_tensors_survive_the_side_file_encoding_exactly():

@@ -1,4 +1,4 @@
-"""How much of an update is signal: grad_cosine_prev, the update_noise finding, scripts/gradient_agreement.py,
+"""How much of an update is signal: grad_cosine_prev, the update_noise finding, scripts/measure/gradient_agreement.py,
 and sample.same_initial_noise."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from recam.engine.health import (  # noqa: E402
     flat_cosine,
 )
 from recam.infra.stats import mean_interval, t975  # noqa: E402
-from scripts.gradient_agreement import (  # noqa: E402
+from scripts.measure.gradient_agreement import (  # noqa: E402
     agreement,
     epoch_gradients,
     samples_for_half,
@@ -224,8 +224,8 @@ def test_the_script_s_per_step_split_sums_to_the_trainer_s_gradient_and_runs_log
 
 
 def test_signal_sweep_runs_each_setting_once_and_resumes(tmp_path):
-    """scripts/signal_sweep.sh with a stand-in for python that records its arguments and writes each --out: every
-    setting is run once with its overrides, a rerun skips the finished ones, and the table gets every record."""
+    """scripts/measure/signal_sweep.sh with a stand-in for python that records its arguments and writes each --out:
+    every setting is run once with its overrides, a rerun skips the finished ones, and the table gets every record."""
     calls = tmp_path / "calls.txt"
     fake = tmp_path / "fake_python"
     fake.write_text(f"""#!/usr/bin/env bash
@@ -240,14 +240,15 @@ done
     out = tmp_path / "motion"
 
     def sweep(*extra, folder=out):
-        return subprocess.run(["bash", str(root / "scripts/signal_sweep.sh"), "motion", str(folder), "3", *extra],
+        return subprocess.run(["bash", str(root / "scripts/measure/signal_sweep.sh"), "motion", str(folder), "3",
+                               *extra],
                               env={**os.environ, "PYTHON": str(fake)}, capture_output=True, text=True,
                               check=True)
 
     sweep()
     lines = calls.read_text().splitlines()
     runs = [x for x in lines if "--out" in x]
-    tables = [x for x in lines if x.startswith("scripts/gradient_agreement.py --table")]
+    tables = [x for x in lines if x.startswith("scripts/measure/gradient_agreement.py --table")]
     assert len(runs) == 11 and len(tables) == 1 and len(tables[0].split(",")) == 11
     assert all("--config.num_threads=1" in x and "--repeats 3" in x for x in runs)
     k16 = next(x for x in runs if "--label k 16" in x)

@@ -604,7 +604,7 @@ def test_policy_gradient_norms_on_the_tiny_recam_model(lora):
 
 def test_trained_recam_gradient_norms_vary_across_samples_where_the_old_proxy_does_not():
     if not (CHECKPOINT / "config.json").is_file():
-        pytest.skip(f"committed checkpoint {CHECKPOINT} not produced yet (scripts/pretrain_base.py makes it)")
+        pytest.skip(f"committed checkpoint {CHECKPOINT} not produced yet (scripts/pretrain/pretrain_base.py makes it)")
     model = ReCamTransformer3DModel.from_pretrained(CHECKPOINT).eval()
     world = SyntheticWorld("train", 8)
     batch = collate_conditions([world[i] for i in (0, 0, 5, 5)])  # two conditions, two copies each

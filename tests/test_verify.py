@@ -10,6 +10,7 @@ import torch
 from config.base import get_config
 from recam import verify
 from recam.engine.advantages import broadcast_over_timesteps, group_advantages
+from recam.engine.records import epoch_line, verification_record
 from recam.engine.reward_runner import exclusion_mask, masked_group_advantages
 from recam.engine.sampler import global_batch_indices
 from recam.infra import reports, runlog
@@ -72,7 +73,7 @@ def make_epoch(epoch, step, failed=(), policy="sample"):
     keep, exclusion = exclusion_mask(torch.isfinite(rewards["avg"]), idx, policy)
     adv, _, stats = masked_group_advantages(rewards["avg"], idx, keep)
     ids = [f"scene{i // 4:03d}/traj{i % 4}" for i in idx.tolist()]
-    rec = runlog.epoch_record(epoch, step, _derived(), ids, idx, rewards, broadcast_over_timesteps(adv, T), stats,
+    rec = verification_record(epoch, step, _derived(), ids, idx, rewards, broadcast_over_timesteps(adv, T), stats,
                               0.1)
     rec["excluded"] = (~keep).tolist()
     rec.update(exclusion)
@@ -1017,12 +1018,12 @@ def test_epoch_line_prints_missing_values_as_na():
     records = records_with({1: [_gathered_indices(1).tolist().index(i) for i in dict.fromkeys(
         _gathered_indices(1).tolist())]}, policy="group")
     rec = epoch_rec(records, 1)  # no optimizer step: first_step_ratio_deviation None, zero_std_ratio NaN
-    line = runlog.epoch_line(rec)
+    line = epoch_line(rec)
     assert "first-step |ratio-1| n/a" in line and "zero_std_ratio n/a" in line and "loss n/a" in line
     assert f"kept 0/{N} samples" in line
     rec["reward_unifiedscore"] = float("nan")
-    assert "reward_unifiedscore n/a" in runlog.epoch_line(rec)
-    ok = runlog.epoch_line(epoch_rec(records, 0))
+    assert "reward_unifiedscore n/a" in epoch_line(rec)
+    ok = epoch_line(epoch_rec(records, 0))
     assert "n/a" not in ok and "first-step |ratio-1| 2.00e-04" in ok and f"kept {N}/{N} samples" in ok
 
 
@@ -1038,9 +1039,10 @@ def test_summarise_eval_leaves_missing_values_out_and_summary_prints_na(tmp_path
     assert none["val/unifiedscore"] != none["val/unifiedscore"]  # NaN: no value at all
     log = runlog.RunLog(tmp_path, get_config(), enabled=False)
     log.run_dir = tmp_path
-    text = log.summary({"eval/cam_score": 0.5, "eval/unifiedscore": float("nan")},
-                       {"eval/cam_score": 0.75, "eval/unifiedscore": 0.5},
-                       rows=(("cam_score", "eval/cam_score"), ("judge", "eval/unifiedscore"), ("gone", "eval/x")))
+    text = reports.write_summary(log, {"eval/cam_score": 0.5, "eval/unifiedscore": float("nan")},
+                                 {"eval/cam_score": 0.75, "eval/unifiedscore": 0.5},
+                                 rows=(("cam_score", "eval/cam_score"), ("judge", "eval/unifiedscore"),
+                                       ("gone", "eval/x")))
     assert "| cam_score | 0.5000 | 0.7500 | +0.2500 |" in text
     assert "| judge | n/a | 0.5000 | n/a |" in text and "gone" not in text
 
@@ -1057,9 +1059,9 @@ def test_summary_change_carries_the_paired_interval_over_conditions(tmp_path):
     log = runlog.RunLog(tmp_path, get_config(), enabled=False)
     log.run_dir = tmp_path
     rows = (("cam_score", "eval/cam_score"), ("R@3", "eval/r_precision_top3"))
-    text = log.summary(base, late, rows=rows)
+    text = reports.write_summary(log, base, late, rows=rows)
     assert f"| cam_score | 0.2500 | 0.3667 | {diffs.mean():+.4f} ± {half:.4f} |" in text
     assert "| R@3 | 0.5000 | 0.6250 | +0.1250 |" in text and "paired 95% t-interval" in text
     selected = {**late, "checkpoint": "epoch_0002"}
-    text = log.summary(base, base, rows=rows, selected=selected, selection="best val")
+    text = reports.write_summary(log, base, base, rows=rows, selected=selected, selection="best val")
     assert f"| {diffs.mean():+.4f} ± {half:.4f} | +0.0000 ± 0.0000 |" in text

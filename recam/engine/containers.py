@@ -3,14 +3,10 @@ processes (gathered in rank order), T trained steps, sample_shape the domain's (
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:
-    from recam.engine.rollout import StepPlan
 
 
 @dataclass
@@ -120,25 +116,3 @@ class Batch:
     index: torch.Tensor
     conditions: list
     inputs: Any
-
-
-@dataclass(frozen=True)
-class RunNumbers:
-    """A run's numbers derived from its config, as typed values resolved once at the edge (config.validate) and
-    passed down, so that the engine never recomputes them from a config: samples and unique conditions per batch
-    and epoch (logged with every epoch record), and the trained steps."""
-
-    num_processes: int
-    per_device_batch: int
-    k: int
-    num_batches_per_epoch: int
-    samples_per_batch: int  # all processes
-    conditions_per_batch: int
-    samples_per_epoch: int
-    unique_conditions_per_epoch: int
-    num_train_timesteps: int  # the advantages' columns: T, or 1 for an objective that stores no step (T = 0)
-    plan: StepPlan  # recam.engine.rollout
-
-    def record(self) -> dict:
-        """The numbers an epoch record carries (the plan aside)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "plan"}

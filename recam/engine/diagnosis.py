@@ -420,7 +420,7 @@ def rule_update_noise(steps: list[dict], th: Thresholds) -> list[Finding]:
         "its own samples, not the reward's gradient, so the weights take a random walk around the signal." + need,
         ["more samples per optimizer step (sample.num_batches_per_epoch with train.gradient_accumulation_steps "
          "covering them)", "train only the steps whose gradients carry the signal (sample.window_size; "
-         "scripts/gradient_agreement.py measures each step's share)"])]
+         "scripts/measure/gradient_agreement.py measures each step's share)"])]
 
 
 def _sig2(x: float) -> str:
@@ -532,7 +532,7 @@ def rule_noise_scale(epochs: list[dict], th: Thresholds) -> list[Finding]:
         "signal.",
         ["more samples per optimizer step (sample.num_batches_per_epoch with train.gradient_accumulation_steps "
          "covering them; the GPU presets in config/grpo.py)", "lower the noise per sample: train only the steps "
-         "whose gradients carry the signal (sample.window_size; scripts/gradient_agreement.py)"])]
+         "whose gradients carry the signal (sample.window_size; scripts/measure/gradient_agreement.py)"])]
 
 
 def _judged_by_guard(record: dict, step_epochs: set | None) -> bool:

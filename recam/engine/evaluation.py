@@ -158,6 +158,11 @@ class Evaluator:
         for name in sorted(rows):
             summary.update(self.summarise_split(rows[name], items[name], f"ref_{name}"))
         self.log.reference_record(step, summary)
+        if summary:
+            means = " ".join(f"{k} {reports.fmt_or_na(v, '.4f')}" for k, v in summary.items()
+                             if k.endswith(("/reward_avg", "/cam_score", "/rot_err_sum", "/trans_err_sum",
+                                            "/placed_fraction")))
+            self.log.detail(f"references: {means}")
         return summary
 
     def skip_served_rewards(self) -> None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from recam.infra.runlog import reward_terms
+from recam.engine.records import reward_terms
 from recam.infra.schema import REWARD_BOOKKEEPING
 
 SEVERITIES = ("info", "warn", "critical")
@@ -390,6 +390,13 @@ def reward_signal(record: dict) -> dict:
     """What the guard's reward rules compare between epochs, from an epoch record: the zero-std share, each reward
     term's mean and standard error, the constraint's weight."""
     return {"zero_std_ratio": record["zero_std_ratio"], **reward_evidence(record)}
+
+
+def findings_record(findings: list[Finding]) -> tuple[list[dict], list[str]]:
+    """What a health record holds of the guard's findings (rule, severity, numbers), and the console's lines for the
+    ones above "info"; recam.infra.runlog writes both as they are."""
+    return ([{"rule": f.rule, "severity": f.severity, "numbers": f.numbers} for f in findings],
+            [f"health {f.severity}: {f.rule} {f.numbers}" for f in findings if f.severity != "info"])
 
 
 def nonfinite_findings(bad: list[str]) -> list[Finding]:

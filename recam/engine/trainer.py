@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from recam.engine import records
 from recam.engine.advantages import (
     broadcast_over_timesteps,
     local_slice,
@@ -24,13 +25,14 @@ from recam.engine.advantages import (
     trajectory_ids,
 )
 from recam.engine.budget import RunBudget
-from recam.engine.containers import EpochResult, Groups, Rollouts, RunNumbers, Scores, StepStats
+from recam.engine.containers import EpochResult, Groups, Rollouts, Scores, StepStats
 from recam.engine.domain import decode, element_mask, exploration_scheduler
 from recam.engine.evaluation import Evaluator
-from recam.engine.health import GradientCosine, diagnose_step, nonfinite_findings, reward_signal
+from recam.engine.health import GradientCosine, diagnose_step, findings_record, nonfinite_findings, reward_signal
 from recam.engine.hooks import run_hooks
 from recam.engine.noise_scale import NoiseScale
 from recam.engine.objective import MicroBatch, accumulating_backward, build_objective
+from recam.engine.plan import RunNumbers
 from recam.engine.policy import build_policy, refuse_sharded_copies
 from recam.engine.reward_runner import (
     AsyncRewardRunner,
@@ -42,7 +44,6 @@ from recam.engine.reward_runner import (
 from recam.engine.rollout import INITIAL_NOISE_STREAM, noise_source, rollout, solver_options
 from recam.engine.run_checkpoints import RunCheckpoints
 from recam.engine.sampler import KRepeatBatchSampler
-from recam.infra import runlog
 from recam.infra.checkpoint import latest_checkpoint, nonfinite_tensors
 from recam.infra.distributed import clip_gradients, forward_module, sum_over_shards, union_over_processes
 
@@ -145,7 +146,7 @@ class GRPOTrainer:
                                               t_updated - t_update))
             record.update(budget.add_epoch(time.time() - epoch_t0))  # evaluations and checkpoints never count
             self.log.epoch_record(record)
-            self.log.info(runlog.epoch_line(record))
+            self.log.info(records.epoch_line(record))
             critical = result.critical or self.nonfinite_state()
             if critical:                                             # 5. guard: never checkpoint a broken epoch
                 if self.guard(critical) == "stop":
@@ -235,15 +236,9 @@ class GRPOTrainer:
 
     def epoch_record(self, rollouts: Rollouts, scores: Scores, groups: Groups) -> dict:
         ids = [self.domain.condition_id(self.train_set, int(i)) for i in groups.index]
-        record = runlog.epoch_record(self.epoch, self.global_step, self.numbers.record(), ids, groups.index,
-                                     groups.rewards, groups.advantages, groups.stats, scores.seconds, groups.details)
-        record["trajectory_ids"] = [f"{c}#{k}" for c, k in trajectory_ids(groups.index).tolist()]
-        record |= {"placebo": True} if self.config.advantage.placebo else {}  # the verifier checks a permutation
-        for h in self.hooks:
-            record.update(h.epoch_record(rollouts, groups, self.train_set))
-        record["excluded"] = (~groups.keep).tolist()
-        record.update(groups.exclusion)
-        return record
+        return records.epoch_record(self.epoch, self.global_step, self.numbers.record(), ids, groups, scores.seconds,
+                                    self.config.advantage.placebo,
+                                    tuple(h.epoch_record(rollouts, groups, self.train_set) for h in self.hooks))
 
     def update(self, rollouts: Rollouts, groups: Groups, signal: dict) -> EpochResult:
         """Optimizer steps over this process's samples; the guard sees each step before it is applied.
@@ -319,8 +314,8 @@ class GRPOTrainer:
         (all processes)."""
         grad_norm = clip_gradients(self.accelerator, self.policy, self.config.train.max_grad_norm)
         cosine = self.gradient_cosine(self.policy.parameters()) if self.gradient_cosine is not None else None
-        m = runlog.mean_over_processes(runlog.step_metrics(acc_metrics, float(grad_norm), kept, cosine,
-                                                           self.optimizer.param_groups[0]["lr"]), self.accelerator)
+        m = records.mean_over_processes(records.step_metrics(acc_metrics, float(grad_norm), kept, cosine,
+                                                             self.optimizer.param_groups[0]["lr"]), self.accelerator)
         findings = diagnose_step({**m, **signal}, self.history, run_dir=str(self.run_dir))
         applied = not any(f.severity == "critical" for f in findings)
         if applied:
@@ -332,7 +327,7 @@ class GRPOTrainer:
         self.log.step_record(self.global_step, self.epoch, m)
         self.history.append({**m, **signal})
         if findings:
-            self.log.health_record(self.global_step, self.epoch, findings)
+            self.log.health_record(self.global_step, self.epoch, *findings_record(findings))
         for h in self.hooks:
             h.after_step(self.global_step)
         return StepStats(self.global_step, m, findings, applied)
@@ -366,7 +361,7 @@ class GRPOTrainer:
         bad = union_over_processes(nonfinite_tensors(self.model, self.optimizer, self.ema), self.world_size)
         findings = nonfinite_findings(bad)
         if findings:
-            self.log.health_record(self.global_step, self.epoch, findings)
+            self.log.health_record(self.global_step, self.epoch, *findings_record(findings))
         return findings
 
     # ------------------------------------------------------------------------------------------------------

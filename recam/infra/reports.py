@@ -1,6 +1,7 @@
 """A run's reports, written once at its end: summary.md's before/after table, the verification and diagnosis
-reports (by their own scripts), and the evaluation summaries and comparison videos they read. Nothing here runs
-on the way to an optimizer step (recam.infra.runlog writes the records while training).
+reports (by their own scripts), and the evaluation summaries and comparison videos they read; and how a report
+prints a missing value (`fmt_or_na`, which the console's line per epoch uses too). Nothing here runs on the way to
+an optimizer step (recam.infra.runlog writes the records while training).
 """
 
 from __future__ import annotations
@@ -14,8 +15,17 @@ import numpy as np
 import torch
 
 from recam.infra.checkpoint import DiskFull, is_disk_full
-from recam.infra.runlog import fmt_or_na, no_space, write_whole
+from recam.infra.runlog import no_space, write_whole
 from recam.infra.stats import paired_change
+
+
+def fmt_or_na(value, spec: str) -> str:
+    """`value` formatted with `spec`, or "n/a" when it is missing: None (e.g. first_step_ratio_deviation of an epoch
+    that took no optimizer step because every sample was excluded), NaN (a mean over no sample), or not a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+        return "n/a"
+    return format(value, spec)
+
 
 
 def write_summary(log, before: dict, after: dict, extra_paths: dict | None = None, note: str | None = None,

@@ -6,7 +6,8 @@ disk raises DiskFull naming the file, and scripts/train_recam.py ends the run on
 
 metrics.jsonl holds one JSON object per line with a "type":
   "step"  - loss metrics of one optimizer step, keyed by the global step;
-  "epoch" - everything an independent GRPO verification needs for one epoch (see `epoch_record`);
+  "epoch" - everything an independent GRPO verification needs for one epoch, built by the engine
+            (recam.engine.records) and written here as it is given;
   "eval"  - held-out evaluation (prefix eval/) and, with checkpoint selection on, validation (prefix val/) of one
             checkpoint, with the global step it was taken at.
 """
@@ -17,7 +18,6 @@ import contextlib
 import errno
 import json
 import logging
-import math
 import os
 import sys
 import traceback
@@ -25,12 +25,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import NoReturn
 
-import numpy as np
-import torch
 from tqdm.auto import tqdm
 
 from recam.infra.checkpoint import LATEST, DiskFull, is_disk_full, read_pointer
-from recam.infra.schema import REWARD_BOOKKEEPING
 
 LOG_FILE = "run.log"  # everything logged at INFO and above: the run's own lines, per-batch reward timings, retries
 _file_log = logging.getLogger("recam.run")
@@ -298,10 +295,6 @@ class RunLog:
         if not self.enabled or not summary:
             return
         self._append({"type": "reference", "step": step, **summary})
-        means = " ".join(f"{k} {fmt_or_na(v, '.4f')}" for k, v in summary.items()
-                         if k.endswith(("/reward_avg", "/cam_score", "/rot_err_sum", "/trans_err_sum",
-                                        "/placed_fraction")))
-        self.detail(f"references: {means}")
 
     def read_eval(self, tag: str) -> dict | None:
         """A previously logged evaluation (so a resumed run does not re-evaluate its start)."""
@@ -316,14 +309,14 @@ class RunLog:
             return []
         return [r for r in read_records(self.path) if r.get("type") == "eval"]
 
-    def health_record(self, step: int, epoch: int, findings) -> None:
+    def health_record(self, step: int, epoch: int, findings: list[dict], console: list[str] = ()) -> None:
+        """The guard's findings as the engine puts them (recam.engine.health.findings_record), and the lines of them
+        the console shows."""
         if not self.enabled:
             return
-        self._append({"type": "health", "step": step, "epoch": epoch,
-                      "findings": [{"rule": f.rule, "severity": f.severity, "numbers": f.numbers} for f in findings]})
-        for f in findings:
-            if f.severity != "info":
-                tqdm.write(f"[recam] health {f.severity}: {f.rule} {f.numbers}")
+        self._append({"type": "health", "step": step, "epoch": epoch, "findings": findings})
+        for line in console:
+            tqdm.write(f"[recam] {line}")
 
     def truncate_after(self, epoch: int, archive_reason: str | None = None, base_record: dict | None = None) -> None:
         """Drop records of epochs >= `epoch`: written by a run killed before checkpointing them, or rolled back.
@@ -371,12 +364,6 @@ class RunLog:
             self.info(f"{self.path} holds records but no checkpoint exists: moved to "
                       f"{self.run_dir / 'rolled_back.jsonl'} ({reason})")
         self.truncate_after(-(2**62), archive_reason=reason)
-
-    def summary(self, before: dict, after: dict, **kwargs) -> str:
-        """summary.md's before/after table (recam.infra.reports.write_summary), printed and written."""
-        from recam.infra.reports import write_summary
-
-        return write_summary(self, before, after, **kwargs)
 
     def close(self) -> None:
         """Finish wandb and give the console back; a full disk met by the log on the way raises DiskFull."""
@@ -558,108 +545,4 @@ def read_records(path: Path, unreadable: list[bytes] | None = None) -> list[dict
             out.append(rec)
         elif unreadable is not None:
             unreadable.append(line)
-    return out
-
-
-def reward_terms(record: dict, include_avg: bool = False) -> dict[str, float]:
-    """reward_<name> -> mean of that reward over the epoch's scored samples, for every reward that was computed
-    (reward_avg, the weighted one that drives training, only with include_avg)."""
-    return {k: v for k, v in record.items()
-            if k.startswith("reward_") and k not in REWARD_BOOKKEEPING and isinstance(v, float)
-            and (include_avg or k != "reward_avg")}
-
-
-def per_group_stats(values: torch.Tensor, group_ids: torch.Tensor) -> dict[int, tuple[int, float, float]]:
-    """{group id: (count, mean, population std)} of (N,) values; for logs and verification, not hot paths."""
-    out = {}
-    for g in torch.unique(group_ids).tolist():
-        v = values[group_ids == g].double()
-        out[int(g)] = (v.numel(), float(v.mean()), float(v.std(unbiased=False)))
-    return out
-
-
-def epoch_record(epoch, step, derived, condition_ids, g_index, g_rewards, g_adv_t, adv_stats, reward_seconds,
-                 details=None) -> dict:
-    """The per-epoch record a GRPO verification needs, with plain key names, plus the rewards' details: per sample
-    under "details/<reward>/<key>", their means over the samples that have them as "detail_<reward>/<key>", and
-    summed counts (failure reasons) under "detail_counts/<reward>/<key>"."""
-    T = g_adv_t.shape[1]
-    avg_nt = g_rewards["avg"][:, None].expand(-1, T)
-    adv_groups = per_group_stats(g_adv_t[:, 0], g_index)
-    rec = {
-        "epoch": epoch, "step": step, **derived,
-        "dataset_indices": g_index.tolist(),
-        "condition_ids": condition_ids,
-        "rewards/avg": avg_nt.tolist(),
-        **{f"rewards/{k}": v.tolist() for k, v in g_rewards.items() if k != "avg"},
-        "reward_shapes": {"avg": list(avg_nt.shape), **{k: list(v.shape) for k, v in g_rewards.items() if k != "avg"}},
-        # mean over the samples that were scored: a failed (NaN) reward is excluded, never averaged as 0
-        **{f"reward_{k}": float(v.nanmean()) for k, v in g_rewards.items()},
-        "advantages": g_adv_t.tolist(),
-        "advantage_per_condition": {str(g): {"count": c, "mean": m, "std": sd} for g, (c, m, sd) in adv_groups.items()},
-        **{k: float(v) for k, v in adv_stats.items()},
-        "reward_seconds": reward_seconds,
-    }
-    if details is not None:
-        for k, v in details.numbers.items():
-            rec[f"details/{k}"] = [None if not math.isfinite(x) else x for x in v.tolist()]
-            rec[f"detail_{k}"] = float(v.nanmean()) if torch.isfinite(v).any() else None
-        rec.update({f"details/{k}": v for k, v in details.lists.items()})
-        rec.update({f"detail_counts/{k}": v for k, v in details.counts.items()})
-    return rec
-
-
-def fmt_or_na(value, spec: str) -> str:
-    """`value` formatted with `spec`, or "n/a" when it is missing: None (e.g. first_step_ratio_deviation of an epoch
-    that took no optimizer step because every sample was excluded), NaN (a mean over no sample), or not a number."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
-        return "n/a"
-    return format(value, spec)
-
-
-def epoch_line(rec: dict) -> str:
-    """One line per epoch for the console; a missing value (None, NaN) prints as "n/a", never as a crash."""
-    steps = rec.get("optimizer_steps") or [{}]
-    # every reward that was computed this run, in the order the weights name them
-    per_reward = "".join(f"{k} {fmt_or_na(v, '.4f')} " for k, v in reward_terms(rec).items())
-    excluded = rec.get("excluded")
-    n = len(excluded) if isinstance(excluded, list) else 0
-    kept = f"kept {n - sum(bool(x) for x in excluded)}/{n} samples " if n else ""
-    return (f"epoch {rec['epoch']} step {rec['step']}: reward_avg {fmt_or_na(rec.get('reward_avg'), '.4f')} "
-            f"{per_reward}{kept}zero_std_ratio {fmt_or_na(rec.get('zero_std_ratio'), '.2f')} "
-            f"first-step |ratio-1| {fmt_or_na(rec.get('first_step_ratio_deviation'), '.2e')} "
-            f"loss {fmt_or_na(steps[-1].get('loss'), '.4g')} kl {fmt_or_na(steps[-1].get('kl_penalty'), '.3g')} "
-            f"({fmt_or_na(rec.get('epoch_seconds'), '.1f')}s)")
-
-
-def step_metrics(pass_metrics: list[dict], grad_norm: float, step_samples: int, grad_cosine_prev: float | None,
-                 learning_rate: float) -> dict:
-    """One optimizer step's metrics on this process from its backward passes': the mean of each metric every pass
-    reported (an objective without ratios, DiffusionNFT, reports none, and the guard's ratio rules then have nothing
-    to judge), the max of ratio_max and the min of ratio_min; then the step's own numbers."""
-    common = [k for k in pass_metrics[0] if all(k in a for a in pass_metrics)]
-    m = {k: float(torch.stack([torch.as_tensor(a[k]) for a in pass_metrics]).mean()) for k in common}
-    if "ratio_max" in m:
-        m["ratio_max"] = max(float(a["ratio_max"]) for a in pass_metrics)
-    if "ratio_min" in m:
-        m["ratio_min"] = min(float(a["ratio_min"]) for a in pass_metrics)
-    m["grad_norm"], m["step_samples"] = grad_norm, step_samples
-    if grad_cosine_prev is not None:
-        m["grad_cosine_prev"] = grad_cosine_prev
-    m["learning_rate"] = learning_rate
-    return m
-
-
-def mean_over_processes(metrics: dict, accelerator) -> dict:
-    """Average scalar metrics over processes (min/max for ratio_min/ratio_max, when the objective has ratios)."""
-    if accelerator.num_processes == 1:
-        return metrics
-    keys = sorted(metrics)
-    vals = torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=accelerator.device)
-    g = accelerator.gather(vals[None]).cpu()
-    out = dict(zip(keys, g.mean(0).tolist(), strict=True))
-    if "ratio_max" in out:
-        out["ratio_max"] = float(g[:, keys.index("ratio_max")].max())
-    if "ratio_min" in out:
-        out["ratio_min"] = float(g[:, keys.index("ratio_min")].min())
     return out

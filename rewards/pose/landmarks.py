@@ -32,7 +32,7 @@ import cv2
 import numpy as np
 import torch
 
-from rewards.pose import PoseEstimate, centre_parallax, register_estimator
+from rewards.pose.estimator import PoseEstimate, centre_parallax, register_estimator
 
 MIN_LANDMARKS = 4
 COLOUR_RADIUS = 0.6  # RGB distance (in [0, 1] units) within which a pixel votes for a landmark colour
@@ -315,7 +315,7 @@ class LandmarkEstimator:
     PnP runs on a pool of processes (`processes`, default pnp_processes(); 0: in the calling thread), started at
     the first batch of MIN_POOLED_VIDEOS or more and kept until close(): per frame it is OpenCV calls between
     numpy and Python steps that hold the GIL, so threads gave no speedup (2.52 s per 2,048 videos on one thread,
-    2.58 on two), and two processes cut it to 1.3-2.1 s (scripts/bench_update_cpu.py, docs/real_scale.md 0.1; the
+    2.58 on two), and two processes cut it to 1.3-2.1 s (scripts/bench/bench_update_cpu.py, docs/real_scale.md 0.1; the
     pool's hand-overs cost, hence the threshold). cam_score takes the second way for
     videos on a device `searches_on` accepts: not the CPU, where numpy's per-video search was the faster, unless
     torch_on_cpu.

@@ -100,7 +100,7 @@ import numpy as np
 from PIL import Image
 
 from recam.engine.reward_runner import RewardServerDown
-from rewards.pose import NOT_SENT, PoseEstimate, centre_parallax, register_estimator
+from rewards.pose.estimator import NOT_SENT, PoseEstimate, centre_parallax, register_estimator
 
 METHOD = "served"
 NOT_REGISTERED = "not_registered"

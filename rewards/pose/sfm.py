@@ -52,7 +52,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from rewards.pose import PoseEstimate, register_estimator
+from rewards.pose.estimator import PoseEstimate, register_estimator
 from rewards.pose.sfm_solve import from_json
 
 _SOLVER = Path(__file__).with_name("sfm_solve.py")

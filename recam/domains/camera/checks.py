@@ -174,7 +174,7 @@ def validate_camera_files(config: ml_collections.ConfigDict) -> None:
 
 def check_trained_sample(provenance: Path, config: ml_collections.ConfigDict) -> None:
     """Synthetic frames of the size the base was pretrained at (provenance.json's trained_sample, written by
-    scripts/pretrain_base.py): a ReCam-Tiny base asked for other sizes runs, but on frames it never learned."""
+    scripts/pretrain/pretrain_base.py): a ReCam-Tiny base asked for other sizes runs, but on frames it never learned."""
     d = config.data
     if d.source != "synthetic" or config.model.vae or not provenance.is_file():
         return

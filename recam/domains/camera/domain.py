@@ -127,7 +127,7 @@ class CameraDomain:
         return self.codec.latent_shape(tuple(self.datasets().train[0].target_video.shape))
 
     def scheduler(self, device) -> FlowMatchScheduler:
-        from recam.engine.rollout import num_train_timesteps
+        from recam.engine.plan import num_train_timesteps
 
         s = self.config.sample
         return FlowMatchScheduler(s.num_steps, s.shift, s.noise_level, s.sde_type,

@@ -24,7 +24,7 @@ reward's.
 
 Text: the generator's own text encoder, never the evaluator's text tower (the alignment reward would then share
 weights with the policy's conditioning). For the tiny base it is a small word-level encoder (WordTextEncoder)
-trained jointly with the model by scripts/pretrain_motion_base.py and saved in the base folder; for MDM
+trained jointly with the model by scripts/pretrain/pretrain_motion_base.py and saved in the base folder; for MDM
 checkpoints it is CLIP's text tower from a local folder, as MDM uses.
 
 Config: the `motion` section of config/base.py; presets motion_tiny_cpu, motion_smoke, mdm_humanml3d_8npu.
@@ -155,7 +155,7 @@ class WordTextEncoder(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# Base folders (scripts/pretrain_motion_base.py writes them; tests write untrained ones)
+# Base folders (scripts/pretrain/pretrain_motion_base.py writes them; tests write untrained ones)
 
 
 def save_base(folder: str | Path, model: MotionDiffusionModel, text_encoder: WordTextEncoder, meta: dict) -> Path:
@@ -177,7 +177,7 @@ def read_base_meta(folder: str | Path) -> dict:
     path = Path(folder) / BASE_META
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: motion.pretrained must be a folder written by "
-                                "scripts/pretrain_motion_base.py (motion.format='base')")
+                                "scripts/pretrain/pretrain_motion_base.py (motion.format='base')")
     return json.loads(path.read_text())
 
 
@@ -380,7 +380,7 @@ def check_config(config, conditions_per_batch: int, require) -> None:
     require(isinstance(m.evaluator, str) and (m.evaluator.strip() != "" or
                                               (not {"motion_alignment", "motion_retrieval"} & set(scored)
                                                    and m.metric_evaluator.strip() != "")),
-            f"motion.evaluator must name a retrieval evaluator folder (scripts/train_motion_evaluator.py): "
+            f"motion.evaluator must name a retrieval evaluator folder (scripts/pretrain/train_motion_evaluator.py): "
             f"motion_alignment and the evaluation metrics read it, got {m.evaluator!r}")
     require(is_int(m.eval_repetitions) and m.eval_repetitions >= 1,
             f"motion.eval_repetitions must be an integer >= 1, got {m.eval_repetitions!r}")
@@ -415,7 +415,7 @@ def check_files(config) -> None:
         folder = Path(m.pretrained)
         require((folder / "config.json").is_file() and (folder / BASE_META).is_file(),
                 f"motion.pretrained={m.pretrained!r} is not a base folder (config.json and {BASE_META}, written by "
-                "scripts/pretrain_motion_base.py)")
+                "scripts/pretrain/pretrain_motion_base.py)")
         meta = read_base_meta(folder)
         require(meta.get("diffusion_steps") == m.diffusion_steps,
                 f"motion.diffusion_steps={m.diffusion_steps} but the base in {m.pretrained!r} was trained with "
@@ -438,18 +438,19 @@ def check_files(config) -> None:
         if m[field]:
             require((Path(m[field]) / ev.CONFIG_FILE).is_file(),
                     f"motion.{field}={m[field]!r} holds no {ev.CONFIG_FILE} (train one with "
-                    "scripts/train_motion_evaluator.py)")
+                    "scripts/pretrain/train_motion_evaluator.py)")
             # an evaluator reads raw features with its training data's normalisation and words: on the other
             # source its numbers would look plausible and mean nothing
             trained_on = _evaluator_data(Path(m[field]))
             require(trained_on is None or trained_on.split(":")[0] == d.source,
                     f"motion.{field}={m[field]!r} was trained on {trained_on!r} data (its provenance.json), the run "
-                    f"uses data.source={d.source!r}; train one on this data with scripts/train_motion_evaluator.py")
+                    f"uses data.source={d.source!r}; train one on this data with "
+                    "scripts/pretrain/train_motion_evaluator.py")
 
 
 def _evaluator_data(folder: Path) -> str | None:
     """The data an evaluator folder was trained on ("synthetic" or "humanml3d:<root>"), from the provenance.json
-    scripts/train_motion_evaluator.py writes; None without one."""
+    scripts/pretrain/train_motion_evaluator.py writes; None without one."""
     try:
         data = json.loads((folder / "provenance.json").read_text()).get("data")
     except (OSError, ValueError, AttributeError):
@@ -622,7 +623,7 @@ class MotionDomain:
         return (NUM_FEATURES, 1, MAX_FRAMES)
 
     def scheduler(self, device) -> DDIMScheduler:
-        from recam.engine.rollout import num_train_timesteps
+        from recam.engine.plan import num_train_timesteps
 
         s, m = self.config.sample, self.config.motion
         return DDIMScheduler(cosine_alphas_cumprod(m.diffusion_steps), s.num_steps, m.eta, "sample",

@@ -8,7 +8,8 @@ generator's conditioning, only by changing the motion.
 
 - motion_alignment: cosine similarity of the motion's embedding to its caption's in a contrastive text/motion
   retrieval evaluator (recam.domains.motion.evaluator.TextMotionEvaluator, trained by
-  scripts/train_motion_evaluator.py; folder `motion.evaluator`), mapped from [-1, 1] to [0, 1] by (cos + 1) / 2.
+  scripts/pretrain/train_motion_evaluator.py; folder `motion.evaluator`), mapped from [-1, 1] to [0, 1] by
+  (cos + 1) / 2.
 - motion_retrieval: how well the motion picks its own caption out of a crowd, the probability
   e^(s_own / tau) / (e^(s_own / tau) + 31 * mean_j e^(s_j / tau)) with s the evaluator's cosines and the s_j those of a
   fixed pool of training captions (its own text excluded): the chance of retrieving its caption from a pool of 32
@@ -167,7 +168,7 @@ def build_motion_alignment(config=None, device=None) -> Reward:
     """Needs the run's config: the evaluator is read from `motion.evaluator` (a folder, never downloaded)."""
     if config is None or "motion" not in config or not config.motion.evaluator:
         raise ValueError("motion_alignment needs motion.evaluator, the folder of a trained retrieval evaluator "
-                         "(scripts/train_motion_evaluator.py)")
+                         "(scripts/pretrain/train_motion_evaluator.py)")
     return MotionAlignment(TextMotionEvaluator.load(config.motion.evaluator), config.motion.evaluator)
 
 
@@ -176,7 +177,7 @@ def build_motion_retrieval(config=None, device=None) -> Reward:
     """Like motion_alignment (motion.evaluator), with motion.retrieval_temperature; the domain gives the negatives."""
     if config is None or "motion" not in config or not config.motion.evaluator:
         raise ValueError("motion_retrieval needs motion.evaluator, the folder of a trained retrieval evaluator "
-                         "(scripts/train_motion_evaluator.py)")
+                         "(scripts/pretrain/train_motion_evaluator.py)")
     return MotionRetrieval(TextMotionEvaluator.load(config.motion.evaluator), config.motion.evaluator,
                            config.motion.retrieval_temperature)
 

@@ -132,7 +132,7 @@ class ToyDomain:
         return (2,)
 
     def scheduler(self, device) -> DDIMScheduler:
-        from recam.engine.rollout import num_train_timesteps
+        from recam.engine.plan import num_train_timesteps
 
         s, t = self.config.sample, self.config.toy
         return DDIMScheduler(training_alphas_cumprod(t), s.num_steps, t.eta, t.prediction_type,

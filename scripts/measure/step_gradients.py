@@ -1,7 +1,7 @@
 """How big each trained step's share of a GRPO update is, for a preset's base model.
 
-    python scripts/step_gradients.py --config config/grpo.py:motion_tiny_cpu+flow_grpo
-    python scripts/step_gradients.py --config config/grpo.py:toy --conditions 16 --seed 3
+    python scripts/measure/step_gradients.py --config config/grpo.py:motion_tiny_cpu+flow_grpo
+    python scripts/measure/step_gradients.py --config config/grpo.py:toy --conditions 16 --seed 3
 
 One rollout of --conditions training conditions (the preset's sampler, window and noise), then for every trained
 step j the norm over the policy's parameters of the gradient of mean_i(A_i log p_ij), A_i a fixed standard-normal
@@ -18,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 os.environ.setdefault("WANDB_MODE", "disabled")
 
 import torch  # noqa: E402
@@ -28,7 +28,7 @@ from ml_collections import config_flags  # noqa: E402
 from recam.engine.domain import element_mask  # noqa: E402
 from recam.engine.objective import step_weights  # noqa: E402
 from recam.engine.rollout import per_sample_noise, rescore, rollout  # noqa: E402
-from scripts.at_base import trainer_at_base  # noqa: E402
+from scripts.measure.at_base import trainer_at_base  # noqa: E402
 
 config_flags.DEFINE_config_file("config", "config/grpo.py:motion_tiny_cpu", "preset (config/grpo.py:<name>[+method])")
 flags.DEFINE_integer("conditions", 8, "training conditions in the rollout (one sample each)")

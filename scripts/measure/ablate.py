@@ -1,6 +1,7 @@
 """Ablation harness: presets x seeds on the embedded default, compared against plain GRPO.
 
-    python scripts/ablate.py --out runs/ablation --seeds 0 1 2 --epochs 4 --config.sample.num_batches_per_epoch=2
+    python scripts/measure/ablate.py --out runs/ablation --seeds 0 1 2 --epochs 4 \
+        --config.sample.num_batches_per_epoch=2
 
 Any --config.* argument is passed to every run. The default preset list is plain GRPO (tiny_cpu, the baseline)
 followed by the six single variants and the three combinations.
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from recam.infra.runlog import read_records  # noqa: E402
@@ -118,7 +119,7 @@ def main(argv=None) -> int:
     if bad:
         ap.error(f"unrecognized arguments: {bad} (only --config.* overrides pass through)")
     out = ROOT / args.out if not Path(args.out).is_absolute() else Path(args.out)
-    command = "python scripts/ablate.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    command = "python scripts/measure/ablate.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     extra = [f"--config.num_epochs={args.epochs}", *extra_overrides]
     results = {}
     for seed in args.seeds:

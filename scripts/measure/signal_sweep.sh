@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # The settings of docs/results.md's signal-share table ("Signal per sample and per second"), measured by
-# scripts/gradient_agreement.py at one domain's committed base, one JSON record per setting under OUT. Resumable:
-# a setting whose record exists is skipped. Prints the table at the end.
+# scripts/measure/gradient_agreement.py at one domain's committed base, one JSON record per setting under OUT.
+# Resumable: a setting whose record exists is skipped. Prints the table at the end.
 #
-#   bash scripts/signal_sweep.sh camera OUT [REPEATS [PRESET]]   # tiny_cpu: 128 samples per update, one thread
-#   bash scripts/signal_sweep.sh motion OUT [REPEATS [PRESET]]   # motion_tiny_cpu: 64 samples per update
-#   bash scripts/signal_sweep.sh camera OUT 4 tiny_gpu           # the same settings at 2,048 samples, on a GPU
+#   bash scripts/measure/signal_sweep.sh camera OUT [REPEATS [PRESET]]   # tiny_cpu: 128 samples per update, one thread
+#   bash scripts/measure/signal_sweep.sh motion OUT [REPEATS [PRESET]]   # motion_tiny_cpu: 64 samples per update
+#   bash scripts/measure/signal_sweep.sh camera OUT 4 tiny_gpu           # the same settings at 2,048 samples, on a GPU
 set -euo pipefail
 domain=${1:?camera or motion}
 out=${2:?output folder}
 repeats=${3:-4}
 preset=${4:-}
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 py=${PYTHON:-python}
 
 # label|preset suffix|overrides; the methods and k (at the preset's samples per update) are common to both domains
@@ -55,7 +55,7 @@ for s in "${settings[@]}"; do
   [ -f "$file" ] && { records+=("$file"); continue; }
   echo "[sweep] $domain ($p): $label" >&2
   # shellcheck disable=SC2086
-  if $py scripts/gradient_agreement.py --config "config/grpo.py:$p$suffix" $threads \
+  if $py scripts/measure/gradient_agreement.py --config "config/grpo.py:$p$suffix" $threads \
       --repeats "$repeats" --label "$label" --out "$file" $extra > "$file.log" 2>&1; then
     records+=("$file")
   else
@@ -63,4 +63,4 @@ for s in "${settings[@]}"; do
   fi
 done
 if [ ${#records[@]} -eq 0 ]; then echo "[sweep] no setting finished" >&2; exit 1; fi
-$py scripts/gradient_agreement.py --table "$(IFS=,; echo "${records[*]}")"
+$py scripts/measure/gradient_agreement.py --table "$(IFS=,; echo "${records[*]}")"

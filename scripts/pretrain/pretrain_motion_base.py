@@ -22,8 +22,9 @@ Writes <out>/config.json + diffusion_pytorch_model.safetensors (the model), <out
 (schedule, frame masking, prediction, data: what the GRPO domain checks) and provenance.json (command, seed, git
 commit, wall time, numbers). Deterministic for a given --seed and --threads.
 
-    python scripts/pretrain_motion_base.py --out checkpoints/motion_tiny_base --evaluator checkpoints/motion_evaluator
-    python scripts/pretrain_motion_base.py --out /tmp/base --steps 10 --num-train-conditions 64 --eval-every 10
+    python scripts/pretrain/pretrain_motion_base.py --out checkpoints/motion_tiny_base \
+        --evaluator checkpoints/motion_evaluator
+    python scripts/pretrain/pretrain_motion_base.py --out /tmp/base --steps 10 --num-train-conditions 64 --eval-every 10
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -297,7 +298,7 @@ def main(argv=None) -> dict:
     save_base(args.out, model, text_encoder, meta)
     final = history[-1]
     provenance = {
-        "command": shlex.join(["python", "scripts/pretrain_motion_base.py", *(sys.argv[1:] if argv is None
+        "command": shlex.join(["python", "scripts/pretrain/pretrain_motion_base.py", *(sys.argv[1:] if argv is None
                                                                              else argv)]),
         "seed": args.seed,
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},

@@ -2,8 +2,8 @@
 presets: one epoch's samples are drawn and scored once, then the update over them is timed with the measurement on
 and off, alternating (on, off, off, on, ...) so that the machine's load hits both alike.
 
-    python scripts/bench_noise_scale.py                                   # tiny_cpu and motion_tiny_cpu, 5 rounds
-    python scripts/bench_noise_scale.py --presets motion_tiny_cpu --repeats 9 --out noise_bench.json
+    python scripts/bench/bench_noise_scale.py                                   # tiny_cpu and motion_tiny_cpu, 5 rounds
+    python scripts/bench/bench_noise_scale.py --presets motion_tiny_cpu --repeats 9 --out noise_bench.json
 
 Per preset it prints the median seconds of an update with and without it, their ratio, and, timed inside the same
 updates, the seconds spent in the measurement itself (the gradient snapshots and norms after each micro-batch and
@@ -33,13 +33,13 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 
 from config.grpo import get_config  # noqa: E402
 from recam.engine import noise_scale  # noqa: E402
-from scripts.at_base import trainer_at_base  # noqa: E402
+from scripts.measure.at_base import trainer_at_base  # noqa: E402
 
 
 class Stopwatch:

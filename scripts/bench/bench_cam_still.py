@@ -1,8 +1,8 @@
 """How cam_score treats a camera asked to stand still (issue 31, item 8): ground-truth renders scored against their own
 trajectory and against their own rotations with the camera held at the first frame's position.
 
-    python scripts/bench_cam_still.py --world synthetic --conditions 64      # landmark PnP, held-out world
-    python scripts/bench_cam_still.py --world textured --families truck,dolly,pan,static --frames 16   # SfM
+    python scripts/bench/bench_cam_still.py --world synthetic --conditions 64      # landmark PnP, held-out world
+    python scripts/bench/bench_cam_still.py --world textured --families truck,dolly,pan,static --frames 16   # SfM
 
 A translating render should lose to its own trajectory against a target that stands still; a render whose target
 does not translate (pan, tilt, roll, static) should keep its score. Prints one line per video and a summary line.
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from rewards.cam_score import CamScore, CamScoreSettings, relative_trajectory  # noqa: E402
 from rewards.pose import to_uint8_frames  # noqa: E402

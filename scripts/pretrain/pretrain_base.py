@@ -21,7 +21,7 @@ Writes ``<out>/config.json`` + ``<out>/diffusion_pytorch_model.safetensors`` (di
 save_pretrained) and ``<out>/provenance.json``.
 
 Example (the committed checkpoint's exact command is in its provenance.json):
-    python scripts/pretrain_base.py --out checkpoints/recam_tiny_base --threads 2
+    python scripts/pretrain/pretrain_base.py --out checkpoints/recam_tiny_base --threads 2
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(args.out)
     provenance = {
-        "command": " ".join(shlex.quote(a) for a in ["python", "scripts/pretrain_base.py", *argv]),
+        "command": " ".join(shlex.quote(a) for a in ["python", "scripts/pretrain/pretrain_base.py", *argv]),
         "seed": args.seed,
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "git_commit": git_commit(),

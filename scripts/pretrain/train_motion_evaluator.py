@@ -13,15 +13,17 @@ weights saved are the last step's, so neither split chooses them.
 Writes <out>/evaluator.json, vocab.json, evaluator.safetensors (TextMotionEvaluator.save) and provenance.json
 (command, seed, git commit, wall time, numbers). Deterministic for a given --seed and --threads.
 
-    python scripts/train_motion_evaluator.py --out checkpoints/motion_evaluator
-    python scripts/train_motion_evaluator.py --out /tmp/ev --steps 20 --num-train-conditions 64 --num-eval-conditions 32
-    python scripts/train_motion_evaluator.py --evaluate checkpoints/motion_grader --data-seed 0
+    python scripts/pretrain/train_motion_evaluator.py --out checkpoints/motion_evaluator
+    python scripts/pretrain/train_motion_evaluator.py --out /tmp/ev --steps 20 --num-train-conditions 64 \
+        --num-eval-conditions 32
+    python scripts/pretrain/train_motion_evaluator.py --evaluate checkpoints/motion_grader --data-seed 0
 
 The held-out grader (checkpoints/motion_grader, motion.metric_evaluator's default) is a second evaluator of
 another architecture, initialisation and draw of the training data, so that the reported R-precision, MM-Dist and
 FID share no weights with the alignment reward GRPO maximises:
 
-    python scripts/train_motion_evaluator.py --out checkpoints/motion_grader --arch transformer --seed 1 --data-seed 1
+    python scripts/pretrain/train_motion_evaluator.py --out checkpoints/motion_grader --arch transformer --seed 1 \
+        --data-seed 1
 
 --data-seed redraws the synthetic world's items (nuisances, wording) but not its splits, which are fixed by motion
 parameters (recam/domains/motion/world.py): held-out and validation motions stay out of training at any seed.
@@ -42,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -202,7 +204,7 @@ def main(argv=None) -> dict:
     model.save(args.out)
     final = history[-1]
     provenance = {
-        "command": shlex.join(["python", "scripts/train_motion_evaluator.py",
+        "command": shlex.join(["python", "scripts/pretrain/train_motion_evaluator.py",
                                *(sys.argv[1:] if argv is None else argv)]),
         "seed": args.seed,
         "architecture": args.arch,

@@ -1,7 +1,8 @@
 """Convert checkpoints written before checkpoints were pickle-free (they hold trainer.pt) to the current layout
 (trainer.safetensors + trainer.json), once.
 
-    python scripts/convert_checkpoints.py --trust-legacy-checkpoint RUN_DIR [RUN_DIR | CHECKPOINTS | EPOCH_DIR ...]
+    python scripts/tools/convert_checkpoints.py --trust-legacy-checkpoint RUN_DIR \
+        [RUN_DIR | CHECKPOINTS | EPOCH_DIR ...]
 
 A trainer.pt is a pickle, and loading a pickle can run code: convert only folders holding checkpoints you wrote
 (hence the flag, as train_recam.py's --config.trust_legacy_checkpoint=True, which converts the checkpoint a run
@@ -17,7 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from recam.infra.checkpoint import CheckpointCorrupt, convert_legacy_folder, epoch_of  # noqa: E402

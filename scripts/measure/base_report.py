@@ -1,10 +1,10 @@
 """What a base is worth post-training: its samples' quality, the rewards' ceiling and floor, and the signal share of
 a GRPO update at it, on the preset's held-out conditions, as one JSON file per base; --table compares several.
 
-    python scripts/base_report.py --config config/grpo.py:tiny_cpu --repeats 4 --out /tmp/base_1x.json
-    python scripts/base_report.py --config config/grpo.py:tiny_cpu --config.model.pretrained=/tmp/pt/cam_4x \\
+    python scripts/measure/base_report.py --config config/grpo.py:tiny_cpu --repeats 4 --out /tmp/base_1x.json
+    python scripts/measure/base_report.py --config config/grpo.py:tiny_cpu --config.model.pretrained=/tmp/pt/cam_4x \\
         --repeats 4 --out /tmp/base_4x.json
-    python scripts/base_report.py --table /tmp/base_1x.json,/tmp/base_4x.json
+    python scripts/measure/base_report.py --table /tmp/base_1x.json,/tmp/base_4x.json
 
 Measured at the base's weights, nothing trained:
 - samples: the held-out evaluation the trainer runs before its first epoch (deterministic sampling, fixed noise;
@@ -14,7 +14,7 @@ Measured at the base's weights, nothing trained:
   interval in the table, the first file being the reference);
 - ceiling and floor: the same rewards on the conditions' reference samples (Evaluator.evaluate_references: the
   ground truth, and for the camera the source clip, a camera that never moved to the target);
-- signal share: scripts/gradient_agreement.py's share of the whole update's squared norm that agrees between
+- signal share: scripts/measure/gradient_agreement.py's share of the whole update's squared norm that agrees between
   --repeats independent epochs, with its 95% jackknife interval (--repeats 0 skips it).
 """
 
@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("WANDB_MODE", "disabled")
 
@@ -59,8 +59,8 @@ def base_budget(folder: str) -> dict:
 
 
 def measure(config, repeats: int) -> dict:
-    from scripts.at_base import trainer_at_base
-    from scripts.gradient_agreement import agreement, epoch_gradients, share_interval
+    from scripts.measure.at_base import trainer_at_base
+    from scripts.measure.gradient_agreement import agreement, epoch_gradients, share_interval
 
     pretrained = config.motion.pretrained if config.domain == "motion" else config.model.pretrained
     out: dict = {"domain": config.domain, "base": base_budget(str(pretrained))}
@@ -139,7 +139,7 @@ def main(_):
     if not FLAGS.out:
         sys.exit("[recam] --out is required (the JSON file to write)")
     report = measure(FLAGS.config, FLAGS.repeats)
-    report["command"] = " ".join(["python", "scripts/base_report.py", *sys.argv[1:]])
+    report["command"] = " ".join(["python", "scripts/measure/base_report.py", *sys.argv[1:]])
     Path(FLAGS.out).parent.mkdir(parents=True, exist_ok=True)
     Path(FLAGS.out).write_text(json.dumps(report, indent=1) + "\n")
     print(table([Path(FLAGS.out)]))

@@ -1,9 +1,10 @@
-"""Who imports whom in this repository, read from the source (nothing is imported): package-level edges and their
-cycles, and the project files an entry point reaches with their line counts.
+"""Who imports whom in this repository, read from the source (nothing is imported): package-level edges, the cycles
+between packages and between files, the imports out of recam.infra, and the project files an entry point reaches
+with their line counts.
 
-    python scripts/import_graph.py                                   # packages, edges, cycles
-    python scripts/import_graph.py --reach scripts/train_recam.py    # + the files train_recam.py reaches
-    python scripts/import_graph.py --reach scripts/train_recam.py --also recam/domains/camera/domain.py
+    python scripts/tools/import_graph.py                                   # packages, edges, cycles
+    python scripts/tools/import_graph.py --reach scripts/train_recam.py    # + the files train_recam.py reaches
+    python scripts/tools/import_graph.py --reach scripts/train_recam.py --also recam/domains/camera/domain.py
 
 A package is a module's folder (recam/engine/trainer.py -> recam.engine; config/validate.py -> config). Imports
 inside functions count (they are imports all the same, only later); `if TYPE_CHECKING:` blocks do not. "Reaches"
@@ -19,7 +20,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ("config", "recam", "rewards", "scripts")
 
 
@@ -59,7 +60,11 @@ def imports_of(path: Path, name: str, known: set[str]) -> set[str]:
             if node.level:
                 up = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*up, base] if base else up)
-            targets = [f"{base}.{a.name}" for a in node.names] + [base]
+            targets = [f"{base}.{a.name}" for a in node.names]
+            # `from pkg import module` names the module, not pkg/__init__.py: a package's __init__ runs before any of
+            # its modules whichever way they are imported, and is counted as an edge for none of them
+            if not all(t in known for t in targets):
+                targets.append(base)
         for target in targets:
             parts = target.split(".")
             for i in range(len(parts), 0, -1):
@@ -127,6 +132,15 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return sorted(out)
 
 
+def infra_imports_above(edges: dict[str, set[str]], files: dict[str, Path]) -> list[str]:
+    """"module -> module" for each import by a recam.infra module of a project module outside recam.infra: the
+    plumbing knows nothing of the engine it serves (what a GRPO record holds is built in recam.engine.records, and
+    recam.infra.runlog writes it as given)."""
+    def infra(module: str) -> bool:
+        return package_of(module, files).startswith("recam.infra")
+    return sorted(f"{m} -> {t}" for m, ts in edges.items() if infra(m) for t in ts if not infra(t))
+
+
 def reach(entry: str, edges: dict[str, set[str]]) -> list[str]:
     seen, todo = {entry}, [entry]
     while todo:
@@ -153,6 +167,10 @@ def main(argv: list[str] | None = None) -> str:
     out += [f"| {src} | {', '.join(sorted(dst))} |" for src, dst in sorted(pkg.items())]
     found = cycles(pkg)
     out += ["", f"package import cycles: {len(found)}"] + [f"- {' <-> '.join(c)}" for c in found]
+    found = cycles(edges)
+    out += [f"file import cycles: {len(found)}"] + [f"- {' <-> '.join(c)}" for c in found]
+    up = infra_imports_above(edges, files)
+    out += [f"imports from recam.infra into the packages above it: {len(up)}"] + [f"- {x}" for x in up]
     if args.reach is not None:
         entries = [module_name((ROOT / f).resolve()) for f in (args.reach, *args.also)]
         missing = [str(f) for f, e in zip((args.reach, *args.also), entries, strict=True) if e not in files]

@@ -1,8 +1,8 @@
 """The project files a run executes on its way to one optimizer step, with their line counts: what a reader has to
 read to follow the algorithm, measured rather than claimed.
 
-    python scripts/step_path.py --config config/grpo.py:toy              # the core path: sampling -> first step
-    python scripts/step_path.py --config config/grpo.py:toy --from-start  # from the entry point on
+    python scripts/tools/step_path.py --config config/grpo.py:toy              # the core path: sampling -> first step
+    python scripts/tools/step_path.py --config config/grpo.py:toy --from-start  # from the entry point on
 
 It runs scripts/train_recam.py in this process with a profiler that notes every project function called, on the
 main thread and on the threads that score rewards (module and class bodies, i.e. imports, do not count), and stops
@@ -21,7 +21,7 @@ import sys
 import threading
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _NOT_FUNCTIONS = {"<module>", "<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>"}
 
 

@@ -1,6 +1,6 @@
 """Benchmark ReCam-Tiny's forward and forward + backward with the last block trimmed to the target tokens or not.
 
-    python scripts/bench_model.py [--batch 8] [--repeats 5] [--iters 10] [--threads 2]
+    python scripts/bench/bench_model.py [--batch 8] [--repeats 5] [--iters 10] [--threads 2]
 
 Both settings run in one process on the same inputs, interleaved round by round so that machine noise hits both
 alike; each round's time is the median over --iters calls, and the table shows the median over --repeats rounds
@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 

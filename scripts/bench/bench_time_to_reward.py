@@ -11,7 +11,7 @@ reaches the baseline's best (the best point of the baseline's seed-mean curve), 
 reward with 95% t-intervals over seeds, median seconds per epoch split into sampling / reward wait / training, and a
 plot of held-out reward against training seconds.
 
-    python scripts/bench_time_to_reward.py --preset tiny_cpu --seeds 0,1,2 --budget-s 300 --eval-every-s 30
+    python scripts/bench/bench_time_to_reward.py --preset tiny_cpu --seeds 0,1,2 --budget-s 300 --eval-every-s 30
 
 writes docs/time_to_reward.md, .png and .json (with this command line). `--report-only` re-reads finished runs.
 """
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from config.grpo import get_config  # noqa: E402
@@ -334,7 +334,7 @@ def main(argv=None) -> int:
     out = ROOT / args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     # the command that made the runs: a --report-only rewrite is said apart (write_markdown)
-    command = "python scripts/bench_time_to_reward.py " + " ".join(
+    command = "python scripts/bench/bench_time_to_reward.py " + " ".join(
         shlex.quote(a) for a in (argv or sys.argv[1:]) if a != "--report-only")
     summary["command"] = command
     out.with_suffix(".json").write_text(json.dumps(summary, indent=1, default=str))

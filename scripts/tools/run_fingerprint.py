@@ -1,10 +1,10 @@
 """A run's numbers, wall-clock times left out, as a regression that holds on another machine and still catches a
 change: used to show that a refactor changed no number, and (committed) that a change which moves numbers says so.
 
-    python scripts/run_fingerprint.py RUN_DIR                  # hashes of metrics.jsonl's records and the weights
-    python scripts/run_fingerprint.py RUN_DIR --against OTHER  # bit-identical? else the first record that differs
-    python scripts/run_fingerprint.py --write tests/fingerprints/toy.json --command "scripts/train_recam.py ..."
-    python scripts/run_fingerprint.py RUN_DIR --check tests/fingerprints/toy.json  # within the measured tolerances?
+    python scripts/tools/run_fingerprint.py RUN_DIR                  # hashes of metrics.jsonl's records and the weights
+    python scripts/tools/run_fingerprint.py RUN_DIR --against OTHER  # bit-identical? else the first record that differs
+    python scripts/tools/run_fingerprint.py --write tests/fingerprints/toy.json --command "scripts/train_recam.py ..."
+    python scripts/tools/run_fingerprint.py RUN_DIR --check tests/fingerprints/toy.json  # within the tolerances?
 
 The records kept are every metrics.jsonl record less its wall-clock fields (names containing "seconds"); the
 weights are the policy's safetensors files (model/) of the checkpoint `latest` points to, each tensor kept as its
@@ -41,7 +41,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FORMAT = 2
 
 # Each setting: the environment it adds and the torch thread count. "reference" is the committed run; the others
@@ -418,7 +418,7 @@ def write(target: Path, command: list[str], runs: Path | None = None) -> dict:
     for setting, line in moved.items():
         tolerances["settings"][setting]["moved"] = line
     tolerances["margin"] = MARGIN
-    tolerances["written_by"] = shlex.join(["python", "scripts/run_fingerprint.py", "--write", target.as_posix(),
+    tolerances["written_by"] = shlex.join(["python", "scripts/tools/run_fingerprint.py", "--write", target.as_posix(),
                                            "--command", shlex.join(command)])
     out = {"format": FORMAT, "command": command, "tolerances": tolerances, **reference}
     target.parent.mkdir(parents=True, exist_ok=True)

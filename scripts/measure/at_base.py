@@ -1,5 +1,5 @@
 """A trainer on a preset's base weights, for the tools that measure the base without training it
-(scripts/step_gradients.py, scripts/gradient_agreement.py). Not a script itself."""
+(scripts/measure/step_gradients.py, scripts/measure/gradient_agreement.py). Not a script itself."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ package index. Everything else recam imports there is optional: wandb only when 
 the SfM camera estimator, imageio-ffmpeg only to read or write mp4 (GIFs need none). So, on a machine with an
 index:
 
-    python scripts/carry_wheels.py --dest wheels
+    python scripts/tools/carry_wheels.py --dest wheels
 
 and on the accelerator machine, with wheels/ carried along:
 

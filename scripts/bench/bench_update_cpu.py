@@ -1,8 +1,8 @@
 """The host's seconds per update of the GPU presets (tiny_gpu: 2,048 samples, motion_tiny_gpu: 16,384), with the
 noise drawn on the device (recam.engine.rollout.KeyedNoise): what an accelerator cannot take off the host.
 
-    python scripts/bench_update_cpu.py                     # this machine's torch thread count
-    python scripts/bench_update_cpu.py --threads 16 --repeats 5 --out host.json
+    python scripts/bench/bench_update_cpu.py                     # this machine's torch thread count
+    python scripts/bench/bench_update_cpu.py --threads 16 --repeats 5 --out host.json
 
 What stays on the host, per 2,048 samples, medians over --repeats:
   noise keys   three key words per sample (SeedSequence), for the sample streams and the shared starts
@@ -29,15 +29,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from config.grpo import get_config  # noqa: E402
 from recam.domains.motion.skeleton import MAX_FRAMES, NUM_FEATURES  # noqa: E402  (the motion domain's sample)
+from recam.engine import records  # noqa: E402
 from recam.engine.reward_runner import RewardDetails, masked_group_advantages  # noqa: E402
 from recam.engine.rollout import KeyedNoise, per_sample_noise  # noqa: E402
-from recam.infra import runlog  # noqa: E402
 from rewards.pose import landmarks, to_uint8_frames  # noqa: E402
-from scripts.bench_model import timed  # noqa: E402  (median of repeats after a warm-up)
+from scripts.bench.bench_model import timed  # noqa: E402  (median of repeats after a warm-up)
 
 UPDATE = 2048
 
@@ -117,8 +117,8 @@ def bench_records(repeats: int) -> dict:
 
         def update_records(index=index, rewards=rewards, keep=keep, details=details, T=p["T"]):
             adv, _, stats = masked_group_advantages(rewards["avg"], index, keep, "group", 1e-4)
-            record = runlog.epoch_record(0, 0, {}, [f"c{i}" for i in index.tolist()], index, rewards,
-                                        adv[:, None].expand(-1, T), stats, 1.0, details)
+            record = records.verification_record(0, 0, {}, [f"c{i}" for i in index.tolist()], index, rewards,
+                                                 adv[:, None].expand(-1, T), stats, 1.0, details)
             with tempfile.TemporaryFile("w") as f:
                 f.write(json.dumps({"type": "epoch", **record}) + "\n")
 

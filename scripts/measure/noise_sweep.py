@@ -3,10 +3,10 @@ half signal would take: one short training run per setting, the noise scale meas
 (train.noise_scale; recam/engine/noise_scale.py) and pooled over the run's epochs (recam.engine.diagnosis.
 run_noise_scale).
 
-    python scripts/noise_sweep.py camera --out runs/noise_sweep/camera --epochs 4
-    python scripts/noise_sweep.py motion --out runs/noise_sweep/motion --epochs 12 --parallel 2
-    python scripts/noise_sweep.py motion --out runs/noise_sweep/motion --table     # the table of what has finished
-    python scripts/noise_sweep.py camera --preset tiny_gpu --out runs/noise_sweep/camera_gpu --epochs 4   # on a GPU
+    python scripts/measure/noise_sweep.py camera --out runs/noise_sweep/camera --epochs 4
+    python scripts/measure/noise_sweep.py motion --out runs/noise_sweep/motion --epochs 12 --parallel 2
+    python scripts/measure/noise_sweep.py motion --out runs/noise_sweep/motion --table   # what has finished
+    python scripts/measure/noise_sweep.py camera --preset tiny_gpu --out runs/noise_sweep/gpu --epochs 4  # a GPU
 
 B_simple = tr(Sigma) / |G|^2 is the update size (in samples) at which two independent updates' directions agree at
 cosine 1/2; an update of B samples is 1 / (1 + B_simple / B) signal. Its 95% interval comes from |G|^2's t-interval
@@ -30,7 +30,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from recam.engine.diagnosis import run_noise_scale  # noqa: E402

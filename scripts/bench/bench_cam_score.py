@@ -3,7 +3,8 @@ family under each degradation, scored against their own trajectory, against anot
 camera that turns as theirs does but stands still (the first frame's position throughout: for a translating
 family the whole of its translation is then error, for pan, tilt, roll and static it is their own trajectory).
 
-    python scripts/bench_cam_score.py --scenes 2 --frames 16 --height 256 --width 448 --out docs/cam_score_bench.json
+    python scripts/bench/bench_cam_score.py --scenes 2 --frames 16 --height 256 --width 448 \
+        --out docs/cam_score_bench.json
 
 Prints one row per (family, degradation) (median over scenes; RotErr and TransErr are means over the placed frames,
 RotErr sum CamI2V's sum with unplaced frames at 180 deg) and the seconds per video per SfM stage (median and 90th
@@ -22,14 +23,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from recam.domains.camera import textured  # noqa: E402
 from recam.domains.camera.world import c2w_to_w2c  # noqa: E402
 from rewards.cam_score import CamScore, CamScoreSettings, relative_trajectory  # noqa: E402
 from rewards.pose import to_uint8_frames  # noqa: E402
 from rewards.pose.sfm import SfMSettings  # noqa: E402
-from scripts.bench_cam_still import standing_still  # noqa: E402
+from scripts.bench.bench_cam_still import standing_still  # noqa: E402
 
 FAMILIES = ("orbit", "dolly", "truck", "pedestal", "zoom", "orbit+truck", "pan", "tilt", "roll", "static")
 

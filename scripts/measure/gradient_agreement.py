@@ -1,7 +1,7 @@
 """How much of a GRPO update is signal: agreement between independent epochs' gradients, per trained step.
 
-    python scripts/gradient_agreement.py --config config/grpo.py:motion_tiny_cpu --repeats 6
-    python scripts/gradient_agreement.py --config config/grpo.py:tiny_cpu --repeats 4 \\
+    python scripts/measure/gradient_agreement.py --config config/grpo.py:motion_tiny_cpu --repeats 6
+    python scripts/measure/gradient_agreement.py --config config/grpo.py:tiny_cpu --repeats 4 \\
         --config.sample.num_batches_per_epoch=32
 
 At the preset's base weights (nothing is trained), --repeats epochs are sampled and scored as the trainer does
@@ -20,7 +20,7 @@ motion job, 64 samples' share of 0.01 read as ~6,300 samples for 1/2; measured a
 The trainer logs the same cosine between consecutive optimizer steps (grad_cosine_prev) in
 every run; this measures it at the base, per step, on as many epochs as asked. Nothing is written outside a
 temporary folder, except --out's record of the whole update (with the wall seconds per sample, and so the seconds
-an update whose cosine is 1/2 would take); --table prints several records side by side (scripts/signal_sweep.sh
+an update whose cosine is 1/2 would take); --table prints several records side by side (scripts/measure/signal_sweep.sh
 runs the settings of docs/results.md's table).
 """
 
@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 os.environ.setdefault("WANDB_MODE", "disabled")
 
 import torch  # noqa: E402
@@ -44,13 +44,13 @@ from ml_collections import config_flags  # noqa: E402
 from recam.engine.advantages import step_sample_weights, trajectory_ids  # noqa: E402
 from recam.engine.trainer import GRPOTrainer  # noqa: E402
 from recam.infra.stats import t975  # noqa: E402
-from scripts.at_base import trainer_at_base  # noqa: E402
+from scripts.measure.at_base import trainer_at_base  # noqa: E402
 
 FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
-    """The command line's flags, defined when this file runs as the script (scripts/base_report.py imports the
+    """The command line's flags, defined when this file runs as the script (scripts/measure/base_report.py imports the
     measurement and defines its own)."""
     config_flags.DEFINE_config_file("config", "config/grpo.py:motion_tiny_cpu",
                                     "preset (config/grpo.py:<name>[+method])")
