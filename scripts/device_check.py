@@ -4,8 +4,10 @@
     python scripts/device_check.py --out /tmp/device_check --tiny       # every stage at tiny sizes on the CPU
     python scripts/device_check.py --out runs/learning --stages learning --learning-seconds 180
                                                                         # both learning runs, longer: ~10 min
-    python scripts/device_check.py --out runs/learning2 --stages learning --learning-seconds 180 \
+    python scripts/device_check.py --out runs/learning2 --stages learning --learning-seconds 180 \\
         --resume runs/learning                                          # the next window continues them
+    python scripts/device_check.py --out runs/placebo --stages learning --learning-arms placebo \\
+        --resume docs/learning_gpu                                      # placebos up to the GRPO runs' seconds
 
 Stages run in order, each in a process of its own under its own time cap, and DIR/device_check.json is rewritten
 after each one, so a stage that fails or runs out of time keeps what the earlier ones measured (its entry then says
@@ -30,6 +32,10 @@ sizes, its cap and the keys it reports; this file runs them:
             busy share. The runs add up over GPU windows: --resume DIR continues each run DIR/runs/<preset> of an
             earlier check for --learning-seconds more training seconds, and each run folder is left as a small
             bundle (the checkpoint `latest` names and `selected`'s, metrics.jsonl gzipped) to bring back for that.
+            --learning-arms grpo,placebo runs each preset's placebo (advantage.placebo=True) after it, in
+            DIR/runs/<preset>_placebo, until it has trained as many seconds as the GRPO run has in all; `placebo`
+            alone trains no GRPO run and matches the ones in --resume. learning.<domain>.vs_placebo: GRPO minus
+            placebo, paired over the held-out conditions, at the last update both evaluated and at the ends.
   overhead  per stage, the share of its wall time spent outside the model's forward / backward passes (the
             passes timed alone at the same shapes).
 
@@ -68,8 +74,8 @@ def set_learning(mode: str, seconds: float | None, presets: str | None, arms: st
                  resume: Path | None = None) -> None:
     """--learning-seconds / --learning-presets / --learning-arms: a longer learning run, one domain, or the placebo
     arm, in a window of its own. The stage's cap grows with the training time asked for: each run's training
-    seconds plus learning.LEARNING_MARGIN_S, a placebo's seconds being what it lacks of its GRPO run's cumulative
-    seconds (read from the --resume bundles)."""
+    seconds and its margin (learning.allowance), a placebo's seconds being what it lacks of its GRPO run's
+    cumulative seconds (read from the --resume bundles)."""
     size = SIZES[mode]["learning"]
     if arms:
         wanted = tuple(x.strip() for x in arms.split(",") if x.strip())
@@ -88,7 +94,7 @@ def set_learning(mode: str, seconds: float | None, presets: str | None, arms: st
             raise SystemExit(f"--learning-seconds must be positive, got {seconds:g}")
         size["seconds"] = seconds
     if seconds is not None or "placebo" in size["arms"]:
-        SIZES[mode]["caps"]["learning"] = sum(s + learning.LEARNING_MARGIN_S for *_, s in learning.plans(
+        SIZES[mode]["caps"]["learning"] = sum(learning.allowance(arm, s) for _, arm, s in learning.plans(
             size, resume)) + 10
 
 

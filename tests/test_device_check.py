@@ -229,9 +229,10 @@ def test_grpo_minus_placebo_pairs_the_last_update_both_evaluated():
 
 def test_the_placebo_arm_gets_its_catch_up_in_the_stage_cap(monkeypatch):
     """A placebo trains what it lacks of its GRPO run's cumulative seconds (the --resume bundles say them), the
-    GRPO run its window's seconds; each run gets LEARNING_MARGIN_S besides."""
+    GRPO run its window's seconds; each run gets LEARNING_MARGIN_S besides, a placebo PLACEBO_MARGIN_S more for its
+    evaluation after every update."""
     monkeypatch.setitem(device_check.SIZES, "full", copy.deepcopy(device_check.SIZES["full"]))
-    resume, margin = ROOT / "docs" / "learning_gpu", learning.LEARNING_MARGIN_S
+    resume, margin = ROOT / "docs" / "learning_gpu", learning.LEARNING_MARGIN_S + learning.PLACEBO_MARGIN_S
     camera = bundle.trained_seconds(resume / "runs" / "tiny_gpu")
     assert camera == pytest.approx(157.1, abs=0.1)
     device_check.set_learning("full", None, "tiny_gpu", "placebo", resume)
@@ -239,7 +240,7 @@ def test_the_placebo_arm_gets_its_catch_up_in_the_stage_cap(monkeypatch):
     device_check.set_learning("full", 60.0, "tiny_gpu", "placebo,grpo", resume)
     assert device_check.SIZES["full"]["learning"]["arms"] == ("grpo", "placebo")  # GRPO first: its seconds set the
     assert device_check.SIZES["full"]["caps"]["learning"] == pytest.approx(  # placebo's budget
-        (60 + margin) + (camera + 60 + margin) + 10)
+        (60 + learning.LEARNING_MARGIN_S) + (camera + 60 + margin) + 10)
     with pytest.raises(SystemExit, match="unknown \\['ppo'\\]"):
         device_check.set_learning("full", None, None, "grpo,ppo")
 

@@ -64,6 +64,10 @@ CAP = {"full": 170, "tiny": 200}
 # per learning run, beyond its training seconds: start-up, the base and final evaluations and the epoch that
 # crosses the budget. On the H100 these took about 25 s (camera) and 40 s (motion) besides an epoch of 25-30 s.
 LEARNING_MARGIN_S = 90
+# a placebo run's further margin: it evaluates after every update, about 2.5 s (camera, 32 conditions) and 4 s
+# (motion, 128 captions) each on the H200 (the gaps between its epoch lines around an evaluation), up to about 15
+# of them when it catches up with a GRPO run of three minutes
+PLACEBO_MARGIN_S = 40
 # the entry holds one dict per run, under its domain's name (NAMES), and bundle_bytes; a run that ran holds these
 KEYS = ("samples_per_update", "epochs", "seconds", "base", "final", "gain", "ci95", "curve", "plot",
         "seconds_per_update", "seconds_device", "seconds_host", "device_share", "bundle", "max_train_seconds")
@@ -352,7 +356,7 @@ def plans(size: dict, resume: Path | None) -> list[tuple[str, str, float]]:
         return (trained_seconds(resume / "runs" / preset) or 0.0) if resume is not None else 0.0
 
     out = []
-    for preset in size["presets"]:
+    for preset in size["presets"]:  # (a fresh GRPO run counts 0 s before; so does a placebo never run)
         grpo = cumulative(preset) + (size["seconds"] if "grpo" in size["arms"] else 0.0)
         if "grpo" in size["arms"]:
             out.append((preset, "grpo", size["seconds"]))
@@ -361,13 +365,18 @@ def plans(size: dict, resume: Path | None) -> list[tuple[str, str, float]]:
     return out
 
 
+def allowance(arm: str, seconds: float) -> float:
+    """A run's share of the stage's cap: its training seconds and its margin."""
+    return seconds + LEARNING_MARGIN_S + (PLACEBO_MARGIN_S if arm == "placebo" else 0.0)
+
+
 def run(device: torch.device, size: dict, ctx: Context) -> dict:
     """Each preset's runs in turn (its GRPO run, then its placebo), each within its share of the stage's cap (10 s
-    kept for the stage's own end): the time left, split in proportion to the runs' training seconds plus
-    LEARNING_MARGIN_S each, so that a run that ends early leaves its time to the ones after it."""
+    kept for the stage's own end): the time left, split in proportion to the runs' allowances (training seconds
+    and margin), so that a run that ends early leaves its time to the ones after it."""
     deadline, out_dir, resume = time.perf_counter() + ctx.cap - 10, ctx.out_dir, ctx.resume
     todo = plans(size, resume)
-    weights = [seconds + LEARNING_MARGIN_S for _, _, seconds in todo]
+    weights = [allowance(arm, seconds) for _, arm, seconds in todo]
 
     def share(i):
         return max(1.0, (deadline - time.perf_counter()) * weights[i] / sum(weights[i:]))
