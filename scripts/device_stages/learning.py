@@ -403,6 +403,10 @@ def run(device: torch.device, size: dict, ctx: Context) -> dict:
                 continue
             out[name] = keep_run(preset, out_dir, prior)
             evals[name] = out[name].pop("_evals", None)
+        if "error" in out[name] and "bundle" not in out[name]:
+            # refused or not carried over: whatever grpo_dir holds is not the GRPO run of this window
+            out[name + PLACEBO] = {"error": f"its GRPO run did not run: {out[name]['error'][:300]}"}
+            continue
         target = trained_seconds(grpo_dir)
         if target is None:
             out[name + PLACEBO] = {"error": f"{grpo_dir} holds no checkpoint with training seconds: no budget to "
