@@ -179,6 +179,8 @@ def test_a_placebo_catches_up_with_its_grpo_run_and_both_continue_together(tmp_p
     assert rc == 0, r2
     grpo, placebo, vs = r2["learning"]["motion"], r2["learning"]["motion_placebo"], r2["learning"]["motion"][
         "vs_placebo"]
+    assert not [k for k in learning.KEYS if k not in placebo]  # a placebo run reports what a GRPO run does
+    assert not [k for k in learning.PLACEBO_KEYS if k not in grpo]
     assert grpo["trained"] is False and grpo["epochs"] == 1 and grpo["train_seconds"] == r1["learning"]["motion"][
         "train_seconds"]
     assert [r["epoch"] for r in log_records(second / "runs" / "motion_tiny_gpu") if r["type"] == "epoch"] == [0]
