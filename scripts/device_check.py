@@ -4,8 +4,10 @@
     python scripts/device_check.py --out /tmp/device_check --tiny       # every stage at tiny sizes on the CPU
     python scripts/device_check.py --out runs/learning --stages learning --learning-seconds 180
                                                                         # both learning runs, longer: ~10 min
-    python scripts/device_check.py --out runs/learning2 --stages learning --learning-seconds 180 \
+    python scripts/device_check.py --out runs/learning2 --stages learning --learning-seconds 180 \\
         --resume runs/learning                                          # the next window continues them
+    python scripts/device_check.py --out runs/placebo --stages learning --learning-arms placebo \\
+        --resume docs/learning_gpu                                      # placebos up to the GRPO runs' seconds
 
 Stages run in order, each in a process of its own under its own time cap, and DIR/device_check.json is rewritten
 after each one, so a stage that fails or runs out of time keeps what the earlier ones measured (its entry then says
@@ -30,6 +32,10 @@ sizes, its cap and the keys it reports; this file runs them:
             busy share. The runs add up over GPU windows: --resume DIR continues each run DIR/runs/<preset> of an
             earlier check for --learning-seconds more training seconds, and each run folder is left as a small
             bundle (the checkpoint `latest` names and `selected`'s, metrics.jsonl gzipped) to bring back for that.
+            --learning-arms grpo,placebo runs each preset's placebo (advantage.placebo=True) after it, in
+            DIR/runs/<preset>_placebo, until it has trained as many seconds as the GRPO run has in all; `placebo`
+            alone trains no GRPO run and matches the ones in --resume. learning.<domain>.vs_placebo: GRPO minus
+            placebo, paired over the held-out conditions, at the last update both evaluated and at the ends.
   overhead  per stage, the share of its wall time spent outside the model's forward / backward passes (the
             passes timed alone at the same shapes).
 
@@ -64,10 +70,19 @@ SIZES = {mode: {**{name: m.SIZES[mode] for name, m in STAGE_MODULES.items()},
                 "caps": {name: m.CAP[mode] for name, m in STAGE_MODULES.items()}} for mode in ("full", "tiny")}
 
 
-def set_learning(mode: str, seconds: float | None, presets: str | None) -> None:
-    """--learning-seconds / --learning-presets: a longer learning run, or one domain, in a window of its own. The
-    stage's cap grows with the training time asked for."""
+def set_learning(mode: str, seconds: float | None, presets: str | None, arms: str | None = None,
+                 resume: Path | None = None) -> None:
+    """--learning-seconds / --learning-presets / --learning-arms: a longer learning run, one domain, or the placebo
+    arm, in a window of its own. The stage's cap grows with the training time asked for: each run's training
+    seconds and its margin (learning.allowance), a placebo's seconds being what it lacks of its GRPO run's
+    cumulative seconds (read from the --resume bundles)."""
     size = SIZES[mode]["learning"]
+    if arms:
+        wanted = tuple(x.strip() for x in arms.split(",") if x.strip())
+        unknown = sorted(set(wanted) - set(learning.ARMS))
+        if unknown or not wanted:
+            raise SystemExit(f"--learning-arms: unknown {unknown}; choose from {list(learning.ARMS)}")
+        size["arms"] = tuple(a for a in learning.ARMS if a in wanted)  # GRPO first: its placebo matches its budget
     if presets:
         wanted = tuple(x.strip() for x in presets.split(",") if x.strip())
         unknown = sorted(set(wanted) - set(learning.SCORES))
@@ -78,7 +93,9 @@ def set_learning(mode: str, seconds: float | None, presets: str | None) -> None:
         if not seconds > 0:  # the runs' num_epochs never ends them: the cap does
             raise SystemExit(f"--learning-seconds must be positive, got {seconds:g}")
         size["seconds"] = seconds
-        SIZES[mode]["caps"]["learning"] = len(size["presets"]) * (seconds + learning.LEARNING_MARGIN_S) + 10
+    if seconds is not None or "placebo" in size["arms"]:
+        SIZES[mode]["caps"]["learning"] = sum(learning.allowance(arm, s) for _, arm, s in learning.plans(
+            size, resume)) + 10
 
 
 def run_stage(name: str, mode: str, work: Path, out_dir: Path, peak_tflops: float | None,
@@ -100,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="training seconds per learning run (default 30; the stage's cap follows)")
     ap.add_argument("--learning-presets", default=None,
                     help="comma-separated subset of the learning presets: " + ", ".join(learning.SCORES))
+    ap.add_argument("--learning-arms", default=None,
+                    help="comma-separated: grpo (the default) and/or placebo, each preset's run with "
+                         "advantage.placebo=True in runs/<preset>_placebo, trained to its GRPO run's cumulative "
+                         "training seconds; placebo alone continues no GRPO run: it matches those in --resume")
     ap.add_argument("--resume", default=None, metavar="DIR",
                     help="a previous check's --out folder: continue each learning run DIR/runs/<preset> there is "
                          "for --learning-seconds more training seconds")
@@ -109,10 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     mode = "tiny" if args.tiny else "full"
-    set_learning(mode, args.learning_seconds, args.learning_presets)
     resume = Path(args.resume) if args.resume else None
     if resume is not None and not (resume / "runs").is_dir():
         ap.error(f"--resume {resume}: no runs/ folder there (the --out of a check with the learning stage)")
+    set_learning(mode, args.learning_seconds, args.learning_presets, args.learning_arms, resume)
     if args.stage:  # child: one stage, its result as JSON in a file the parent reads
         with tempfile.TemporaryDirectory() as tmp:
             result = run_stage(args.stage, mode, Path(tmp), out_dir, args.peak_tflops, resume)
@@ -130,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                *(["--tiny"] if args.tiny else []),
                *(["--learning-seconds", str(args.learning_seconds)] if args.learning_seconds is not None else []),
                *(["--learning-presets", args.learning_presets] if args.learning_presets else []),
+               *(["--learning-arms", args.learning_arms] if args.learning_arms else []),
                *(["--resume", str(resume)] if resume is not None else []),
                *(["--peak-tflops", str(results["peak_tflops"])] if results.get("peak_tflops") else [])]
         t0 = time.perf_counter()

@@ -1,7 +1,7 @@
 """scripts/device_check.py: every stage at tiny sizes on the CPU writes every key a GPU run reports (each stage's
 module in scripts/device_stages/ names them), a stage that runs out of time is recorded without losing the others,
 the learning stage's interval is a paired t-interval, and its runs draw a held-out curve, come back small and
-continue in a later window (--resume)."""
+continue in a later window (--resume), beside placebo runs trained to the same seconds (--learning-arms)."""
 
 from __future__ import annotations
 
@@ -123,13 +123,22 @@ def test_each_stage_reports_the_keys_its_module_names(tiny):
         assert device_check.SIZES["tiny"]["caps"][name] == module.CAP["tiny"]
 
 
-def test_a_learning_run_continues_in_a_later_window(tmp_path):
+ONE = ("--stages", "learning", "--learning-presets", "motion_tiny_gpu")
+
+
+@pytest.fixture(scope="module")
+def motion_window(tmp_path_factory):
+    """A first window of the motion preset's GRPO run alone (the later windows below continue from it)."""
+    first = tmp_path_factory.mktemp("first")
+    rc, r1 = check_tiny("--out", str(first), *ONE)
+    assert rc == 0, r1
+    return first, r1
+
+
+def test_a_learning_run_continues_in_a_later_window(tmp_path, motion_window):
     """--resume DIR: the run DIR brought back continues at its next epoch for the window's seconds more; its log
     and curve hold both windows, no epoch twice; a run folder already there is never continued silently."""
-    first, second = tmp_path / "first", tmp_path / "second"
-    one = ("--stages", "learning", "--learning-presets", "motion_tiny_gpu")
-    rc, r1 = check_tiny("--out", str(first), *one)
-    assert rc == 0, r1
+    (first, r1), second, one = motion_window, tmp_path / "second", ONE
     rc, r2 = check_tiny("--out", str(second), *one, "--resume", str(first))
     assert rc == 0, r2
     a, b = r1["learning"]["motion"], r2["learning"]["motion"]
@@ -158,6 +167,84 @@ def test_a_learning_run_continues_in_a_later_window(tmp_path):
     assert rc == 1 and r3["stages"]["learning"]["status"] == "error"
     assert "--resume" in r3["learning"]["motion"]["error"]
     assert [r["epoch"] for r in log_records(second / "runs" / "motion_tiny_gpu") if r["type"] == "epoch"] == [0, 1]
+
+
+def test_a_placebo_catches_up_with_its_grpo_run_and_both_continue_together(tmp_path, motion_window):
+    """--learning-arms placebo: the placebo (advantage.placebo=True, in runs/<preset>_placebo) trains from the same
+    base until it has the GRPO run's training seconds, the GRPO run is carried over untrained, and GRPO minus
+    placebo is paired over the held-out conditions at the last update both evaluated; a later window with both
+    arms continues both bundles, the placebo again to the GRPO run's new seconds."""
+    (first, r1), second, third = motion_window, tmp_path / "second", tmp_path / "third"
+    rc, r2 = check_tiny("--out", str(second), *ONE, "--learning-arms", "placebo", "--resume", str(first))
+    assert rc == 0, r2
+    grpo, placebo, vs = r2["learning"]["motion"], r2["learning"]["motion_placebo"], r2["learning"]["motion"][
+        "vs_placebo"]
+    assert not [k for k in learning.KEYS if k not in placebo]  # a placebo run reports what a GRPO run does
+    assert not [k for k in learning.PLACEBO_KEYS if k not in grpo]
+    assert grpo["trained"] is False and grpo["epochs"] == 1 and grpo["train_seconds"] == r1["learning"]["motion"][
+        "train_seconds"]
+    assert [r["epoch"] for r in log_records(second / "runs" / "motion_tiny_gpu") if r["type"] == "epoch"] == [0]
+    run = second / "runs" / "motion_tiny_gpu_placebo"
+    assert json.loads((run / "config.json").read_text())["advantage"]["placebo"] is True and placebo["placebo"]
+    assert placebo["verification"] == "PASS" and "(PASS)" in (run / "summary.md").read_text()
+    assert all(r.get("placebo") is True for r in log_records(run) if r["type"] == "epoch")
+    assert placebo["resumed_from"] is None and placebo["max_train_seconds"] == grpo["train_seconds"]
+    assert placebo["train_seconds"] >= grpo["train_seconds"] and placebo["epochs"] >= 1  # the same budget at least
+    # the same base, the same conditions: GRPO minus placebo at update 1, paired condition by condition
+    assert vs["base_difference"] == 0 and placebo["base"] == grpo["base"] and vs["step"] == 1
+    evals = {arm: {r["step"]: r for r in log_records(second / "runs" / d) if r["type"] == "eval"}
+             for arm, d in (("grpo", "motion_tiny_gpu"), ("placebo", "motion_tiny_gpu_placebo"))}
+    mean, half, n = paired_change(evals["placebo"][1]["rows/eval/r_precision_top3"],
+                                  evals["grpo"][1]["rows/eval/r_precision_top3"])
+    assert (vs["difference"], vs["ci95"], vs["conditions"]) == pytest.approx((mean, half, n)) and n == 32
+    assert math.isfinite(vs["beside"]["difference"]) and vs["at_ends"]["placebo_step"] == placebo["epochs"]
+    assert placebo["plot"] == grpo["plot"] and (second / grpo["plot"]).stat().st_size > 0  # one plot, both curves
+    assert "### GRPO minus placebo" in (second / "device_check.md").read_text()
+    assert r2["learning"]["bundle_bytes"] == grpo["bundle"]["bytes"] + placebo["bundle"]["bytes"]
+
+    rc, r3 = check_tiny("--out", str(third), *ONE, "--learning-arms", "grpo,placebo", "--resume", str(second))
+    assert rc == 0, r3
+    grpo3, placebo3 = r3["learning"]["motion"], r3["learning"]["motion_placebo"]
+    assert grpo3["epochs"] == 2 and placebo3["resumed_from"]["train_seconds"] == placebo["train_seconds"]
+    assert placebo3["max_train_seconds"] == grpo3["train_seconds"]  # the GRPO run's new cumulative seconds
+    assert placebo3["train_seconds"] >= grpo3["train_seconds"] and placebo3["verification"] == "PASS"
+    # both evaluate after every update here: the last one both made (the placebo's epochs can be slower on a busy
+    # machine, and then fewer for the same seconds)
+    assert grpo3["vs_placebo"]["step"] == min(2, placebo3["epochs"]) and 1 in grpo3["vs_placebo"]["steps_in_common"]
+
+
+def test_grpo_minus_placebo_pairs_the_last_update_both_evaluated():
+    def ev(step, rows, seconds):
+        return {"type": "eval", "step": step, "train_seconds": seconds, "eval/s": statistics.fmean(rows),
+                "rows/eval/s": rows, "eval/b": 0.0, "rows/eval/b": [0.0] * len(rows)}
+    grpo = [ev(0, [0.1, 0.2, 0.3], 0), ev(5, [0.4, 0.2, 0.5], 50), ev(7, [0.5, 0.3, 0.6], 70)]
+    placebo = [ev(0, [0.1, 0.2, 0.3], 0), *[ev(s, [0.1 * s, 0.2, 0.3], 10 * s) for s in range(1, 9)]]
+    vs = learning.versus_placebo(grpo, placebo, "eval/s", "eval/b", 8)
+    assert vs["steps_in_common"] == [0, 5, 7] and vs["step"] == 7 and vs["samples"] == 56
+    assert (vs["difference"], vs["conditions"]) == (pytest.approx(statistics.fmean([0.5 - 0.7, 0.1, 0.3])), 3)
+    assert vs["base_difference"] == 0 and vs["at_ends"]["grpo_step"] == 7 and vs["at_ends"]["placebo_step"] == 8
+    assert vs["at_ends"]["difference"] == pytest.approx(statistics.fmean([0.5 - 0.8, 0.1, 0.3]))
+    vs = learning.versus_placebo(grpo, placebo[:4], "eval/s", "eval/b", 8)  # the placebo only got to update 3
+    assert vs["step"] == 0 and vs["difference"] is None and "nothing but the base" in vs["note"]
+    assert "placebo run" in learning.versus_placebo(grpo, placebo[1:], "eval/s", "eval/b", 8)["error"]
+
+
+def test_the_placebo_arm_gets_its_catch_up_in_the_stage_cap(monkeypatch):
+    """A placebo trains what it lacks of its GRPO run's cumulative seconds (the --resume bundles say them), the
+    GRPO run its window's seconds; each run gets LEARNING_MARGIN_S besides, a placebo PLACEBO_MARGIN_S more for its
+    evaluation after every update."""
+    monkeypatch.setitem(device_check.SIZES, "full", copy.deepcopy(device_check.SIZES["full"]))
+    resume, margin = ROOT / "docs" / "learning_gpu", learning.LEARNING_MARGIN_S + learning.PLACEBO_MARGIN_S
+    camera = bundle.trained_seconds(resume / "runs" / "tiny_gpu")
+    assert camera == pytest.approx(157.1, abs=0.1)
+    device_check.set_learning("full", None, "tiny_gpu", "placebo", resume)
+    assert device_check.SIZES["full"]["caps"]["learning"] == pytest.approx(camera + margin + 10)
+    device_check.set_learning("full", 60.0, "tiny_gpu", "placebo,grpo", resume)
+    assert device_check.SIZES["full"]["learning"]["arms"] == ("grpo", "placebo")  # GRPO first: its seconds set the
+    assert device_check.SIZES["full"]["caps"]["learning"] == pytest.approx(  # placebo's budget
+        (60 + learning.LEARNING_MARGIN_S) + (camera + 60 + margin) + 10)
+    with pytest.raises(SystemExit, match="unknown \\['ppo'\\]"):
+        device_check.set_learning("full", None, None, "grpo,ppo")
 
 
 def test_seconds_per_update_and_the_device_share_are_none_where_no_record_has_them():

@@ -46,13 +46,34 @@ def carry_over(prior: Path, run_dir: Path) -> dict:
                            "were pickle-free): convert the bundle's checkpoints first, with "
                            f"scripts/tools/convert_checkpoints.py --trust-legacy-checkpoint {prior}")
     state = json.loads((root / name / "state.json").read_text())
-    seconds = state.get("budget", {}).get("train_seconds")
-    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
+    seconds = budget_seconds(state)
+    if seconds is None:
         raise RuntimeError(f"{root / name / 'state.json'} holds no budget.train_seconds: the run's cumulative cap "
                            "cannot be set from it")
     logged = [r for r in read_records(log) if r.get("type") == "epoch" and r.get("epoch") == state["epoch"] - 1]
     return {"from": str(prior), "checkpoint": name, "epochs": state["epoch"], "step": state["global_step"],
             "train_seconds": float(seconds), "log_train_seconds": logged[-1].get("train_seconds") if logged else None}
+
+
+def budget_seconds(state: dict) -> float | None:
+    seconds = state.get("budget", {}).get("train_seconds")
+    return None if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) else float(seconds)
+
+
+def trained_seconds(run_dir: Path) -> float | None:
+    """The cumulative training seconds of the checkpoint `latest` names in run_dir (packed or not): what a resume
+    continues from. None where there is no such checkpoint or it holds no budget."""
+    from recam.infra.checkpoint import read_pointer
+
+    root = run_dir / "checkpoints"
+    name = read_pointer(root) if root.is_dir() else None
+    state = root / str(name) / "state.json"
+    if name is None or not state.is_file():
+        return None
+    try:
+        return budget_seconds(json.loads(state.read_text()))
+    except ValueError:
+        return None
 
 
 def pack(run_dir: Path) -> dict:

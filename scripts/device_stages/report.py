@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import platform
 from pathlib import Path
 
@@ -55,6 +56,33 @@ def curve_tables(learning: dict) -> list[str]:
     return lines
 
 
+def pm(pair) -> str:
+    """(mean, 95% half-width) as mean ± half."""
+    mean, half = (pair or (None, None))[:2]
+    return "n/a" if not isinstance(mean, (int, float)) else f"{mean:+.4f}" + (
+        f" ± {half:.4f}" if isinstance(half, (int, float)) and math.isfinite(half) else "")
+
+
+def placebo_table(learning: dict) -> list[str]:
+    """GRPO against its placebo, one row per domain whose placebo ran (learning.<domain>.vs_placebo)."""
+    rows = [(name, r["vs_placebo"]) for name, r in learning.items() if isinstance(r, dict) and "vs_placebo" in r]
+    if not rows:
+        return []
+    lines = ["### GRPO minus placebo (paired over the held-out conditions; ± a 95% interval)", "",
+             "| domain | score | at update (GRPO / placebo seconds) | GRPO gain | placebo gain | GRPO minus placebo | "
+             "at the ends (updates, GRPO / placebo) |", "|---|---|---|---|---|---|---|"]
+    for name, v in rows:
+        if "error" in v:
+            lines.append(f"| {name} | n/a | {v['error']} | | | | |")
+            continue
+        ends = v["at_ends"]
+        lines.append(f"| {name} | {v['score']} | {v['step']} ({fmt(v['grpo_train_seconds'])} / "
+                     f"{fmt(v['placebo_train_seconds'])} s) | {pm(v.get('grpo_gain'))} | {pm(v.get('placebo_gain'))} | "
+                     f"{pm((v['difference'], v['ci95']))} | {pm((ends['difference'], ends['ci95']))} "
+                     f"({ends['grpo_step']} / {ends['placebo_step']}) |")
+    return [*lines, ""]
+
+
 def write(out_dir: Path, results: dict) -> None:
     (out_dir / "device_check.json").write_text(json.dumps(results, indent=1, default=str))
     lines = [f"# Device check: {results['device']}", "",
@@ -67,7 +95,7 @@ def write(out_dir: Path, results: dict) -> None:
         flat = {f"{k}.{kk}": vv for k, v in r.items() if isinstance(v, dict) for kk, vv in v.items()}
         flat.update({k: v for k, v in r.items() if not isinstance(v, dict)})
         lines += [f"- {k}: {fmt(v)}" for k, v in flat.items()
-                  if k != "traceback" and not k.endswith(".curve")] + [""]
+                  if k != "traceback" and not k.endswith((".curve", ".vs_placebo"))] + [""]
         if stage == "learning":
-            lines += curve_tables(r)
+            lines += placebo_table(r) + curve_tables(r)
     (out_dir / "device_check.md").write_text("\n".join(lines))
