@@ -38,7 +38,7 @@ def test_every_setting_is_a_valid_config_at_the_presets_update_size(preset, labe
 def _epoch(g2: float, trace: float, steps: int = 1, samples: int = 128, seconds: float = 64.0) -> dict:
     return {"type": "epoch", "gradient_noise_scale": None, "noise/g2": g2, "noise/trace": trace,
             "noise/steps": steps, "noise/update_samples": float(samples), "samples_per_epoch": samples,
-            "epoch_seconds": seconds}
+            "epoch_seconds": seconds, "nfe_sampling": 10 * samples, "nfe_training": 5 * samples}
 
 
 def _write(run_dir, epochs):
@@ -56,6 +56,7 @@ def test_a_row_is_the_hand_computed_noise_scale_interval_and_seconds(tmp_path):
     assert r["noise_scale_high"] == math.inf  # |G|^2 - h < 0: open above
     assert r["seconds_per_sample"] == pytest.approx(0.5)
     assert r["seconds_to_half"] == pytest.approx(250, rel=1e-9)
+    assert r["nfe_per_sample"] == pytest.approx(15)
     assert noise_sweep.row(tmp_path / "missing") is None
     _write(tmp_path / "one", [_epoch(1e-6, 1e-3)])
     assert noise_sweep.row(tmp_path / "one") is None  # one epoch has no interval
@@ -67,10 +68,11 @@ def test_the_table_ranks_by_the_lower_end_and_names_separated_intervals(tmp_path
     # tight: |G|^2 1e-6 +- tiny -> ~1,000; wide: |G|^2 1e-8 +- tiny -> ~100,000
     _write(tmp_path / "tight", [_epoch(1.0e-6, 1e-3), _epoch(1.01e-6, 1e-3), _epoch(0.99e-6, 1e-3)])
     _write(tmp_path / "wide", [_epoch(1.0e-8, 1e-3), _epoch(1.01e-8, 1e-3), _epoch(0.99e-8, 1e-3)])
+    (tmp_path / "tight" / "summary.md").write_text("done")  # "wide" has no summary yet: still running
     text = noise_sweep.table("camera", tmp_path)
     lines = text.splitlines()
     ranked = [x.split("|")[1].strip() for x in lines if x.startswith("| ") and "setting" not in x]
-    assert ranked == ["tight", "wide"]
+    assert ranked == ["tight", "wide (running)"]
     assert "not measured (yet): never ran" in text
     assert "intervals that separate: tight < wide" in text
     assert "1,000 [" in text and "100,000 [" in text

@@ -13,7 +13,8 @@ cosine 1/2; an update of B samples is 1 / (1 + B_simple / B) signal. Its 95% int
 over the run's epochs: [tr / (|G|^2 + h), tr / (|G|^2 - h)], open above where |G|^2 - h <= 0 (tr(Sigma) is measured
 far more tightly than |G|^2 and is taken as known). Seconds to a cosine of 1/2 are B_simple times the run's training
 wall seconds per sample (sampling, scoring and the update; evaluations and checkpoints excluded), so compare them only
-between rows run under the same load (--parallel, and whatever else shares the machine). A lower noise scale is
+between rows run under the same load (--parallel, and whatever else shares the machine); the network evaluations per
+sample (sampling and training, from the epoch records) are the load-free part of that cost. A lower noise scale is
 better: fewer samples per update carry the same share of signal.
 
 Runs go to <out>/<setting>, each on one torch thread, resumable (a run with summary.md is skipped, an interrupted one
@@ -112,11 +113,14 @@ def row(run_dir: Path) -> dict | None:
     samples = sum(float(r.get("samples_per_epoch") or 0) for r in epochs)
     seconds = sum(float(r.get("epoch_seconds") or 0) for r in epochs)
     per_sample = seconds / samples if samples else math.nan
+    # network evaluations per sample: the cost that does not depend on what else shares the machine
+    nfe = sum(float(r.get("nfe_sampling") or 0) + float(r.get("nfe_training") or 0) for r in epochs)
     low = trace / (g2 + half) if g2 + half > 0 and trace > 0 else math.inf
     high = trace / (g2 - half) if g2 - half > 0 and trace > 0 else math.inf
     return {"epochs": run["epochs"], "steps": run["steps"], "update_samples": run["update_samples"],
             "g2": g2, "g2_half": half, "trace": trace, "noise_scale": run["noise_scale"],
             "noise_scale_low": low, "noise_scale_high": high, "seconds_per_sample": per_sample,
+            "nfe_per_sample": nfe / samples if samples else math.nan,
             "seconds_to_half": None if run["noise_scale"] is None else run["noise_scale"] * per_sample,
             "seconds_to_half_low": low * per_sample, "seconds_to_half_high": high * per_sample}
 
@@ -141,17 +145,18 @@ def table(domain: str, out: Path, preset: str | None = None) -> str:
     lines = [f"noise scale per setting, {domain} ({preset}), ranked by the interval's lower end (smaller is better)",
              "",
              "| setting | samples per update | epochs (steps) | noise scale B_simple (95%) | signal share of an update"
-             " | train s / sample | wall s to cosine 1/2 (95%) |",
-             "|---|---|---|---|---|---|---|"]
+             " | train s / sample | NFE / sample | wall s to cosine 1/2 (95%) |",
+             "|---|---|---|---|---|---|---|---|"]
     for label, r in rows:
         b = r["update_samples"]
         share = "n/a" if r["noise_scale"] is None else f"{100 / (1 + r['noise_scale'] / b):.2g}%"
         share_hi = f"at most {100 / (1 + r['noise_scale_low'] / b):.2g}%"
+        running = "" if (out / slug(label) / "summary.md").exists() else " (running)"
         lines.append(
-            f"| {label} | {b:.0f} | {r['epochs']} ({r['steps']}) | {_n(r['noise_scale'])} "
+            f"| {label}{running} | {b:.0f} | {r['epochs']} ({r['steps']}) | {_n(r['noise_scale'])} "
             f"[{_n(r['noise_scale_low'])}, {_n(r['noise_scale_high'])}] | {share} ({share_hi}) | "
-            f"{r['seconds_per_sample']:.3f} | {_n(r['seconds_to_half'])} [{_n(r['seconds_to_half_low'])}, "
-            f"{_n(r['seconds_to_half_high'])}] |")
+            f"{r['seconds_per_sample']:.3f} | {r['nfe_per_sample']:.1f} | {_n(r['seconds_to_half'])} "
+            f"[{_n(r['seconds_to_half_low'])}, {_n(r['seconds_to_half_high'])}] |")
     missing = [label for label, *_ in settings if label not in {lab for lab, _ in rows}]
     if missing:
         lines += ["", "not measured (yet): " + ", ".join(missing)]
