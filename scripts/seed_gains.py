@@ -103,13 +103,18 @@ def placebo_flag(run_dir: Path) -> bool | None:
         return None
 
 
+def pairable(grpo: list[Path], placebo: list[Path]) -> bool:
+    """Whether the two sets of runs pair by seed: each side's seeds recorded, distinct, and the same set."""
+    seeds_g, seeds_p = [run_seed(r) for r in grpo], [run_seed(r) for r in placebo]
+    return (None not in seeds_g and len(set(seeds_g)) == len(seeds_g) and sorted(seeds_g) == sorted(seeds_p)
+            and len(set(seeds_p)) == len(seeds_p))
+
+
 def grpo_minus_placebo(grpo: list[Path], placebo: list[Path], metric: str, which: int) -> tuple[float, float, str]:
     """GRPO minus placebo for one metric at the reported checkpoint (which=1) or the last epoch (which=2): (mean,
     95% half-width, how it was paired)."""
-    seeds_g, seeds_p = [run_seed(r) for r in grpo], [run_seed(r) for r in placebo]
-    paired = (None not in seeds_g and len(set(seeds_g)) == len(seeds_g) and sorted(seeds_g) == sorted(seeds_p)
-              and len(set(seeds_p)) == len(seeds_p))
-    if paired:
+    seeds_g = [run_seed(r) for r in grpo]
+    if pairable(grpo, placebo):
         by_seed = {run_seed(r): r for r in placebo}
         per_seed = []
         for run in grpo:
@@ -176,7 +181,7 @@ def curve_rows(grpo: list[Path], placebo: list[Path], metric: str) -> list[dict]
     curves = {arm: [run_curve(r) for r in runs] for arm, runs in (("grpo", grpo), ("placebo", placebo))}
     grid = sorted(set.intersection(*(set(c) for cs in curves.values() for c in cs)))
     by_seed = {run_seed(r): c for r, c in zip(placebo, curves["placebo"], strict=True)}
-    paired = len(by_seed) == len(placebo) and all(run_seed(r) in by_seed for r in grpo) and None not in by_seed
+    paired = pairable(grpo, placebo)
     rows = []
     for n in grid:
         row = {"samples": n}
