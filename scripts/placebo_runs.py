@@ -12,6 +12,8 @@ and an interrupted one continues from its checkpoints (train_recam.py resumes by
 picks up where it stopped. Any --config.* argument is passed to every run. The comparison is written to
 <out>/report.md with this command, and each metric's held-out curve over the runs' evaluation grid, GRPO beside
 placebo with intervals, to <out>/curve_<metric>.png (the long presets evaluate every 1,024 or 2,048 samples).
+`--train-reward NAME` adds the two arms' training reward NAME compared epoch by epoch on the same conditions
+(scripts/seed_gains.py --train-reward): every sample trained on, where the held-out set is 32 or 128 conditions.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--metric", action="append", required=True, help="an evaluation key, e.g. eval/cam_score")
+    ap.add_argument("--train-reward", action="append", default=[], metavar="NAME",
+                    help="a training reward (e.g. cam_score) to compare epoch by epoch on the same conditions")
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args([a for a in argv if not a.startswith("--config.")])
@@ -65,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     grpo = [args.out / "grpo" / f"seed{s}" for s in args.seeds]
     placebo = [args.out / "placebo" / f"seed{s}" for s in args.seeds]
     metrics = [x for m in args.metric for x in ("--metric", m)]
+    metrics += [x for m in args.train_reward for x in ("--train-reward", m)]
     text = seed_gains.main([*map(str, grpo), "--placebo", *map(str, placebo), *metrics, "--curve", str(args.out)])
     command = "python scripts/placebo_runs.py " + " ".join(shlex.quote(a) for a in argv)
     (args.out / "report.md").write_text(f"# GRPO against its placebo: {args.preset}\n\n{text}\n\ncommand: "

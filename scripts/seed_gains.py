@@ -22,6 +22,13 @@ over the two sets of runs' changes.
 `--curve DIR` (with --placebo) adds each metric's held-out curve: at every sample count on which all runs evaluated
 (their eval.freq grid), each arm's change from its base and GRPO minus placebo, paired the same way, as a table and
 as DIR/curve_<metric>.png.
+
+`--train-reward NAME` (with --placebo) compares the two arms on what they trained on: each epoch's mean training
+reward NAME (the epoch record's `rewards/NAME`, one value per sample), GRPO minus placebo epoch by epoch. Both arms
+of a seed draw the same conditions in the same order (the draw is seeded, not the policy), so each epoch's
+difference is paired over that epoch's conditions, and the run's 64 epochs hold 8,192 samples where the held-out set
+holds 32 or 128 conditions. Its interval is over blocks of consecutive epochs (recam.infra.stats.batch_means_interval),
+since neighbouring epochs share the weights; over several seeds, a t-interval over the seeds' means.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from recam.infra.reports import eval_change  # noqa: E402
 from recam.infra.runlog import read_records  # noqa: E402
-from recam.infra.stats import mean_interval, welch_difference  # noqa: E402
+from recam.infra.stats import batch_means_interval, mean_interval, welch_difference  # noqa: E402
 
 
 def run_evals(run_dir: Path) -> tuple[dict, dict, dict]:
@@ -241,6 +248,88 @@ def write_curve_png(rows: list[dict], metric: str, path: Path, title: str = "") 
     plt.close(fig)
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# the training reward: every epoch's samples, both arms on the same conditions
+
+TRAIN_BLOCKS = 8
+
+
+def run_train_rewards(run_dir: Path, name: str) -> dict[int, tuple[list, float]]:
+    """{epoch: (the epoch's dataset indices, its mean training reward `name`)} from a run's epoch records."""
+    out = {}
+    for r in read_records(run_dir / "metrics.jsonl"):
+        if r.get("type") != "epoch":
+            continue
+        values = r.get(f"rewards/{name}")
+        if not isinstance(values, list):
+            known = sorted(k.split("/", 1)[1] for k in r if k.startswith("rewards/"))
+            raise SystemExit(f"{run_dir}: epoch {r.get('epoch')} has no training reward {name!r} (rewards/{name}); "
+                             f"its rewards: {known}")
+        finite = [float(x) for x in values if isinstance(x, (int, float)) and math.isfinite(x)]
+        out[int(r["epoch"])] = (r.get("dataset_indices"), math.fsum(finite) / len(finite) if finite else math.nan)
+    if not out:
+        raise SystemExit(f"{run_dir}: metrics.jsonl has no epoch records")
+    return dict(sorted(out.items()))
+
+
+def train_reward_gap(grpo: list[Path], placebo: list[Path], name: str, blocks: int = TRAIN_BLOCKS) -> dict:
+    """GRPO minus placebo in the mean training reward `name`, epoch by epoch on the epochs both runs of a seed
+    trained: per seed the mean over epochs with its batch-means interval, and the same over the later half of the
+    epochs; over seeds, the seeds' means with a t-interval. `blocks` rows of consecutive epochs give each arm's
+    reward and the difference (averaged over seeds). Refused unless the runs pair by seed and both runs of a seed
+    drew the same conditions at every epoch."""
+    if not pairable(grpo, placebo):
+        raise SystemExit("--train-reward pairs each GRPO run with the placebo run of its seed: give runs of the same "
+                         "seeds on both sides")
+    by_seed = {run_seed(r): r for r in placebo}
+    per_seed = []
+    for run in grpo:
+        twin = by_seed[run_seed(run)]
+        g, p = run_train_rewards(run, name), run_train_rewards(twin, name)
+        epochs = sorted(set(g) & set(p))
+        for e in epochs:
+            if g[e][0] != p[e][0]:
+                raise SystemExit(f"{run} and {twin} drew different conditions at epoch {e}: their training rewards "
+                                 "do not pair (same preset and seed, same data config?)")
+        per_seed.append([(e, g[e][1], p[e][1]) for e in epochs])
+    n = min(len(s) for s in per_seed)
+    per_seed = [s[:n] for s in per_seed]  # the epochs every seed reached
+    samples = next((r.get("samples_per_epoch") for r in read_records(grpo[0] / "metrics.jsonl")
+                    if r.get("type") == "epoch"), None)
+    whole = [batch_means_interval([g - p for _, g, p in s], blocks) for s in per_seed]
+    late = [batch_means_interval([g - p for _, g, p in s[n // 2:]], max(2, blocks // 2)) for s in per_seed]
+    size = n // blocks
+    rows = []
+    for b in range(blocks if size else 0):
+        lo = n - size * blocks + b * size
+        part = [s[lo:lo + size] for s in per_seed]
+        rows.append({"epochs": (part[0][0][0], part[0][-1][0]),
+                     "samples": (part[0][-1][0] + 1) * samples if samples else None,
+                     "grpo": mean_interval([math.fsum(x[1] for x in q) / size for q in part])[0],
+                     "placebo": mean_interval([math.fsum(x[2] for x in q) / size for q in part])[0],
+                     "difference": mean_interval([math.fsum(x[1] - x[2] for x in q) / size for q in part])[0]})
+    if len(per_seed) == 1:
+        overall, later = whole[0][:2], late[0][:2]
+        how = f"seed {run_seed(grpo[0])}, {whole[0][2]} epochs in {blocks} blocks"
+    else:
+        overall, later = mean_interval([w[0] for w in whole]), mean_interval([w[0] for w in late])
+        how = f"t-interval over {len(per_seed)} seeds' means"
+    return {"name": name, "epochs": n, "rows": rows, "overall": overall, "later_half": later, "how": how}
+
+
+def train_reward_table(gap: dict) -> str:
+    lines = [f"**training reward {gap['name']}: GRPO minus placebo on the same conditions** (each epoch's mean over "
+             "its samples)", "", "| epochs | samples drawn (to the end) | GRPO | placebo | GRPO minus placebo |",
+             "|---|---|---|---|---|"]
+    for r in gap["rows"]:
+        end = f"{r['samples']:,}" if r["samples"] else "n/a"
+        lines.append(f"| {r['epochs'][0]}-{r['epochs'][1]} | {end} | {r['grpo']:.4f} | {r['placebo']:.4f} | "
+                     f"{r['difference']:+.4f} |")
+    lines += [f"| all {gap['epochs']} epochs | | | | {fmt(*gap['overall'])} ({gap['how']}) |",
+              f"| the later half | | | | {fmt(*gap['later_half'])} |"]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", type=Path, help="finished run folders (one per seed)")
@@ -250,7 +339,12 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--curve", type=Path, default=None,
                    help="with --placebo: a folder for the held-out curve of each metric (curve_<metric>.png) over "
                         "the runs' evaluation grid of sample counts; its table is printed too")
+    p.add_argument("--train-reward", action="append", default=[], metavar="NAME",
+                   help="with --placebo: GRPO minus placebo in the training reward NAME (e.g. cam_score), epoch by "
+                        "epoch on the same conditions")
     args = p.parse_args(argv)
+    if args.train_reward and not args.placebo:
+        raise SystemExit("--train-reward compares GRPO with its placebo: give --placebo runs too")
     text = report(args.runs, args.metric)
     if args.placebo:
         text += "\n" + placebo_report(args.runs, args.placebo, args.metric)
@@ -263,6 +357,8 @@ def main(argv: list[str] | None = None) -> str:
             text += "\n" + curve_table(rows, metric)
             write_curve_png(rows, metric, args.curve / f"curve_{metric.replace('/', '_')}.png",
                             f"{len(args.runs)} GRPO run(s) beside {len(args.placebo)} placebo run(s)")
+    for name in args.train_reward:
+        text += "\n" + train_reward_table(train_reward_gap(args.runs, args.placebo, name))
     print(text)
     return text
 

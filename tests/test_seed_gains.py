@@ -132,3 +132,71 @@ def test_the_held_out_curve_on_the_sample_grid_by_hand(tmp_path):
     assert "| 256 |" in text and (tmp_path / "curve" / "curve_eval_cam_score.png").stat().st_size > 1000
     with pytest.raises(SystemExit, match="--placebo"):
         seed_gains.main([str(g[0]), "--metric", "eval/cam_score", "--curve", str(tmp_path / "c2")])
+
+
+def test_batch_means_interval_against_numpy():
+    from scipy import stats as sst
+
+    from recam.infra.stats import batch_means_interval
+
+    rng = np.random.default_rng(3)
+    series = rng.normal(0.01, 0.02, size=67)  # 67 = 8 blocks of 8 and 3 early values left out
+    mean, half, used = batch_means_interval(series, 8)
+    blocks = series[3:].reshape(8, 8).mean(axis=1)
+    assert used == 64
+    assert mean == pytest.approx(blocks.mean(), rel=1e-12)
+    assert half == pytest.approx(sst.t.ppf(0.975, 7) * blocks.std(ddof=1) / np.sqrt(8), rel=1e-9)
+    m, h, n = batch_means_interval([0.1, 0.3], 8)  # fewer values than blocks: a mean, no interval
+    assert m == pytest.approx(0.2) and np.isnan(h) and n == 2
+    with pytest.raises(ValueError, match="finite"):
+        batch_means_interval([0.1, float("nan")], 2)
+    with pytest.raises(ValueError, match="blocks"):
+        batch_means_interval([0.1, 0.2], 1)
+
+
+def _train_run(root: Path, name: str, seed: int, placebo: bool, rewards, indices) -> Path:
+    """A finished run whose epoch e trained on conditions indices[e] with per-sample cam_score rewards[e]."""
+    run = _run(root, name, [0.1, 0.2], [0.1, 0.2], [0.1, 0.2], None)
+    lines = [json.dumps({"type": "epoch", "epoch": e, "samples_per_epoch": len(r), "dataset_indices": idx,
+                         "rewards/cam_score": r}) for e, (r, idx) in enumerate(zip(rewards, indices, strict=True))]
+    evals = [x for x in (run / "metrics.jsonl").read_text().splitlines() if json.loads(x)["type"] == "eval"]
+    (run / "metrics.jsonl").write_text("\n".join(lines + evals) + "\n")
+    return _config(run, seed, placebo)
+
+
+def test_training_reward_gap_epoch_by_epoch_by_hand(tmp_path):
+    from scipy import stats as sst
+
+    rng = np.random.default_rng(0)
+    epochs, per = 16, 4
+    idx = [[int(i)] * per for i in rng.integers(0, 100, size=epochs)]
+    g_rw = rng.uniform(0, 1, size=(epochs, per))
+    p_rw = rng.uniform(0, 1, size=(epochs, per))
+    p_rw[5, 2] = float("nan")  # a failed sample is left out of its epoch's mean
+    g = _train_run(tmp_path, "g0", 0, False, g_rw.tolist(), idx)
+    p = _train_run(tmp_path, "p0", 0, True, p_rw.tolist(), idx)
+    gap = seed_gains.train_reward_gap([g], [p], "cam_score", blocks=4)
+    diffs = [g_rw[e].mean() - np.nanmean(p_rw[e]) for e in range(epochs)]  # a loop, epoch by epoch
+    block_means = [np.mean(diffs[b * 4:(b + 1) * 4]) for b in range(4)]
+    assert gap["overall"][0] == pytest.approx(np.mean(diffs), rel=1e-9)
+    assert gap["overall"][1] == pytest.approx(sst.t.ppf(0.975, 3) * np.std(block_means, ddof=1) / 2, rel=1e-9)
+    assert [r["difference"] for r in gap["rows"]] == pytest.approx(block_means, rel=1e-9)
+    assert gap["rows"][1]["epochs"] == (4, 7) and gap["rows"][1]["samples"] == 8 * per
+    later = [np.mean(diffs[8:12]), np.mean(diffs[12:16])]  # the later half in 2 blocks
+    assert gap["later_half"][0] == pytest.approx(np.mean(later), rel=1e-9)
+    text = seed_gains.main([str(g), "--placebo", str(p), "--metric", "eval/cam_score", "--train-reward", "cam_score"])
+    assert f"{np.mean(diffs):+.4f} ± " in text and "seed 0, 16 epochs in 8 blocks" in text
+
+
+def test_training_reward_gap_refuses_runs_that_drew_other_conditions(tmp_path):
+    idx = [[1, 1], [2, 2]]
+    g = _train_run(tmp_path, "g0", 0, False, [[0.1, 0.2], [0.3, 0.4]], idx)
+    p = _train_run(tmp_path, "p0", 0, True, [[0.1, 0.2], [0.3, 0.4]], [[1, 1], [3, 3]])
+    with pytest.raises(SystemExit, match="different conditions at epoch 1"):
+        seed_gains.train_reward_gap([g], [p], "cam_score")
+    q = _train_run(tmp_path, "p1", 1, True, [[0.1, 0.2], [0.3, 0.4]], idx)
+    with pytest.raises(SystemExit, match="same seeds"):
+        seed_gains.train_reward_gap([g], [q], "cam_score")
+    with pytest.raises(SystemExit, match="no training reward 'fidelity'.*cam_score"):
+        seed_gains.train_reward_gap([g], [_train_run(tmp_path, "p0b", 0, True, [[0.1, 0.2], [0.3, 0.4]], idx)],
+                                    "fidelity")
