@@ -314,7 +314,8 @@ def train_reward_gap(grpo: list[Path], placebo: list[Path], name: str, blocks: i
     else:
         overall, later = mean_interval([w[0] for w in whole]), mean_interval([w[0] for w in late])
         how = f"t-interval over {len(per_seed)} seeds' means"
-    return {"name": name, "epochs": n, "rows": rows, "overall": overall, "later_half": later, "how": how}
+    return {"name": name, "epochs": n, "used": whole[0][2], "rows": rows, "overall": overall, "later_half": later,
+            "how": how}
 
 
 def train_reward_table(gap: dict) -> str:
@@ -323,9 +324,11 @@ def train_reward_table(gap: dict) -> str:
              "|---|---|---|---|---|"]
     for r in gap["rows"]:
         end = f"{r['samples']:,}" if r["samples"] else "n/a"
-        lines.append(f"| {r['epochs'][0]}-{r['epochs'][1]} | {end} | {r['grpo']:.4f} | {r['placebo']:.4f} | "
-                     f"{r['difference']:+.4f} |")
-    lines += [f"| all {gap['epochs']} epochs | | | | {fmt(*gap['overall'])} ({gap['how']}) |",
+        first, last = r["epochs"]
+        span = str(first) if first == last else f"{first}-{last}"
+        lines.append(f"| {span} | {end} | {r['grpo']:.4f} | {r['placebo']:.4f} | {r['difference']:+.4f} |")
+    span = f"all {gap['epochs']} epochs" if gap["used"] == gap["epochs"] else f"the last {gap['used']} epochs"
+    lines += [f"| {span} | | | | {fmt(*gap['overall'])} ({gap['how']}) |",
               f"| the later half | | | | {fmt(*gap['later_half'])} |"]
     return "\n".join(lines) + "\n"
 
