@@ -166,16 +166,18 @@ def placebo_report(grpo: list[Path], placebo: list[Path], metrics: list[str]) ->
 
 
 def run_curve(run_dir: Path) -> dict[int, dict]:
-    """A run's evaluations by the samples trained on before each: {samples: record}, the base at 0. Where two
-    evaluations share a step (a periodic one and the final one), the later is kept."""
+    """A run's evaluations by the samples trained on before each: {samples: record}, the base at 0. An evaluation
+    record's `epoch` is the last epoch trained before it (-1 for the base); its `step` counts optimizer steps, of
+    which an epoch may take several, so the grid is built on epochs. Where two evaluations follow the same epoch (a
+    periodic one and the final one), the later is kept."""
     records = read_records(run_dir / "metrics.jsonl")
     per_epoch = next((r.get("samples_per_epoch") for r in records if r.get("type") == "epoch"), None)
     if not per_epoch:
         raise SystemExit(f"{run_dir}: metrics.jsonl has no epoch record with samples_per_epoch")
     out = {}
     for r in records:
-        if r.get("type") == "eval" and isinstance(r.get("step"), int):
-            out[r["step"] * int(per_epoch)] = r
+        if r.get("type") == "eval" and isinstance(r.get("epoch"), int):
+            out[(r["epoch"] + 1) * int(per_epoch)] = r
     if 0 not in out:
         raise SystemExit(f"{run_dir}: metrics.jsonl has no evaluation of the base (step 0)")
     return dict(sorted(out.items()))

@@ -99,13 +99,15 @@ def test_a_run_without_the_placebo_flag_is_refused_as_placebo(tmp_path):
 
 
 def _curve_run(root: Path, name: str, seed: int, placebo: bool, evals) -> Path:
-    """A run evaluated at (step, per-condition cam_score) pairs, 64 samples an epoch."""
+    """A run evaluated after (epochs trained, per-condition cam_score) pairs, 64 samples and two optimizer steps an
+    epoch (so a grid built on steps would be twice too long)."""
     run = root / name
     run.mkdir(parents=True)
     lines = [json.dumps({"type": "epoch", "epoch": 0, "samples_per_epoch": 64})]
-    tags = ["start"] + [f"epoch_{s}" for s, _ in evals[1:-1]] + ["final"]
-    lines += [json.dumps({"type": "eval", "tag": tag, "step": step, "eval/cam_score": float(np.mean(rows)),
-                          "rows/eval/cam_score": rows}) for tag, (step, rows) in zip(tags, evals, strict=True)]
+    tags = ["start"] + [f"epoch_{n}" for n, _ in evals[1:-1]] + ["final"]
+    lines += [json.dumps({"type": "eval", "tag": tag, "epoch": n - 1, "step": 2 * n,
+                          "eval/cam_score": float(np.mean(rows)), "rows/eval/cam_score": rows})
+              for tag, (n, rows) in zip(tags, evals, strict=True)]
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     return _config(run, seed, placebo)
 
@@ -114,11 +116,11 @@ def test_the_held_out_curve_on_the_sample_grid_by_hand(tmp_path):
     base = [0.1, 0.2, 0.3]
     g = [_curve_run(tmp_path, "g0", 0, False, [(0, base), (2, [0.2, 0.2, 0.4]), (4, [0.3, 0.3, 0.3])]),
          _curve_run(tmp_path, "g1", 1, False, [(0, base), (2, [0.1, 0.3, 0.3]), (4, [0.0, 0.0, 0.0]),
-                                               (4, [0.2, 0.4, 0.3])])]  # the later of two at step 4 is kept
+                                               (4, [0.2, 0.4, 0.3])])]  # the later of two after epoch 4 is kept
     p = [_curve_run(tmp_path, "p1", 1, True, [(0, base), (2, [0.1, 0.2, 0.3]), (4, [0.1, 0.2, 0.4]), (6, base)]),
          _curve_run(tmp_path, "p0", 0, True, [(0, base), (2, [0.1, 0.1, 0.3]), (4, [0.2, 0.2, 0.2])])]
     rows = seed_gains.curve_rows(g, p, "eval/cam_score")
-    assert [r["samples"] for r in rows] == [0, 128, 256]  # step 6 is not on every run's grid
+    assert [r["samples"] for r in rows] == [0, 128, 256]  # epoch 6 is not on every run's grid
     assert rows[0]["grpo"][0] == 0 and rows[0]["difference"][0] == 0
     T1 = 12.706204736174698
     grpo = np.array([np.mean([0.1, 0.0, 0.1]), np.mean([0.0, 0.1, 0.0])])  # the seeds' changes at 128 samples
