@@ -284,7 +284,7 @@ def train_reward_gap(grpo: list[Path], placebo: list[Path], name: str, blocks: i
         raise SystemExit("--train-reward pairs each GRPO run with the placebo run of its seed: give runs of the same "
                          "seeds on both sides")
     by_seed = {run_seed(r): r for r in placebo}
-    per_seed = []
+    per_seed, dropped = [], 0
     for run in grpo:
         twin = by_seed[run_seed(run)]
         g, p = run_train_rewards(run, name), run_train_rewards(twin, name)
@@ -293,7 +293,10 @@ def train_reward_gap(grpo: list[Path], placebo: list[Path], name: str, blocks: i
             if g[e][0] != p[e][0]:
                 raise SystemExit(f"{run} and {twin} drew different conditions at epoch {e}: their training rewards "
                                  "do not pair (same preset and seed, same data config?)")
-        per_seed.append([(e, g[e][1], p[e][1]) for e in epochs])
+        # an epoch whose samples all failed has no mean on one side: left out, and said
+        kept = [(e, g[e][1], p[e][1]) for e in epochs if math.isfinite(g[e][1]) and math.isfinite(p[e][1])]
+        dropped += len(epochs) - len(kept)
+        per_seed.append(kept)
     n = min(len(s) for s in per_seed)
     per_seed = [s[:n] for s in per_seed]  # the epochs every seed reached
     samples = next((r.get("samples_per_epoch") for r in read_records(grpo[0] / "metrics.jsonl")
@@ -316,6 +319,8 @@ def train_reward_gap(grpo: list[Path], placebo: list[Path], name: str, blocks: i
     else:
         overall, later = mean_interval([w[0] for w in whole]), mean_interval([w[0] for w in late])
         how = f"t-interval over {len(per_seed)} seeds' means"
+    if dropped:
+        how += f"; {dropped} epoch(s) without a finite mean left out"
     return {"name": name, "epochs": n, "used": whole[0][2], "rows": rows, "overall": overall, "later_half": later,
             "how": how}
 

@@ -188,6 +188,11 @@ def test_training_reward_gap_epoch_by_epoch_by_hand(tmp_path):
     assert gap["later_half"][0] == pytest.approx(np.mean(later), rel=1e-9)
     text = seed_gains.main([str(g), "--placebo", str(p), "--metric", "eval/cam_score", "--train-reward", "cam_score"])
     assert f"{np.mean(diffs):+.4f} ± " in text and "seed 0, 16 epochs in 8 blocks" in text
+    p_rw[9, :] = float("nan")  # an epoch whose samples all failed: left out, and said
+    p2 = _train_run(tmp_path, "p0nan", 0, True, p_rw.tolist(), idx)
+    gap = seed_gains.train_reward_gap([g], [p2], "cam_score", blocks=5)
+    kept = [d for e, d in enumerate(diffs) if e != 9]
+    assert gap["overall"][0] == pytest.approx(np.mean(kept), rel=1e-9) and "1 epoch(s)" in gap["how"]
 
 
 def test_training_reward_gap_refuses_runs_that_drew_other_conditions(tmp_path):
