@@ -26,9 +26,10 @@ as DIR/curve_<metric>.png.
 `--train-reward NAME` (with --placebo) compares the two arms on what they trained on: each epoch's mean training
 reward NAME (the epoch record's `rewards/NAME`, one value per sample), GRPO minus placebo epoch by epoch. Both arms
 of a seed draw the same conditions in the same order (the draw is seeded, not the policy), so each epoch's
-difference is paired over that epoch's conditions, and the run's 64 epochs hold 8,192 samples where the held-out set
-holds 32 or 128 conditions. Its interval is over blocks of consecutive epochs (recam.infra.stats.batch_means_interval),
-since neighbouring epochs share the weights; over several seeds, a t-interval over the seeds' means.
+difference is paired over that epoch's conditions, and every sample trained on counts (8,192 in tiny_cpu_long)
+where the held-out set holds 32 or 128 conditions. Its interval is over blocks of consecutive epochs
+(recam.infra.stats.batch_means_interval), since neighbouring epochs share the weights; over several seeds, a
+t-interval over the seeds' means.
 """
 
 from __future__ import annotations
@@ -179,7 +180,7 @@ def run_curve(run_dir: Path) -> dict[int, dict]:
         if r.get("type") == "eval" and isinstance(r.get("epoch"), int):
             out[(r["epoch"] + 1) * int(per_epoch)] = r
     if 0 not in out:
-        raise SystemExit(f"{run_dir}: metrics.jsonl has no evaluation of the base (step 0)")
+        raise SystemExit(f"{run_dir}: metrics.jsonl has no evaluation of the base (before epoch 0)")
     return dict(sorted(out.items()))
 
 
@@ -256,9 +257,10 @@ def write_curve_png(rows: list[dict], metric: str, path: Path, title: str = "") 
 TRAIN_BLOCKS = 8
 
 
-def run_train_rewards(run_dir: Path, name: str) -> dict[int, tuple[list, float]]:
-    """{epoch: (the epoch's dataset indices, its mean training reward `name`)} from a run's epoch records."""
-    out = {}
+def run_train_rewards(run_dir: Path, name: str) -> tuple[int | None, dict[int, tuple[list, float]]]:
+    """(samples per epoch, {epoch: (the epoch's dataset indices, its mean training reward `name`)}) from a run's
+    epoch records."""
+    out, per_epoch = {}, None
     for r in read_records(run_dir / "metrics.jsonl"):
         if r.get("type") != "epoch":
             continue
@@ -267,11 +269,12 @@ def run_train_rewards(run_dir: Path, name: str) -> dict[int, tuple[list, float]]
             known = sorted(k.split("/", 1)[1] for k in r if k.startswith("rewards/"))
             raise SystemExit(f"{run_dir}: epoch {r.get('epoch')} has no training reward {name!r} (rewards/{name}); "
                              f"its rewards: {known}")
+        per_epoch = per_epoch or r.get("samples_per_epoch")
         finite = [float(x) for x in values if isinstance(x, (int, float)) and math.isfinite(x)]
         out[int(r["epoch"])] = (r.get("dataset_indices"), math.fsum(finite) / len(finite) if finite else math.nan)
     if not out:
         raise SystemExit(f"{run_dir}: metrics.jsonl has no epoch records")
-    return dict(sorted(out.items()))
+    return per_epoch, dict(sorted(out.items()))
 
 
 def train_reward_gap(grpo: list[Path], placebo: list[Path], name: str, blocks: int = TRAIN_BLOCKS) -> dict:
@@ -287,7 +290,7 @@ def train_reward_gap(grpo: list[Path], placebo: list[Path], name: str, blocks: i
     per_seed, dropped = [], 0
     for run in grpo:
         twin = by_seed[run_seed(run)]
-        g, p = run_train_rewards(run, name), run_train_rewards(twin, name)
+        (samples, g), (_, p) = run_train_rewards(run, name), run_train_rewards(twin, name)
         epochs = sorted(set(g) & set(p))
         for e in epochs:
             if g[e][0] != p[e][0]:
@@ -297,10 +300,9 @@ def train_reward_gap(grpo: list[Path], placebo: list[Path], name: str, blocks: i
         kept = [(e, g[e][1], p[e][1]) for e in epochs if math.isfinite(g[e][1]) and math.isfinite(p[e][1])]
         dropped += len(epochs) - len(kept)
         per_seed.append(kept)
-    n = min(len(s) for s in per_seed)
-    per_seed = [s[:n] for s in per_seed]  # the epochs every seed reached
-    samples = next((r.get("samples_per_epoch") for r in read_records(grpo[0] / "metrics.jsonl")
-                    if r.get("type") == "epoch"), None)
+    common = set.intersection(*({e for e, _, _ in s} for s in per_seed))  # the epochs every seed has
+    per_seed = [[x for x in s if x[0] in common] for s in per_seed]
+    n = len(common)
     whole = [batch_means_interval([g - p for _, g, p in s], blocks) for s in per_seed]
     late = [batch_means_interval([g - p for _, g, p in s[n // 2:]], max(2, blocks // 2)) for s in per_seed]
     size = n // blocks

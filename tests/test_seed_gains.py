@@ -207,3 +207,22 @@ def test_training_reward_gap_refuses_runs_that_drew_other_conditions(tmp_path):
     with pytest.raises(SystemExit, match="no training reward 'fidelity'.*cam_score"):
         seed_gains.train_reward_gap([g], [_train_run(tmp_path, "p0b", 0, True, [[0.1, 0.2], [0.3, 0.4]], idx)],
                                     "fidelity")
+
+
+def test_training_reward_gap_over_seeds_on_the_epochs_every_seed_has(tmp_path):
+    rng = np.random.default_rng(1)
+    idx = [[e, e] for e in range(8)]
+    diffs = []
+    for seed in (0, 1):
+        g_rw, p_rw = rng.uniform(0, 1, size=(8, 2)), rng.uniform(0, 1, size=(8, 2))
+        if seed == 1:
+            p_rw[3, :] = float("nan")  # seed 1 has no epoch 3: both seeds are compared without it
+        _train_run(tmp_path, f"g{seed}", seed, False, g_rw.tolist(), idx)
+        _train_run(tmp_path, f"p{seed}", seed, True, p_rw.tolist(), idx)
+        diffs.append([g_rw[e].mean() - p_rw[e].mean() for e in range(8) if e != 3])
+    gap = seed_gains.train_reward_gap([tmp_path / "g0", tmp_path / "g1"], [tmp_path / "p0", tmp_path / "p1"],
+                                      "cam_score", blocks=7)
+    per_seed = [np.mean(d) for d in diffs]  # 7 epochs each, one block of one epoch each
+    assert gap["epochs"] == 7 and gap["overall"][0] == pytest.approx(np.mean(per_seed), rel=1e-9)
+    assert gap["overall"][1] == pytest.approx(12.706204736174698 * np.std(per_seed, ddof=1) / np.sqrt(2), rel=1e-9)
+    assert [r["epochs"][0] for r in gap["rows"]] == [0, 1, 2, 4, 5, 6, 7]
