@@ -211,6 +211,15 @@ def test_missing_epoch_fails():
     assert report.epochs == [0, 2, 3]
 
 
+def test_an_absurd_epoch_number_fails_missing_epochs_without_building_its_range():
+    # epoch 1e18 made the missing-epochs check build range(1e18 + 1): the verifier was killed for memory
+    records = make_records(2)
+    next(r for r in records if r.get("type") == "epoch" and r["epoch"] == 1)["epoch"] = 10 ** 18
+    c = status(report_of(records), "missing_epochs")
+    assert c.status == verify.FAIL and c.numbers["missing"] == list(range(1, 13))
+    assert c.numbers["missing_count"] == 10 ** 18 - 1 and "(+999999999999999987) have no epoch record" in c.detail
+
+
 def test_torn_epoch_record_fails_its_epoch_and_the_rest_is_verified(tmp_path, capsys):
     # A torn epoch record is an epoch whose samples nobody can check: it fails "could not verify" (it used to
     # be a warning with exit 0), while the epochs before it are still verified and pass.

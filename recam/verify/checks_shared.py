@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from itertools import islice
 
 from recam.verify.core import FAIL, PASS, WARN, Check, Unreadable, _int, _short
 
@@ -25,13 +26,17 @@ def check_missing_epochs(epoch_numbers: list, step_epochs: list | None = None) -
     counts = Counter(ints)
     dups = sorted(e for e, c in counts.items() if c > 1)
     last = max(ints, default=-1)
-    missing = sorted(set(range(0, last + 1)) - set(ints))
+    # counted, and the first few listed, without building the range: an epoch number of 1e18 is damage to report,
+    # not a set of 1e18 numbers to allocate
+    n_missing = last + 1 - sum(1 for e in counts if 0 <= e <= last)
+    missing = list(islice((e for e in range(last + 1) if e not in counts), 12))
     trailing = sorted({e for e in (_int(x) for x in step_epochs or []) if e is not None and e > last})
     nums = {"epochs": len(counts), "first": min(ints, default=None), "last": last if ints else None,
-            "missing": missing, "duplicated": dups, "steps_without_epoch_record": trailing}
+            "missing": missing, "missing_count": n_missing, "duplicated": dups, "steps_without_epoch_record": trailing}
     problems = []
     if missing:
-        problems.append(f"epochs {_short(missing)} have no epoch record")
+        more = f", … (+{n_missing - len(missing)})" if n_missing > len(missing) else ""
+        problems.append(f"epochs {_short(missing)}{more} have no epoch record")
     if dups:
         problems.append(f"epochs {_short(dups)} logged more than once")
     if bad:
