@@ -112,6 +112,7 @@ def test_rewards_are_analytic_and_weighted():
     (lambda c: setattr(c.toy, "num_train_timesteps", 5), "toy.num_train_timesteps"),
     (lambda c: setattr(c.model, "lora_rank", 4), "model.lora_targets"),
     (lambda c: setattr(c.data, "num_train_conditions", 2), "data.num_train_conditions"),
+    (lambda c: setattr(c.model, "gradient_checkpointing", True), "model.gradient_checkpointing"),  # a traceback before
 ])
 def test_broken_toy_config_names_the_field(mutate, field):
     c = grpo.get_config("toy")

@@ -92,6 +92,8 @@ def check_config(config, conditions_per_batch: int, require) -> None:
             "the default targets are the video transformer's attention projections")
     require(config.mixed_precision == "no", f"the toy domain runs in float32: mixed_precision must be 'no', got "
             f"{config.mixed_precision!r}")
+    require(not m.gradient_checkpointing, "model.gradient_checkpointing is not supported by the toy MLP (it has no "
+            "blocks to recompute); set it False")
 
 
 @register_domain("toy")
