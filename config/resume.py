@@ -27,8 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 MUTABLE = {
     "num_epochs": "how far the run goes",
     "max_train_seconds": "its training-time budget (cumulative over resumes)",
-    "save_freq": "how often it checkpoints",
-    "keep_checkpoints": "how many checkpoints it keeps",
+    "save_freq": "how often it checkpoints (and so which epoch a guard's rollback returns to)",
+    "keep_checkpoints": "how many checkpoints it keeps (and so whether a rollback after collapsed samples finds the "
+                        "checkpoint before the one that drew them)",
     "resume": "whether it resumes",
     "trust_legacy_checkpoint": "whether a checkpoint holding a pickle may be read (and converted)",
     "run_dir": "where its folder is (a folder may move between machines)",
@@ -48,10 +49,12 @@ MUTABLE = {
                                     "same numbers)",
     "train.learning_rate": "the learning rate from the next step on",
     "train.noise_scale": "whether each update's gradient noise scale is measured (its running means are kept)",
-    "health.action": "what the guard does on a critical finding",
+    "health.action": "what the guard does on a critical finding (after one, rollback, warn and stop leave different "
+                     "weights)",
     "health.max_rollbacks": "how many rollbacks the guard may make",
     "reward.async_workers": "reward threads",
-    "reward.max_retries": "how often a failing reward is retried",
+    "reward.max_retries": "how often a failing reward is retried (fewer: more of a failing reward's samples "
+                          "excluded)",
     "reward.retry_backoff_s": "the wait between retries",
     "reward.unified.base_url": "where the judge is served",
     "reward.unified.api_key_env": "the judge's key variable",
