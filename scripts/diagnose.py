@@ -8,10 +8,11 @@ Exit status: 0 when nothing is critical (warnings allowed), 2 when something is 
 could not be read at all, or when the verdict is INCOMPLETE: no step or epoch record the schema accepts (an empty
 metrics.jsonl, a file of noise), or nothing readable is critical but some lines could not be read, some records
 failed the schema (recam.infra.schema: a step record without an integer step, a field of the wrong type such as
-a string of advantages, a step or epoch number recorded twice), or the step records do not cover the optimizer
-steps the epoch records store (none at all, or some epochs' missing). What those held was not diagnosed, so the
-run is not called healthy; the report says how many were skipped and why, one line per kind. A record glued onto
-noise (bytes written before it with no newline of their own) is recovered and said so.
+a string of advantages, a negative or repeated step or epoch number, per-sample fields of different lengths), or
+the step records do not cover the optimizer steps the epoch records store (none at all, or some epochs' missing),
+or some carry an epoch that has no epoch record (other than the one still in progress). What those held was not
+diagnosed, so the run is not called healthy; the report says how many were skipped and why, one line per kind. A
+record glued onto noise (bytes written before it with no newline of their own) is recovered and said so.
 """
 
 from __future__ import annotations

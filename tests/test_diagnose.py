@@ -305,6 +305,15 @@ DAMAGE = {
                         "no step record at all for 2 epoch(s), while their records store 4 optimizer step(s)"),
     "one epoch's step records lost": (lambda rs: [r for r in rs if r["type"] != "step" or r["epoch"] != 1], 1,
                                       "epoch 1 stores 2 optimizer step(s) but 0 step record(s) carry its number"),
+    # each of these was HEALTHY
+    "a negative step number": (lambda rs: [{**r, "step": -1} if r["type"] == "step" and r["step"] == 1 else r
+                                           for r in rs], 1, "skipped 1 step record(s) with a negative step"),
+    "advantages cut short": (lambda rs: _epochs(rs, lambda r: r.update({"advantages": r["advantages"][:5]})), 1,
+                             "with per-sample fields of different lengths (rewards/avg 8, rewards/cam_score 8, "
+                             "rewards/fidelity 8, excluded 8, dataset_indices 8, advantages 5)"),
+    "an epoch record of another type": (lambda rs: [{**r, "type": "epoc"} if r["type"] == "epoch" and r["epoch"] == 0
+                                                    else r for r in rs], 1,
+                                        "step records of epoch(s) 0 but no epoch record of theirs"),
 }
 
 
@@ -322,6 +331,14 @@ def test_a_damaged_log_is_never_healthy(tmp_path, capsys, damage):
     assert f"verdict: {'CRITICAL' if code == 2 else 'INCOMPLETE'}" in out
     assert diagnose_script.main([str(run), "--json"]) == code
     assert json.loads(capsys.readouterr().out)["healthy"] is False
+
+
+def test_the_steps_of_the_epoch_in_progress_need_no_epoch_record_yet(tmp_path, capsys):
+    # the trainer writes an epoch's step records before its epoch record: a running run is not damaged
+    records = full_run()
+    write(tmp_path / "run", records[:-1])  # epoch 1's steps, its record not yet written
+    assert diagnose_script.main([str(tmp_path / "run")]) == 0
+    assert "verdict: HEALTHY" in capsys.readouterr().out
 
 
 def test_a_reward_that_failed_everywhere_is_still_missing_not_infinite():

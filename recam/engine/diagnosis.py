@@ -102,6 +102,9 @@ def record_problem(record: dict) -> str | None:
     missing = [f"{_KIND_WORDS[want]} {key}" for key, want in fields.items() if not _is_kind(record.get(key), want)]
     if missing:
         return "without " + " or ".join(missing)
+    negative = [key for key in ("step", "epoch") if key in fields and record[key] < 0]
+    if negative:  # the trainer numbers steps and epochs from 0
+        return "with a negative " + " and a negative ".join(negative)
     kinds = RECORD_FIELD_KINDS.get(kind, {})
     wrong = sorted(key for key, value in record.items()
                    if key not in fields and (want := _field_kind(kinds, key)) is not None and not _is_kind(value, want))
@@ -112,6 +115,10 @@ def record_problem(record: dict) -> str | None:
                                                 if len(wrong) > 3 else "")
     if kind == "step" and not _has_metric(record):  # a step that measured nothing gives a rule nothing to judge
         return "without a single metric"
+    lengths = {key: len(value) for key, value in record.items()
+               if _field_kind(kinds, key) in ("integer list", "boolean list", "number array")}
+    if len(set(lengths.values())) > 1:  # one entry per sample in each: a list cut short pairs samples wrongly
+        return "with per-sample fields of different lengths (" + ", ".join(f"{k} {n}" for k, n in lengths.items()) + ")"
     return None
 
 
@@ -146,9 +153,17 @@ def step_record_gaps(records: list[dict]) -> list[str]:
     a step the step rules (ratio, KL, loss) never judged, so a report cannot call the run healthy; [] when they
     agree, or when the epoch records do not say."""
     epochs = [r for r in records if r.get("type") == "epoch"]
-    if not epochs:
-        return []
     steps = [r for r in records if r.get("type", "step") == "step"]
+    if not epochs:
+        return []  # a log of step records alone (a documented input): its epochs say nothing to compare with
+    # The trainer writes an epoch's step records before its epoch record: steps of the one epoch after the last epoch
+    # record are a running (or killed) run's epoch in progress; steps of any other epoch without a record were
+    # trained on samples no reward rule judged. (Untyped metric dicts carry no epoch to match.)
+    stepped = sorted({r["epoch"] for r in steps if r.get("type") == "step"})
+    in_progress = stepped[-1] if stepped and stepped[-1] > max(r["epoch"] for r in epochs) else None
+    orphans = [e for e in stepped if e != in_progress and e not in {r["epoch"] for r in epochs}]
+    orphaned = ([f"step records of epoch(s) {', '.join(map(str, orphans[:6]))}{', ...' if len(orphans) > 6 else ''} "
+                 "but no epoch record of theirs: no reward rule judged what they trained on"] if orphans else [])
     taken = [(r.get("epoch"), len(r["optimizer_steps"]) if isinstance(r.get("optimizer_steps"), list) else None)
              for r in epochs]
     if not steps:
@@ -159,8 +174,8 @@ def step_record_gaps(records: list[dict]) -> list[str]:
                 else "they trained (their records do not all say how many optimizer steps)")
         return [f"no step record at all for {len(epochs)} epoch(s), while {said}: no step rule judged them"]
     per_epoch = Counter(r.get("epoch") for r in steps)
-    gaps = [f"epoch {e} stores {n} optimizer step(s) but {per_epoch.get(e, 0)} step record(s) carry its number"
-            for e, n in taken if n is not None and per_epoch.get(e, 0) != n]
+    gaps = orphaned + [f"epoch {e} stores {n} optimizer step(s) but {per_epoch.get(e, 0)} step record(s) carry its "
+                       "number" for e, n in taken if n is not None and per_epoch.get(e, 0) != n]
     return gaps if len(gaps) <= 6 else gaps[:5] + [f"... and {len(gaps) - 5} more epoch(s) like these"]
 
 
