@@ -313,6 +313,17 @@ def test_epoch_step_must_be_global_step():
     assert status(report, "epoch_step", 1).status == verify.PASS
 
 
+def test_a_step_metric_that_is_not_a_number_fails_step_records():
+    # each of these passed: the numeric checks skipped what was not a number
+    records = make_records()
+    next(r for r in records if r["type"] == "step" and r["step"] == 2).update(loss=True, grad_norm="0.4")
+    epoch_rec(records, 1)["optimizer_steps"] = "2 steps"
+    c = status(report_of(records), "step_records")
+    assert c.status == verify.FAIL
+    assert "2 step record field(s) not a number: step 2 loss, step 2 grad_norm" in c.detail
+    assert "epoch(s) 1 store optimizer_steps that are not a list" in c.detail
+
+
 def test_a_run_without_step_records_fails(tmp_path, capsys):
     records = [r for r in make_records() if r["type"] != "step"]
     run = write_run(tmp_path, records)

@@ -688,6 +688,13 @@ def check_step_records(epochs: list[dict], steps: list[dict]) -> Check:
     values = [_int(r.get("step")) for r in steps]
     if any(x is None for x in values):
         problems.append(f"{sum(x is None for x in values)} step records without an integer step")
+    # every field of a step record but its type is a number (recam.infra.schema); a true or a "0.1" there is damage
+    # that the numeric checks would pass over
+    wrong = [(r.get("step"), k) for r in steps for k, v in r.items()
+             if k != "type" and (isinstance(v, bool) or not isinstance(v, (int, float)))]
+    if wrong:
+        problems.append(f"{len(wrong)} step record field(s) not a number: "
+                        + _short([f"step {s} {k}" for s, k in wrong], 6))
     vals = [x for x in values if x is not None]
     backwards = [(a, b) for a, b in zip(vals, vals[1:], strict=False) if b <= a]
     if backwards:
@@ -713,6 +720,9 @@ def check_step_records(epochs: list[dict], steps: list[dict]) -> Check:
             problems.append(f"no step record for {len(epochs)} epoch record(s)"
                             + (f" storing {sum(stored)} optimizer step(s)" if stored else "")
                             + ": the run's updates cannot be verified")
+    torn = [r.get("epoch") for r in epochs if "optimizer_steps" in r and not isinstance(r["optimizer_steps"], list)]
+    if torn:
+        problems.append(f"epoch(s) {_short(torn, 6)} store optimizer_steps that are not a list")
     if steps:
         per_epoch = Counter(s_epochs)
         for r in ordered:
