@@ -17,7 +17,8 @@ Parsing is strict: the value after the last label must be a plain number (digits
 after "." or ",") inside 1-5. Markdown around it, "/5", "out of 5", a "(1-5)" note and text after it are read;
 another notation ("1e10", "1,000"), another stated scale ("4/10", "4 out of 10", "(1-10)"), a range ("4-5") or
 no number at all is a parse failure, as is an answer body over MAX_BODY_BYTES (refused from its Content-Length,
-or once that much has arrived, so a runaway server costs at most that much memory).
+or once that much has arrived, so a runaway server costs at most that much memory) or a compressed one (the
+request asks for none: a compressed chunk would decode whole before the cap could count it).
 
 Failures are explicit. A sample whose request failed after all retries, whose answer could not be parsed,
 or whose score lies outside 1-5 gets NaN in the score tensor, True in details["failed"], a reason in
@@ -380,6 +381,11 @@ def _request_timeout(config: UnifiedConfig) -> httpx.Timeout:
 def _read_capped(resp: httpx.Response, cap: int) -> tuple[bytes, str | None]:
     """(body, None), or (b"", why) when the body is over `cap` bytes: refused from its Content-Length unread, or
     as soon as more than `cap` bytes have arrived, so that a runaway server costs at most `cap` bytes of memory."""
+    encoding = resp.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        # the cap counts decoded bytes, and one compressed chunk decodes whole: 60 KB of gzip is 60 MB in memory
+        # before any count, nested encodings far more. The request asks for none (_post); one sent anyway is refused
+        return b"", f"answer body sent with Content-Encoding {encoding!r}, which was not asked for; not read"
     declared = resp.headers.get("content-length", "").strip()
     if declared.isdigit() and int(declared) > cap:
         return b"", f"answer body of {int(declared)} bytes (its Content-Length) is over the {cap}-byte cap; not read"
@@ -394,7 +400,8 @@ def _read_capped(resp: httpx.Response, cap: int) -> tuple[bytes, str | None]:
 
 def _post(client: httpx.Client, payload: dict, config: UnifiedConfig) -> tuple[int, httpx.Headers, bytes, str | None]:
     """(status, headers, body, why the body was not read) of one POST, its body read up to MAX_BODY_BYTES."""
-    with client.stream("POST", config.chat_url, json=payload, headers=config.headers(),
+    headers = {**config.headers(), "Accept-Encoding": "identity"}  # see _read_capped
+    with client.stream("POST", config.chat_url, json=payload, headers=headers,
                        timeout=_request_timeout(config)) as resp:
         body, too_large = _read_capped(resp, MAX_BODY_BYTES)
         return resp.status_code, resp.headers, body, too_large

@@ -1,4 +1,5 @@
 import base64
+import gzip
 import io
 import json
 import math
@@ -50,6 +51,7 @@ class FakeJudge:
         self.hold_s = hold_s
         self.attempts: dict[int, int] = {}
         self.auth: list[str | None] = []
+        self.encodings: list[str | None] = []  # the Accept-Encoding of each "gzip" request
         self.bodies: list[dict] = []
         self.in_flight = 0
         self.peak = 0
@@ -111,6 +113,15 @@ class FakeJudge:
                     self._raw(200, b"{not json")
                 elif kind == "huge":  # a valid answer padded to `size` bytes, with or without its Content-Length
                     self._huge(action[1], action[2])
+                elif kind == "gzip":  # a valid answer padded to `size` bytes, sent gzipped though not asked for
+                    answer = json.dumps({"choices": [{"message": {"content": "Final Score: 4"}}]}).encode()
+                    data = gzip.compress(answer[:-1] + b" " * (action[1] - len(answer)) + b"}")
+                    judge.encodings.append(self.headers.get("Accept-Encoding"))
+                    self.send_response(200)
+                    self.send_header("Content-Encoding", "gzip")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
 
             def _huge(self, size, declare_length):
                 head = b'{"choices": [{"message": {"role": "assistant", "content": "'
@@ -371,6 +382,17 @@ def test_an_answer_body_over_the_cap_is_a_failure_naming_its_size(judge_factory)
     while len(judge.sent) < 2 and time.monotonic() < deadline:
         time.sleep(0.02)
     assert len(judge.sent) == 2 and max(judge.sent) < streamed  # the client hung up instead of reading it all
+
+
+def test_a_compressed_answer_body_is_refused_unread(judge_factory):
+    # 60 MB of answer in about 60 KB of gzip: decoded, it was one 60 MB chunk in memory before the cap counted it
+    judge = judge_factory(script={1: [("gzip", 60 << 20)]})
+    with UnifiedClient(config(judge.url)) as client:
+        scores, details = client.score_batch(videos(2), captions(2))
+    assert scores[0].item() == pytest.approx(0.75) and math.isnan(scores[1].item())
+    assert details["failure_reason"][1] == ("answer body sent with Content-Encoding 'gzip', which was not asked for; "
+                                            "not read")
+    assert judge.encodings == ["identity"] and judge.attempts == {0: 1, 1: 1}
 
 
 def test_an_out_of_scale_answer_is_retried_by_the_runner_then_excluded(judge_factory):
