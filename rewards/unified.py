@@ -267,23 +267,45 @@ def _plain_number(token: str) -> float | None:
     return float(token.replace(",", "."))
 
 
-def _stated_scale(text: str) -> tuple[str | None, str] | None:
-    """(bottom or None, top) of a scale stated at the start of `text`; None when it states none."""
+def _stated_scale(text: str) -> tuple[str | None, str, str] | None:
+    """(bottom or None, top, the text after it) of a scale stated at the start of `text`; None when it states
+    none."""
     text = re.sub(rf"^{_DECOR}[(\[]?\s*", "", text)
     for pattern in _SCALE_RES:
         m = pattern.match(text)
         if m:
-            return m.groupdict().get("low"), m.group("high")
+            return m.groupdict().get("low"), m.group("high"), text[m.end():]
     return None
 
 
-def _check_scale(scale: tuple[str | None, str] | None, label: str) -> None:
+def _check_scale(scale: tuple[str | None, str, str] | None, label: str) -> None:
     if scale is None:
         return
-    low, high = scale
+    low, high, _ = scale
     if _plain_number(high) != SCORE_MAX or (low is not None and _plain_number(low) != SCORE_MIN):
         shown = f"{low}-{high}" if low is not None else f"out of {high}"
         raise UnifiedParseError(f"'{label}' given on a scale {shown.rstrip('.,')}, expected the 1-5 scale")
+
+
+# The rest of the value's line, up to the next label ("... Physics Score: 3" on the same line is that label's).
+_NEXT_LABEL_RE = re.compile(r"[^\W\d_]+[\s*_\-]*score\b", re.IGNORECASE)
+# Words and signs that make the value a part of something else: a ratio, a percentage, a choice, another scale
+# written out ("4 out of ten", "4 %", "3 or 4").
+_NOT_ALONE_RE = re.compile(rf"{_DECOR}[(\[]?\s*(?:(?:out\s+of|of|points?|pts|percent|or)\b|[%/／⁄∕÷])", re.IGNORECASE)
+_OTHER_SCALE_RE = re.compile(r"\b(?:scale|out\s+of)\b", re.IGNORECASE)
+
+
+def _check_nothing_else(tail: str, label: str) -> None:
+    """The value must stand alone on its line, apart from an accepted 1-5 scale note and prose: another number
+    there ("4 — on a 1-10 scale", "3 or 4", "4/5/10") or a ratio word before it ("4 out of ten") leaves the
+    score's scale unknown, so it is refused rather than guessed."""
+    tail = _NEXT_LABEL_RE.split(tail, maxsplit=1)[0]
+    if _NOT_ALONE_RE.match(tail) or _OTHER_SCALE_RE.search(tail):
+        raise UnifiedParseError(f"'{label}' is followed by {_short(tail.strip(), 40)!r}: not one score on the "
+                                "1-5 scale")
+    if re.search(r"\d", tail):  # any script's digits
+        raise UnifiedParseError(f"'{label}' has another number after it ({_short(tail.strip(), 40)!r}); "
+                                "the 1-5 score must stand alone")
 
 
 def _read_score(pattern: re.Pattern, text: str, label: str) -> float:
@@ -308,7 +330,9 @@ def _read_score(pattern: re.Pattern, text: str, label: str) -> float:
     after = rest[v.end():].split("\n", 1)[0]
     if re.match(rf"{_RANGE_SEP}[0-9]", after):
         raise UnifiedParseError(f"'{label}' is a range ({_short(token + after, 40)!r}), not one score")
-    _check_scale(_stated_scale(after), label)
+    scale = _stated_scale(after)
+    _check_scale(scale, label)
+    _check_nothing_else(scale[2] if scale else after, label)
     if not SCORE_MIN <= value <= SCORE_MAX:
         raise UnifiedParseError(f"'{label}' = {value:g} outside the 1-5 scale")
     return value

@@ -249,6 +249,9 @@ def test_parse_final_score_failures(text):
     ("Final Score: 4 (1-5)", 4.0),
     ("Final Score: 3, because the camera drifts", 3.0),
     ("Final Score (overall): 2", 2.0),
+    ("Final Score: 4 (on a scale of 1 to 5)", 4.0),
+    ("Final Score: 4 on the whole", 4.0),
+    ("Final Score: 2/5 and fine", 2.0),
 ])
 def test_parse_in_range_scores_stated_on_the_1_5_scale(text, raw):
     assert parse_answer(text, "final_score")[0] == pytest.approx((raw - 1) / 4)
@@ -266,6 +269,21 @@ def test_parse_in_range_scores_stated_on_the_1_5_scale(text, raw):
     ("Final Score (1-10): 4", "scale 1-10"),
     ("Final Score: 4 (0-5)", "scale 0-5"),
     ("Final Score: 4-5", "range"),
+    # another scale or number after the value, which the scale patterns do not name: each read as 4 -> 0.75 before
+    ("Final Score: 4 out of ten", "followed by 'out of ten'"),
+    ("Final Score: 4 points out of 10", "followed by"),
+    ("Final Score: 4 out of a possible 10", "followed by"),
+    ("Final Score: 4 (scale 1-10)", "followed by"),
+    ("Final Score: 4 — on a 1-10 scale", "followed by"),
+    ("Final Score: 4 on a ten-point scale", "followed by"),
+    ("Final Score: 4／10", "followed by"),
+    ("Final Score: 4 ⁄ 10", "followed by"),
+    ("Final Score: 4**/**10", "followed by"),
+    ("Final Score: 4/5/10", "followed by '/10'"),
+    ("Final Score: 3 or 4", "followed by 'or 4'"),
+    ("Final Score: 4 %", "followed by"),
+    ("Final Score: 3_0", "another number"),
+    ("Final Score: 3. The camera shakes in 2 places", "another number"),
     ("Final Score: 3\nOn reflection, Final Score: 1e10", "not a plain number"),  # the last label counts, not 3
     ("Final Score: 2 first.\nFinal Score: X", "'X'"),
     ("Final Score:", "no number"),
@@ -282,6 +300,13 @@ def test_parse_aspects_are_held_to_the_same_notation():
     with pytest.raises(UnifiedParseError, match="Style.*scale 1-10"):
         parse_answer(APS_ANSWER.replace("Style Score (1-5): 4.5", "Style Score (1-10): 4.5"),
                      "alignment_physics_style")
+
+
+def test_aspects_on_one_line_are_each_their_own_label_s():
+    # the digit after Alignment's value belongs to the next label, not to Alignment
+    score, comp = parse_answer("Alignment Score (1-5): 4 Physics Score (1-5): 3 Style Score (1-5): 5",
+                               "alignment_physics_style")
+    assert comp == pytest.approx({"alignment": 0.75, "physics": 0.5, "style": 1.0})
 
 
 def test_parse_alignment_physics_style():
