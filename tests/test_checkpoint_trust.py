@@ -195,6 +195,27 @@ def test_a_trusted_run_folder_has_every_legacy_checkpoint_converted_and_a_payloa
     assert lines[1].startswith(f"not converting {bad}: {bad / LEGACY_TRAINER}") and "\n" not in lines[1]
 
 
+def test_the_conversion_script_reads_no_pickle_without_its_flag_and_leaves_a_payload_unrun(tmp_path, capsys):
+    from scripts.tools.convert_checkpoints import main
+
+    model, opt, ema = _trained()
+    run = tmp_path / "run"
+    good, bad = (_save(run / "checkpoints", epoch, model, opt, ema) for epoch in (1, 2))
+    trainer = _pickled(good)
+    marker = tmp_path / "marker"
+    _pickled(bad, payload=_Payload(marker))
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    with pytest.raises(SystemExit) as e:
+        main([str(run)])
+    assert e.value.code == 2 and "--trust-legacy-checkpoint" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    assert main(["--trust-legacy-checkpoint", str(run)]) == 1  # one folder could not be converted
+    out, err = capsys.readouterr()
+    assert out == f"{good}: converted\n" and err.startswith(f"{bad}: not converted: {bad / LEGACY_TRAINER}")
+    assert _same(read_checkpoint(good, model).trainer, trainer) and not marker.exists()
+    assert (bad / LEGACY_TRAINER).exists()
+
+
 def test_a_folder_with_both_trainer_files_is_corrupt(tmp_path):
     model, opt, ema = _trained()
     ckpt = _save(tmp_path, 1, model, opt, ema)
