@@ -418,6 +418,10 @@ def test_a_legacy_checkpoint_is_refused_in_one_line_then_resumes_exactly_with_th
     run = _at_epoch_1(finished, tmp_path)
     ckpt = run / "checkpoints" / "epoch_0001"
     _pickled(ckpt)  # as the code before the pickle-free layout wrote it: trainer.pt, sealed
+    # an older legacy checkpoint kept beside it (epoch 1's files: only its layout matters here), which a later
+    # fallback would otherwise stop at to ask for the setting again
+    older = run / "checkpoints" / "epoch_0000"
+    shutil.copytree(ckpt, older)
     def kept():  # the checkpoints and the log: what a refused resume must leave as it found them
         return {p.relative_to(run).as_posix(): p.read_bytes() for p in run.rglob("*") if p.is_file()
                 and (p.name == "metrics.jsonl" or "checkpoints" in p.relative_to(run).parts)}
@@ -431,6 +435,7 @@ def test_a_legacy_checkpoint_is_refused_in_one_line_then_resumes_exactly_with_th
     p = _run(run, "--config.trust_legacy_checkpoint=True")
     assert p.returncode == 0, p.stderr[-3000:]
     assert f"converted {ckpt} to the pickle-free layout" in p.stdout
+    assert f"converted {older} to the pickle-free layout" in p.stdout
     assert _sha(run / "checkpoints" / "epoch_0002" / WEIGHTS) == _sha(finished / "checkpoints" / "epoch_0002" / WEIGHTS)
     assert not list((run / "checkpoints").rglob(LEGACY_TRAINER))
 

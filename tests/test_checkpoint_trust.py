@@ -24,6 +24,7 @@ from recam.infra.checkpoint import (
     CheckpointCorrupt,
     LegacyCheckpoint,
     convert_legacy,
+    convert_legacy_folders,
     decode_tree,
     encode_tree,
     read_checkpoint,
@@ -173,6 +174,46 @@ def test_a_manifest_less_legacy_checkpoint_is_sealed_by_its_conversion(tmp_path)
     assert not got.verified and got.legacy
     convert_legacy(ckpt, got.trainer)
     assert verify_checkpoint(ckpt) and _same(read_trainer_state(ckpt), trainer)
+
+
+def test_a_trusted_run_folder_has_every_legacy_checkpoint_converted_and_a_payload_left_unrun(tmp_path):
+    """The checkpoint a trusted resume reads is not the only one it may fall back to: each legacy one is converted
+    (the selected one, the one below a damaged newer one); one that holds more than data is named and left."""
+    model, opt, ema = _trained()
+    first, bad, new = (_save(tmp_path, epoch, model, opt, ema) for epoch in (1, 2, 3))
+    trainer = _pickled(first)
+    marker = tmp_path / "marker"
+    _pickled(bad, payload=_Payload(marker))
+    new_bytes = {p: p.read_bytes() for p in new.rglob("*") if p.is_file()}
+    lines = []
+    assert convert_legacy_folders(tmp_path, lines.append) == ["epoch_0001"]
+    assert not (first / LEGACY_TRAINER).exists() and verify_checkpoint(first)
+    assert _same(read_checkpoint(first, model).trainer, trainer)  # no flag needed for it any more
+    assert (bad / LEGACY_TRAINER).exists() and not marker.exists()
+    assert {p: p.read_bytes() for p in new.rglob("*") if p.is_file()} == new_bytes
+    assert len(lines) == 2 and lines[0].startswith(f"converted {first} ")
+    assert lines[1].startswith(f"not converting {bad}: {bad / LEGACY_TRAINER}") and "\n" not in lines[1]
+
+
+def test_the_conversion_script_reads_no_pickle_without_its_flag_and_leaves_a_payload_unrun(tmp_path, capsys):
+    from scripts.tools.convert_checkpoints import main
+
+    model, opt, ema = _trained()
+    run = tmp_path / "run"
+    good, bad = (_save(run / "checkpoints", epoch, model, opt, ema) for epoch in (1, 2))
+    trainer = _pickled(good)
+    marker = tmp_path / "marker"
+    _pickled(bad, payload=_Payload(marker))
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    with pytest.raises(SystemExit) as e:
+        main([str(run)])
+    assert e.value.code == 2 and "--trust-legacy-checkpoint" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    assert main(["--trust-legacy-checkpoint", str(run)]) == 1  # one folder could not be converted
+    out, err = capsys.readouterr()
+    assert out == f"{good}: converted\n" and err.startswith(f"{bad}: not converted: {bad / LEGACY_TRAINER}")
+    assert _same(read_checkpoint(good, model).trainer, trainer) and not marker.exists()
+    assert (bad / LEGACY_TRAINER).exists()
 
 
 def test_a_folder_with_both_trainer_files_is_corrupt(tmp_path):

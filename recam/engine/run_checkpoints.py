@@ -23,6 +23,7 @@ from recam.infra.checkpoint import (
     check_pointers,
     checkpoint_before,
     convert_legacy,
+    convert_legacy_folders,
     epoch_of,
     latest_checkpoint,
     point_latest,
@@ -70,6 +71,7 @@ class RunCheckpoints:
         self.lr_scale = 1.0
         self.cosine = cosine  # the gradient cosine's last gradient, so a resumed run logs what an unbroken one does
         self.trust_legacy = trust_legacy
+        self.legacy_swept = False  # the other checkpoints of a trusted run folder are converted once
 
     def seal_config(self, run_config: dict, lr_scale: float = 1.0) -> None:
         """Seal `run_config` in every checkpoint from now on (what a later resume compares with); lr_scale: a
@@ -193,12 +195,18 @@ class RunCheckpoints:
             self.ema.load_state_dict(trainer["ema"])
         self.objective.load_side_files(ckpt.path, self.log.info)
         set_rng_state(trainer["rng"])
-        if ckpt.legacy:  # once every process has read it: the folder is swapped while being rewritten
+        sweep = self.trust_legacy and not self.legacy_swept
+        if ckpt.legacy or sweep:  # once every process has read it: a folder is swapped while being rewritten
+            self.legacy_swept = True
             self.accelerator.wait_for_everyone()
             if self.accelerator.is_main_process:
-                convert_legacy(ckpt.path, trainer)
-                self.log.info(f"converted {ckpt.path} to the pickle-free layout ({ckpt.path / 'trainer.pt'} -> "
-                              "trainer.safetensors + trainer.json): trust_legacy_checkpoint is no longer needed for it")
+                if ckpt.legacy:
+                    convert_legacy(ckpt.path, trainer)
+                    self.log.info(f"converted {ckpt.path} to the pickle-free layout ({ckpt.path / 'trainer.pt'} -> "
+                                  "trainer.safetensors + trainer.json): trust_legacy_checkpoint is no longer needed "
+                                  "for it")
+                if sweep:  # else a fallback to one of them, later, would stop to ask for the setting again
+                    convert_legacy_folders(self.root, self.log.info)
             self.accelerator.wait_for_everyone()
         return ckpt
 

@@ -815,6 +815,25 @@ def convert_legacy_folder(ckpt: Path) -> bool:
     return True
 
 
+def convert_legacy_folders(ckpt_root: Path, say: Callable[[str], None]) -> list[str]:
+    """Convert every epoch_NNNN folder under ckpt_root still holding a trainer.pt, for a run that vouched for its
+    folder (trust_legacy_checkpoint): the checkpoint a resume reads is not the only one it may come back to (the
+    selected one, the one below a damaged newer one), and each would otherwise ask for the setting again. One that
+    does not convert is named and left as it is. Returns the names converted."""
+    done = []
+    for ckpt in sorted(p for p in ckpt_root.glob("epoch_*") if p.is_dir() and epoch_of(p) is not None):
+        if not (ckpt / LEGACY_TRAINER).exists():
+            continue
+        try:
+            convert_legacy_folder(ckpt)
+        except CheckpointCorrupt as e:
+            say(f"not converting {ckpt}: {' '.join(str(e).split())}")
+            continue
+        say(f"converted {ckpt} to the pickle-free layout ({LEGACY_TRAINER} -> {TRAINER_TENSORS} + {TRAINER_STATE})")
+        done.append(ckpt.name)
+    return done
+
+
 def read_checkpoint(ckpt: Path, model, trust_legacy: bool = False) -> Checkpoint:
     """Read checkpoint folder `ckpt` for a run with this model's layout: the manifest first, then every file parsed
     and every tensor checked finite. Raises CheckpointCorrupt naming the first file that fails, LegacyCheckpoint
