@@ -27,7 +27,7 @@ from typing import NoReturn
 
 from tqdm.auto import tqdm
 
-from recam.infra.checkpoint import LATEST, SELECTED, DiskFull, is_disk_full, read_pointer
+from recam.infra.checkpoint import LATEST, NO_CHECKPOINT_YET, SELECTED, DiskFull, is_disk_full, read_pointer
 
 LOG_FILE = "run.log"  # everything logged at INFO and above: the run's own lines, per-batch reward timings, retries
 _file_log = logging.getLogger("recam.run")
@@ -521,10 +521,9 @@ def full_disk_words(error: BaseException, run_dir: Path) -> str:
         words = f"no space left on the device writing {where}"
     else:  # a writer that names no file (torch.save's "unexpected pos 576 vs 534", an image library): where it was
         words = f"no space left on the device (met at {_where(error)})"
-    if LATEST not in words:
+    if LATEST not in words and NO_CHECKPOINT_YET not in words:  # a checkpoint's own error says it already
         name = read_pointer(run_dir / "checkpoints")
-        words += (f"; {run_dir / 'checkpoints' / LATEST} names {name}" if name else
-                  "; no checkpoint had been written yet")
+        words += f"; {run_dir / 'checkpoints' / LATEST} names {name}" if name else f"; {NO_CHECKPOINT_YET}"
     return " ".join(words.split())
 
 
