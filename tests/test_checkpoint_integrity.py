@@ -473,6 +473,22 @@ def test_a_nan_written_by_the_optimizer_step_is_never_saved_as_healthy(finished,
 # faults found by injection (issue 46): each ends in one line, loses nothing and never guesses
 
 
+def test_a_first_save_that_runs_out_of_space_says_no_checkpoint_was_written(tmp_path, monkeypatch):
+    import recam.infra.checkpoint as checkpoint
+
+    model, opt, ema = _trained()
+
+    def full(model, directory):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "write_model", full)
+    with pytest.raises(checkpoint.DiskFull) as e:
+        _save(tmp_path, 0, model, opt, ema)
+    assert e.value.strerror == (f"no space left on the device writing checkpoint {tmp_path / 'epoch_0000'}; "
+                                "no checkpoint had been written yet")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_save_that_runs_out_of_space_leaves_no_temp_folder_and_latest_where_it_was(tmp_path, monkeypatch):
     import recam.infra.checkpoint as checkpoint
 

@@ -43,15 +43,33 @@ def _listing(folder: Path) -> dict[str, bytes | None]:
     ("videos", lambda p: p.write_text(""), "is a file where the run keeps its videos folder"),
     ("wandb", lambda p: p.symlink_to(p.parent / "gone"), "is a link to nothing ("),
     ("archive", lambda p: p.write_text(""), "is a file where the run keeps its archive folder"),
+    ("grpo_verification_rewards.png", lambda p: p.mkdir(), "is a folder where the run keeps its "
+                                                           "grpo_verification_rewards.png file"),
+    ("checkpoints/latest", lambda p: p.mkdir(), "is a folder where the run keeps its latest pointer file"),
+    ("checkpoints/selected", lambda p: p.mkdir(), "is a folder where the run keeps its selected pointer file"),
+    ("videos/start", lambda p: p.write_text(""), "is a file where the run keeps one folder per evaluation"),
+    ("videos/final", lambda p: p.symlink_to(p.parent / "gone"), "is a link to nothing ("),
+    ("videos/start/scene_0_cam_1.gif", lambda p: p.mkdir(), "is a folder where the run keeps an evaluation's "
+                                                            "example files"),
 ])
 def test_an_entry_that_is_not_what_the_run_keeps_there_is_named_before_anything_is_written(tmp_path, entry, make,
                                                                                           problem):
+    (tmp_path / entry).parent.mkdir(parents=True, exist_ok=True)
     make(tmp_path / entry)
     before = _listing(tmp_path)
     said = run_dir_problem(str(tmp_path), "videos")
     assert said is not None and said.startswith(f"run_dir entry {tmp_path / entry} ") and problem in said, said
     assert said.endswith("move it aside or choose another run_dir") and "\n" not in said
     assert _listing(tmp_path) == before  # no probe, no folder made
+
+
+def test_a_pointer_kept_as_a_link_and_examples_as_the_run_writes_them_are_not_refused(tmp_path):
+    (tmp_path / "checkpoints" / "epoch_0001").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "latest").symlink_to(tmp_path / "checkpoints" / "epoch_0001")
+    (tmp_path / "checkpoints" / "selected").symlink_to(tmp_path / "checkpoints" / "epoch_0000")  # resume's to judge
+    (tmp_path / "videos" / "start").mkdir(parents=True)
+    (tmp_path / "videos" / "start" / "scene_0_cam_1.gif").write_bytes(b"GIF89a;")
+    assert run_dir_problem(str(tmp_path), "videos") is None
 
 
 def test_an_entry_this_user_cannot_write_is_named(tmp_path, monkeypatch):
@@ -64,8 +82,11 @@ def test_an_entry_this_user_cannot_write_is_named(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("entry, make, kind", [("checkpoints", lambda p: p.write_text("x"), "file"),
-                                               ("metrics.jsonl", lambda p: p.mkdir(), "folder")])
+                                               ("metrics.jsonl", lambda p: p.mkdir(), "folder"),
+                                               ("checkpoints/latest", lambda p: p.mkdir(), "folder"),
+                                               ("plots/start/points.png", lambda p: p.mkdir(), "folder")])
 def test_a_start_in_such_a_folder_ends_in_one_line_with_exit_2_and_writes_nothing(tmp_path, entry, make, kind):
+    (tmp_path / entry).parent.mkdir(parents=True, exist_ok=True)
     make(tmp_path / entry)
     before = _listing(tmp_path)
     p = _train(tmp_path)

@@ -41,6 +41,7 @@ import torch
 LATEST = "latest"
 RUN_CONFIG = "run_config.json"  # the config a run asked for and its resume history (config/resume.py)
 SELECTED = "selected"  # the checkpoint a run reports (chosen on validation conditions, see recam.engine.selection)
+NO_CHECKPOINT_YET = "no checkpoint had been written yet"  # what a full disk at a run's first save says
 MANIFEST = "manifest.json"
 BASE_EVAL = "base_eval.json"
 STATE = "state.json"
@@ -528,8 +529,9 @@ def save_checkpoint(ckpt_root: Path, name: str, model, optimizer, ema, state: di
     except Exception as e:  # a half-written folder is never left behind; `latest` has not moved
         shutil.rmtree(tmp, ignore_errors=True)
         if is_disk_full(e):
-            raise DiskFull(28, f"no space left on the device writing checkpoint {final}; "
-                               f"{ckpt_root / LATEST} still names {read_pointer(ckpt_root)}") from e
+            name = read_pointer(ckpt_root)  # None at a run's first save: there is no `latest` to name
+            raise DiskFull(28, f"no space left on the device writing checkpoint {final}; " + (
+                f"{ckpt_root / LATEST} still names {name}" if name else NO_CHECKPOINT_YET)) from e
         raise
     _publish(tmp, final)
     point_latest(ckpt_root, name)

@@ -27,7 +27,7 @@ from typing import NoReturn
 
 from tqdm.auto import tqdm
 
-from recam.infra.checkpoint import LATEST, DiskFull, is_disk_full, read_pointer
+from recam.infra.checkpoint import LATEST, NO_CHECKPOINT_YET, SELECTED, DiskFull, is_disk_full, read_pointer
 
 LOG_FILE = "run.log"  # everything logged at INFO and above: the run's own lines, per-batch reward timings, retries
 _file_log = logging.getLogger("recam.run")
@@ -415,18 +415,39 @@ def run_dir_problem(run_dir: str, examples_dir: str | None = None) -> str | None
 
 
 def _entry_problem(path: Path, examples_dir: str | None) -> str | None:
-    files = [path / name for name in RUN_FILES] + sorted(path.glob("run.rank*.log"))
+    files = [path / name for name in RUN_FILES] + sorted(path.glob("run.rank*.log")) \
+        + sorted(path.glob("grpo_verification_*.png"))
     folders = [path / name for name in (*RUN_FOLDERS, ARCHIVE, *([examples_dir] if examples_dir else []))]
     for entry, folder in [(f, False) for f in files] + [(d, True) for d in folders]:
-        kept = f"its {entry.name} folder" if folder else f"its {entry.name} file"
-        if entry.is_symlink() and not entry.exists():
-            return f"entry {entry} is a link to nothing ({os.readlink(entry)}) where the run keeps {kept}"
-        if not entry.exists():
-            continue
-        if entry.is_dir() != folder:
-            return f"entry {entry} is a {'file' if folder else 'folder'} where the run keeps {kept}"
-        if not os.access(entry, os.W_OK | (os.X_OK if folder else 0)):
-            return f"entry {entry} cannot be written by this user (permissions {entry.stat().st_mode & 0o777:o})"
+        if problem := _kind_problem(entry, folder, f"its {entry.name} {'folder' if folder else 'file'}"):
+            return problem
+    # A pointer may be a link (the save replaces it, and what a dangling one leaves to resume from is resume's to
+    # say), but one that is a folder can be neither read nor replaced: the run would stop on it after its log began.
+    for pointer in (path / "checkpoints" / LATEST, path / "checkpoints" / SELECTED):
+        if pointer.is_dir() and not pointer.is_symlink():
+            return f"entry {pointer} is a folder where the run keeps its {pointer.name} pointer file"
+    # the examples folder holds one folder per evaluation (its tag), each holding that evaluation's files: a
+    # mismatch there stops the run at its first evaluation, after the base was evaluated and its checkpoint saved
+    examples = path / examples_dir if examples_dir else None
+    for tag in sorted(examples.iterdir()) if examples is not None and examples.is_dir() else []:
+        if problem := _kind_problem(tag, True, "one folder per evaluation"):
+            return problem
+        for entry in sorted(tag.iterdir()) if tag.is_dir() else []:
+            if problem := _kind_problem(entry, False, "an evaluation's example files"):
+                return problem
+    return None
+
+
+def _kind_problem(entry: Path, folder: bool, kept: str) -> str | None:
+    """Why `entry` cannot be what the run keeps there (a folder when `folder`, else a file), or None."""
+    if entry.is_symlink() and not entry.exists():
+        return f"entry {entry} is a link to nothing ({os.readlink(entry)}) where the run keeps {kept}"
+    if not entry.exists():
+        return None
+    if entry.is_dir() != folder:
+        return f"entry {entry} is a {'file' if folder else 'folder'} where the run keeps {kept}"
+    if not os.access(entry, os.W_OK | (os.X_OK if folder else 0)):
+        return f"entry {entry} cannot be written by this user (permissions {entry.stat().st_mode & 0o777:o})"
     return None
 
 
@@ -500,10 +521,9 @@ def full_disk_words(error: BaseException, run_dir: Path) -> str:
         words = f"no space left on the device writing {where}"
     else:  # a writer that names no file (torch.save's "unexpected pos 576 vs 534", an image library): where it was
         words = f"no space left on the device (met at {_where(error)})"
-    if LATEST not in words:
+    if LATEST not in words and NO_CHECKPOINT_YET not in words:  # a checkpoint's own error says it already
         name = read_pointer(run_dir / "checkpoints")
-        words += (f"; {run_dir / 'checkpoints' / LATEST} names {name}" if name else
-                  "; no checkpoint had been written yet")
+        words += f"; {run_dir / 'checkpoints' / LATEST} names {name}" if name else f"; {NO_CHECKPOINT_YET}"
     return " ".join(words.split())
 
 
