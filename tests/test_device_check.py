@@ -311,6 +311,18 @@ def test_a_bundle_keeps_the_checkpoints_its_pointers_name_and_prunes_nothing_whe
     assert "nothing" in out["pruned"] and out["checkpoints"] == ["epoch_0000", "epoch_0002"]
 
 
+def test_a_bundle_drops_a_linked_checkpoint_it_does_not_keep_and_leaves_its_target(tmp_path):
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere" / "epoch_0000"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "state.json").write_text("{}")
+    (run / "checkpoints" / "epoch_0001").mkdir(parents=True)
+    (run / "checkpoints" / "epoch_0000").symlink_to(elsewhere, target_is_directory=True)
+    (run / "checkpoints" / "latest").write_text("epoch_0001")
+    out = bundle.pack(run)  # rmtree on the link raised OSError
+    assert out["checkpoints"] == ["epoch_0001"] and not (run / "checkpoints" / "epoch_0000").is_symlink()
+    assert (elsewhere / "state.json").exists()
+
+
 def test_a_bundle_whose_checkpoint_fails_its_manifest_is_not_continued(tmp_path):
     prior = tmp_path / "prior" / "runs" / "motion_tiny_gpu"
     ckpt = prior / "checkpoints" / "epoch_0001"

@@ -92,7 +92,10 @@ def pack(run_dir: Path) -> dict:
     else:
         for folder in sorted(root.iterdir()):  # epoch_* and the .tmp-* of a save that was killed
             if folder.is_dir() and folder.name not in kept:
-                shutil.rmtree(folder)
+                if folder.is_symlink():  # a linked checkpoint: drop the link, never what it points to
+                    folder.unlink()
+                else:
+                    shutil.rmtree(folder)
     log = run_dir / "metrics.jsonl"
     if log.exists():
         with log.open("rb") as src, gzip.open(run_dir / PACKED_LOG, "wb") as dst:
