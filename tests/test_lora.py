@@ -69,7 +69,7 @@ def test_only_adapter_weights_are_trainable():
     assert grads == set(names)
 
 
-def test_disabled_adapter_gives_the_base_output_exactly():
+def test_disabled_adapter_gives_the_base_output():
     base_out_model = _base()
     with torch.no_grad():
         expected = base_out_model(**_inputs())
@@ -82,9 +82,14 @@ def test_disabled_adapter_gives_the_base_output_exactly():
         with adapter_disabled(model):
             reference = model(**_inputs())
         again = model(**_inputs())
-    assert not torch.allclose(adapted, expected, atol=1e-4)
-    assert torch.equal(reference, expected)
-    assert torch.equal(again, adapted)
+    # Not bit-equal on every CPU path: two separately built copies of the same weights give a last-bit different
+    # linear layer under MKL_CBWR=COMPATIBLE. Max |reference - expected| (outputs up to 2.2) measured: 0 natively,
+    # with ATEN_CPU_CAPABILITY=avx2 or default alone, or two threads; 5.4e-7 / 6.0e-7 / 7.2e-7 with MKL_CBWR=COMPATIBLE
+    # and ATEN avx2 / ONEDNN_MAX_CPU_ISA=AVX2 / ATEN default; x20. Elements near zero make a relative bound useless.
+    rounding = 1.5e-5
+    assert float((adapted - expected).abs().max()) > 100 * rounding  # the adapter matters: 0.0125 measured
+    torch.testing.assert_close(reference, expected, rtol=0, atol=rounding)
+    assert torch.equal(again, adapted)  # the same model on the same input again: bit-equal in every setting measured
     # The context restored the adapters' trainability that peft's toggle clears.
     assert all(p.requires_grad for n, p in model.named_parameters() if "lora_" in n)
 

@@ -185,8 +185,13 @@ def test_trimmed_last_block_gives_the_same_velocity_and_gradients(lora):
     (out_trim, g_trim), (out_full, g_full) = results
     assert torch.allclose(out_trim, out_full, atol=1e-5)
     assert g_trim.keys() == g_full.keys() and len(g_full) > 0
+    # Summed over every token in a different order, the full model's gradients differ in rounding, and some (the key
+    # bias's, zero in exact arithmetic) are nothing but rounding. Worst max|diff| / (1e-5 + 1e-4 |full|) measured
+    # over all gradients: 0.62 natively (AVX512, one or two threads), 0.49 / 0.80 with ATEN_CPU_CAPABILITY=avx2 /
+    # default, 0.69 / 1.07 / 1.73 with MKL_CBWR=COMPATIBLE and ATEN avx2 / ATEN default / ONEDNN_MAX_CPU_ISA=AVX2
+    # (LoRA: 0.18 at most); x20 -> 40 times those tolerances.
     for name in g_full:
-        assert torch.allclose(g_trim[name], g_full[name], rtol=1e-4, atol=1e-5), name
+        assert torch.allclose(g_trim[name], g_full[name], rtol=4e-3, atol=4e-4), name
 
 
 def test_text_embeddings_are_used_and_null_context_is_default():

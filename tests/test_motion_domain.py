@@ -1,7 +1,7 @@
 """The motion domain on the shared engine (recam/domains/motion/domain.py): batches and their padding masks, the
-denoiser's padded frames, exact on-policy ratios under the frame mask, decoding, the motion rewards, config checks,
-and an end-to-end run of the motion_smoke preset. Everything runs on an untrained tiny base and evaluator written
-here, so nothing depends on committed checkpoints."""
+denoiser's padded frames, on-policy ratios of one (to rounding) under the frame mask, decoding, the motion rewards,
+config checks, and an end-to-end run of the motion_smoke preset. Everything runs on an untrained tiny base and
+evaluator written here, so nothing depends on committed checkpoints."""
 
 from __future__ import annotations
 
@@ -114,8 +114,16 @@ def test_denoiser_keeps_padding_at_zero_and_matches_guided_forward(domain):
     torch.testing.assert_close(out[~padded], guided[~padded], rtol=1e-5, atol=1e-5)
 
 
+# The rollout scores 8 samples and training rescores 3 of them: a different matmul shape, whose reduction order (and
+# so the last bits of the log-prob) may differ on another CPU code path. Max |ratio - 1| measured: 0 natively
+# (AVX512) and under ATEN_CPU_CAPABILITY=avx2 or default alone; 1.2e-7 with MKL_CBWR=COMPATIBLE (ATEN avx2) or two
+# threads, 1.8e-7 with MKL_CBWR=COMPATIBLE (ATEN default), 2.4e-7 with MKL_CBWR=COMPATIBLE ONEDNN_MAX_CPU_ISA=AVX2,
+# i.e. 1-2 float32 ulps of 1; x20. The unmasked rescore's log-prob differs by 1.9e-3 (every element) and 0.27.
+RATIO_ROUNDING = 5e-6
+
+
 @pytest.mark.parametrize("subspace", [None, (8, 8)], ids=["every_element", "noise_subspace"])
-def test_rollout_and_rescore_give_ratio_exactly_one_under_the_frame_mask(domain, subspace):
+def test_rollout_and_rescore_give_ratio_one_under_the_frame_mask(domain, subspace):
     scheduler = domain.scheduler("cpu")
     if subspace is not None:  # sample.noise_frequencies / noise_channels: the log-prob of the subspace coordinates
         scheduler = SubspaceNoise(scheduler, subspace[0], domain.principal_channels(subspace[1]))
@@ -140,11 +148,12 @@ def test_rollout_and_rescore_give_ratio_exactly_one_under_the_frame_mask(domain,
         for j in range(T):
             new = rescore(domain.denoiser(domain.policy, sub, contextlib.nullcontext), out.states[sel], scheduler, j,
                           domain.element_mask(sub)).log_prob
-            assert torch.equal(torch.exp(new - out.log_probs[sel, j]), torch.ones(3)), j
+            ratio = torch.exp(new - out.log_probs[sel, j])
+            assert float((ratio - 1).abs().max()) <= RATIO_ROUNDING, (j, ratio)
         # the mask matters: averaging over every frame scores the same transition differently
         unmasked = rescore(domain.denoiser(domain.policy, sub, contextlib.nullcontext), out.states[sel], scheduler,
                            0).log_prob
-        assert not torch.equal(unmasked, out.log_probs[sel, 0])
+        assert float((unmasked - out.log_probs[sel, 0]).abs().max()) > 100 * RATIO_ROUNDING
     finally:
         domain.policy.eval()
 

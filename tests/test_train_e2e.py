@@ -159,8 +159,14 @@ def test_lora_run_trains_only_the_adapter_and_its_reference_is_the_base(tmp_path
         with adapter_disabled(tuned):
             off = tuned(x, sigma, x, cams, cams)
         on = tuned(x, sigma, x, cams, cams)
-    assert torch.equal(off, ref)  # the reference is exactly the base network
-    assert not torch.equal(on, ref)  # the saved adapter carries the update
+    # The reference is the base network, up to the last bits that a separately loaded copy of the same weights may
+    # round differently: max |off - ref| (outputs up to 6.9) measured 0 natively, with ATEN_CPU_CAPABILITY=avx2 or
+    # default alone, or two threads; 2.4e-6 / 2.6e-6 with MKL_CBWR=COMPATIBLE (ATEN default or ONEDNN_MAX_CPU_ISA=AVX2
+    # / ATEN avx2); x20.
+    rounding = 5e-5
+    torch.testing.assert_close(off, ref, rtol=0, atol=rounding)
+    # the saved adapter carries the update: one epoch moves the output by 1.7e-3 (in every setting), 35x the bound
+    assert float((on - ref).abs().max()) > 10 * rounding
 
 
 def test_the_guard_s_rollback_count_holds_across_invocations(tmp_path):
