@@ -8,7 +8,9 @@ samples get t's own quantile, not the normal's."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
+import numpy as np
 from scipy import stats
 
 
@@ -84,3 +86,215 @@ def batch_means_interval(series, blocks: int = 8) -> tuple[float, float, int]:
     means = [math.fsum(used[i * size:(i + 1) * size]) / size for i in range(blocks)]
     mean, half = mean_interval(means)
     return mean, half, len(used)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# seeds evaluated on the same held-out conditions
+
+# Batch means: the shortest block that keeps a 95% interval's coverage at 94% or more for a series of 64 values with
+# lag-1 autocorrelation up to 0.6 (AR(1); tests/test_stats.py measures it). 8 blocks of 8 covered 92%, 4 of 16 94%.
+MIN_BLOCK = 21
+MAX_BLOCKS = 8
+
+
+def blocks_for(n: int) -> int:
+    """How many batch-means blocks a series of n values gets: as many blocks of at least MIN_BLOCK values as fit,
+    between 2 and MAX_BLOCKS."""
+    return max(2, min(MAX_BLOCKS, n // MIN_BLOCK))
+
+
+@dataclass(frozen=True)
+class Crossed:
+    """The mean of a seeds x conditions table of values (a change, or GRPO minus placebo, per seed and condition)
+    and its 95% interval under crossed random effects:
+
+        value[s, c] = mu + seed_s + condition_c + residual_sc
+
+    Var(mean) = var_seed / S + var_condition / C + var_residual / (S C), each component from the two-way ANOVA's
+    mean squares (truncated at 0), the degrees of freedom Satterthwaite's. A t over the seeds' means leaves
+    var_condition / C out: every seed is evaluated on the same conditions, so their shared term is in every mean and
+    in none of their differences. One seed: the t over its conditions (conditional on that seed). One condition (a
+    metric over the whole split): the t over the seeds (the conditions' term cannot be measured, and is not
+    counted)."""
+
+    mean: float
+    half: float  # 95% half-width; NaN when it cannot be estimated
+    df: float
+    se: float
+    p: float  # two-sided, for mean = 0
+    seeds: int
+    conditions: int
+    var_seed: float | None = None
+    var_condition: float | None = None
+    var_residual: float | None = None
+    dropped: int = 0  # conditions left out because some seed has no finite value there
+
+    @property
+    def how(self) -> str:
+        if self.seeds == 1:
+            text = f"one seed, paired over {self.conditions} conditions (conditional on this seed)"
+        elif self.conditions == 1:
+            text = f"t over {self.seeds} seeds (no per-condition values: the shared conditions' term is not counted)"
+        else:
+            text = f"seeds x conditions, {self.seeds} x {self.conditions} (Satterthwaite df {self.df:.1f})"
+        return text + (f"; {self.dropped} condition(s) without a value for every seed left out" if self.dropped else "")
+
+
+def _t_stats(mean: float, se: float, df: float) -> tuple[float, float]:
+    """(95% half-width, two-sided p) of a t with df degrees of freedom and standard error se."""
+    if not (math.isfinite(se) and math.isfinite(df) and df > 0):
+        return math.nan, math.nan
+    if se == 0:
+        return 0.0, (1.0 if mean == 0 else 0.0)
+    return float(stats.t.ppf(0.975, df)) * se, float(2 * stats.t.sf(abs(mean) / se, df))
+
+
+def mean_squares(table: np.ndarray) -> tuple[float, float, float]:
+    """(MS_seed, MS_condition, MS_residual) of a complete S x C table (S, C >= 2): the two-way ANOVA without
+    replication, whose expectations are var_residual + C var_seed, var_residual + S var_condition and var_residual."""
+    S, C = table.shape
+    grand = table.mean()
+    rows, cols = table.mean(axis=1), table.mean(axis=0)
+    ms_s = C * float(((rows - grand) ** 2).sum()) / (S - 1)
+    ms_c = S * float(((cols - grand) ** 2).sum()) / (C - 1)
+    resid = table - rows[:, None] - cols[None, :] + grand
+    ms_e = float((resid ** 2).sum()) / ((S - 1) * (C - 1))
+    return ms_s, ms_c, ms_e
+
+
+def components(ms_s: float, ms_c: float, ms_e: float, S: int, C: int) -> tuple[float, float, float]:
+    """(var_seed, var_condition, var_residual) from the mean squares, a negative estimate set to 0."""
+    return max(0.0, (ms_s - ms_e) / C), max(0.0, (ms_c - ms_e) / S), ms_e
+
+
+def crossed_interval(table) -> Crossed:
+    """Crossed (see the class) for `table`, S rows of seeds by C columns of conditions in the same order (None or
+    NaN: no value). A condition without a finite value for every seed is left out (and counted in `dropped`)."""
+    t = np.array([[np.nan if x is None else float(x) for x in row] for row in table], dtype=np.float64)
+    if t.ndim != 2 or t.size == 0:
+        raise ValueError("crossed_interval needs a seeds x conditions table with at least one value")
+    keep = np.isfinite(t).all(axis=0)
+    dropped = int((~keep).sum())
+    t = t[:, keep]
+    S, C = t.shape
+    if C == 0:
+        return Crossed(math.nan, math.nan, math.nan, math.nan, math.nan, S, 0, dropped=dropped)
+    mean = float(t.mean())
+    if S == 1 or C == 1:
+        v = t.ravel()
+        n = v.size
+        if n < 2:
+            return Crossed(mean, math.nan, math.nan, math.nan, math.nan, S, C, dropped=dropped)
+        se = float(v.std(ddof=1)) / math.sqrt(n)
+        half, p = _t_stats(mean, se, n - 1)
+        return Crossed(mean, half, float(n - 1), se, p, S, C, dropped=dropped)
+    ms_s, ms_c, ms_e = mean_squares(t)
+    vs, vc, ve = components(ms_s, ms_c, ms_e, S, C)
+    # Var(mean) S C = C var_seed + S var_condition + var_residual, written as the mean squares it is made of; a
+    # component truncated at 0 drops its mean square (and takes var_residual's share with it)
+    coef = {"s": 1.0 if vs > 0 else 0.0, "c": 1.0 if vc > 0 else 0.0}
+    coef["e"] = 1.0 - coef["s"] - coef["c"]
+    terms = ((coef["s"], ms_s, S - 1), (coef["c"], ms_c, C - 1), (coef["e"], ms_e, (S - 1) * (C - 1)))
+    total = sum(a * m for a, m, _ in terms)
+    se = math.sqrt(max(total, 0.0) / (S * C))
+    denom = sum((a * m) ** 2 / d for a, m, d in terms)
+    df = total ** 2 / denom if denom > 0 else math.nan
+    half, p = _t_stats(mean, se, df)
+    return Crossed(mean, half, df, se, p, S, C, vs, vc, ve, dropped)
+
+
+def two_way_bootstrap(table_a, table_b=None, reps: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """(mean, 2.5% and 97.5% percentiles) of mean(table_a) - mean(table_b) (or of mean(table_a) alone) when the
+    tables' columns are the same conditions: conditions resampled once for both, each table's seeds (rows)
+    resampled on their own. For two arms whose seeds do not pair; resampling both ways counts the residual
+    twice, so the interval errs wide."""
+    a = np.asarray(table_a, dtype=np.float64)
+    b = None if table_b is None else np.asarray(table_b, dtype=np.float64)
+    keep = np.isfinite(a).all(axis=0) & (np.isfinite(b).all(axis=0) if b is not None else True)
+    a = a[:, keep]
+    b = b[:, keep] if b is not None else None
+    C = a.shape[1]
+    if C == 0:
+        return math.nan, math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    out = np.empty(reps)
+    for r in range(reps):
+        cols = rng.integers(0, C, C)
+        x = a[rng.integers(0, a.shape[0], a.shape[0])][:, cols].mean()
+        if b is not None:
+            x -= b[rng.integers(0, b.shape[0], b.shape[0])][:, cols].mean()
+        out[r] = x
+    point = float(a.mean() - (b.mean() if b is not None else 0.0))
+    lo, hi = np.percentile(out, [2.5, 97.5])
+    return point, float(lo), float(hi)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# many looks, and how many seeds and conditions an effect needs
+
+
+def holm(pvalues) -> list[float]:
+    """Holm's step-down adjustment of a family of p-values (NaN stays NaN and is not counted in the family): the
+    adjusted p of the i-th smallest of m is max over j <= i of min(1, (m - j + 1) p_(j))."""
+    p = [float(x) if x is not None and math.isfinite(x) else math.nan for x in pvalues]
+    order = sorted((i for i, x in enumerate(p) if math.isfinite(x)), key=lambda i: p[i])
+    m = len(order)
+    out = [math.nan] * len(p)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        out[i] = running
+    return out
+
+
+def crossed_power(effect: float, var_seed: float, var_condition: float, var_residual: float, seeds: int,
+                  conditions: int, alpha: float = 0.05) -> float:
+    """The power of the two-sided crossed test (crossed_interval) at level alpha to find a true mean `effect`, with
+    `seeds` seeds on `conditions` shared conditions and these variance components: the noncentral t at the
+    Satterthwaite degrees of freedom of the expected mean squares."""
+    S, C = seeds, conditions
+    if S < 1 or C < 1:
+        raise ValueError(f"seeds and conditions must be >= 1, got {S} and {C}")
+    var = var_seed / S + var_condition / C + var_residual / (S * C)
+    if var <= 0:
+        return 1.0 if effect != 0 else alpha
+    ems = ((var_residual + C * var_seed, S - 1), (var_residual + S * var_condition, C - 1))
+    if S > 1 and C > 1:
+        terms = [*ems, (-var_residual, (S - 1) * (C - 1))]
+    else:  # one seed or one condition: a plain t over the S C values
+        terms = [(var * S * C, S * C - 1)]
+    total = sum(m for m, _ in terms)
+    denom = sum(m ** 2 / d for m, d in terms if d > 0)
+    df = total ** 2 / denom if denom > 0 else math.inf
+    df = max(df, 1.0)
+    crit = float(stats.t.ppf(1 - alpha / 2, df))
+    ncp = abs(effect) / math.sqrt(var)
+    power = float(stats.nct.sf(crit, df, ncp) + stats.nct.cdf(-crit, df, ncp))
+    if not math.isfinite(power):  # scipy's noncentral t gives NaN far in its tail: the normal there is exact enough
+        power = float(stats.norm.sf(crit - ncp) + stats.norm.cdf(-crit - ncp))
+    return power
+
+
+def seeds_for_power(effect: float, var_seed: float, var_condition: float, var_residual: float, conditions: int,
+                    power: float = 0.8, most: int = 1000) -> int | None:
+    """The fewest seeds (2 or more) that reach `power` on `conditions` conditions; None if `most` do not."""
+    for S in range(2, most + 1):
+        if crossed_power(effect, var_seed, var_condition, var_residual, S, conditions) >= power:
+            return S
+    return None
+
+
+def conditions_for_power(effect: float, var_seed: float, var_condition: float, var_residual: float, seeds: int,
+                         power: float = 0.8, most: int = 1_000_000) -> int | None:
+    """The fewest conditions (2 or more) that reach `power` with `seeds` seeds; None if `most` do not (the seeds'
+    term alone, var_seed / seeds, can keep any number of conditions below it)."""
+    if crossed_power(effect, var_seed, var_condition, var_residual, seeds, most) < power:
+        return None
+    lo, hi = 1, most  # power rises with the conditions: bisect for the first that reaches it
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if crossed_power(effect, var_seed, var_condition, var_residual, seeds, mid) >= power:
+            hi = mid
+        else:
+            lo = mid
+    return max(hi, 2)
