@@ -369,6 +369,14 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.select_by = "cam_score"
     c.eval.select_guard = "fidelity"  # "" or a reward whose validation value may not fall below the base's by more
     c.eval.select_max_drop = 0.01  # than this for a checkpoint to be chosen (the base is always a candidate)
+    # The claim a run set is judged on, named before the runs (scripts/seed_gains.py reads it from config.json): the
+    # primary held-out endpoint at its time point ("last": the last epoch's evaluation; "reported": the checkpoint
+    # eval.select_by chose) is tested without adjustment; every other look (the secondary endpoints, the other time
+    # point, each point of a curve) is Holm-adjusted as one family. Fixed for a run's life: an endpoint moved after
+    # the results is not pre-registered.
+    c.eval.primary_endpoint = "eval/cam_score"  # the camera reward
+    c.eval.primary_time = "last"
+    c.eval.secondary_endpoints = "eval/fidelity"  # comma-separated
 
     # ---- health guard (recam/engine/health.py rules, evaluated every optimizer step) ----
     c.health = ml_collections.ConfigDict()

@@ -162,6 +162,8 @@ def toy():
     c.eval.num_videos = 8  # points drawn in points.png
     c.eval.select_by = "target"
     c.eval.select_guard = ""
+    c.eval.primary_endpoint = "eval/target"
+    c.eval.secondary_endpoints = "eval/near"
     c.keep_checkpoints = 1
     # ---- the toy domain's own settings (recam/domains/toy) ----
     c.toy = ml_collections.ConfigDict()
@@ -232,6 +234,9 @@ def motion_tiny_cpu():
     c.eval.select_by = "motion_alignment"
     c.eval.select_guard = "motion_physics"
     c.eval.select_max_drop = 0.02
+    # grader R@3: scored by a network the reward never saw (the reward's own alignment is secondary)
+    c.eval.primary_endpoint = "eval/r_precision_top3"
+    c.eval.secondary_endpoints = "eval/motion_alignment,eval/skating,eval/motion_physics"
     c.motion.format = "base"
     c.motion.pretrained = "checkpoints/motion_tiny_base"
     c.motion.text_encoder = "base"

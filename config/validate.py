@@ -104,7 +104,7 @@ BOOL_FIELDS = ("resume", "trust_legacy_checkpoint", "model.gradient_checkpointin
 
 # Free-form strings ('' allowed); their contents are checked where they are read (domains, validate_files).
 STR_FIELDS = ("data.root", "model.vae", "model.lora_targets", "eval.report_rewards", "eval.select_by",
-              "eval.select_guard", "reward.constraint", "debug.fail_reward_slots", "plugins")
+              "eval.select_guard", "eval.secondary_endpoints", "reward.constraint", "debug.fail_reward_slots", "plugins")
 
 
 def fail_reward_slots(config: ml_collections.ConfigDict, num_processes: int) -> tuple[int, ...]:
@@ -292,6 +292,28 @@ def check_policy_loss(config: ml_collections.ConfigDict) -> None:
                  f"train.{switch} needs train.policy_loss in {sorted(readers)}, got {t.policy_loss!r}")
 
 
+def endpoints(config: ml_collections.ConfigDict) -> tuple[str, str, list[str]]:
+    """(primary endpoint, its time point, secondary endpoints) as the config names them."""
+    secondary = [m.strip() for m in str(config.eval.secondary_endpoints).split(",") if m.strip()]
+    return config.eval.primary_endpoint, config.eval.primary_time, secondary
+
+
+def check_endpoints(config: ml_collections.ConfigDict) -> None:
+    """The pre-registered endpoints are held-out metric names (eval/...), the primary is not also secondary, and its
+    time point is one seed_gains knows. Whether a run's evaluations carry them is checked where they are read."""
+    check_nonempty_str(config, "eval.primary_endpoint", "the held-out metric a claim rests on, e.g. eval/cam_score")
+    primary, time, secondary = endpoints(config)
+    _require(primary.startswith("eval/"),
+             f"eval.primary_endpoint={primary!r} must name a held-out metric (eval/<name>, e.g. eval/cam_score)")
+    _require(time in ("last", "reported"),
+             f"eval.primary_time must be 'last' (the last epoch) or 'reported' (the selected checkpoint), got {time!r}")
+    for name in secondary:
+        _require(name.startswith("eval/"), f"eval.secondary_endpoints names {name!r}: use held-out metric names "
+                 "(eval/<name>), comma-separated")
+    _require(primary not in secondary, f"eval.secondary_endpoints names the primary endpoint {primary!r} again")
+    _require(len(set(secondary)) == len(secondary), f"eval.secondary_endpoints names a metric twice: {secondary}")
+
+
 def validate(config: ml_collections.ConfigDict, num_processes: int) -> RunNumbers:
     """Check `config` for a launch with `num_processes` processes; return `derived_numbers`.
 
@@ -384,6 +406,7 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> RunNumber
     if check is not None:
         check(config, conds_per_batch, _require)
     check_rewards(config, domain_class(config.domain))
+    check_endpoints(config)
     r = config.reward
     _require(isinstance(r.constraint, str), f"reward.constraint must be '' or a reward name, got {r.constraint!r}")
     if r.constraint:

@@ -107,6 +107,11 @@ def test_real_scale_presets_arithmetic_and_settings(name, procs, per_device):
     (lambda c: setattr(c.eval, "select_by", "camscore"), "eval.select_by"),
     (lambda c: setattr(c.eval, "select_guard", "unifiedscore"), "eval.select_guard"),  # weight 0, not reported
     (lambda c: setattr(c.eval, "select_max_drop", -0.01), "eval.select_max_drop"),
+    (lambda c: setattr(c.eval, "primary_endpoint", ""), "eval.primary_endpoint"),
+    (lambda c: setattr(c.eval, "primary_endpoint", "cam_score"), "eval.primary_endpoint"),
+    (lambda c: setattr(c.eval, "primary_time", "end"), "eval.primary_time"),
+    (lambda c: setattr(c.eval, "secondary_endpoints", "eval/fidelity,eval/cam_score"), "eval.secondary_endpoints"),
+    (lambda c: setattr(c.eval, "secondary_endpoints", "fidelity"), "eval.secondary_endpoints"),
     (lambda c: setattr(c.data, "num_val_conditions", 0), "data.num_val_conditions"),
 ])
 def test_broken_data_and_model_fields_are_named(mutate, field):
