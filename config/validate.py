@@ -104,7 +104,8 @@ BOOL_FIELDS = ("resume", "trust_legacy_checkpoint", "model.gradient_checkpointin
 
 # Free-form strings ('' allowed); their contents are checked where they are read (domains, validate_files).
 STR_FIELDS = ("data.root", "model.vae", "model.lora_targets", "eval.report_rewards", "eval.select_by",
-              "eval.select_guard", "eval.secondary_endpoints", "reward.constraint", "debug.fail_reward_slots", "plugins")
+              "eval.select_guard", "eval.secondary_endpoints", "reward.constraint", "debug.fail_reward_slots",
+              "plugins")
 
 
 def fail_reward_slots(config: ml_collections.ConfigDict, num_processes: int) -> tuple[int, ...]:

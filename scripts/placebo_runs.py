@@ -1,15 +1,17 @@
 """GRPO beside its placebo: a preset's runs for each seed, once as it is and once with advantage.placebo=True, then
 GRPO minus placebo per metric (scripts/seed_gains.py --placebo).
 
-    python scripts/placebo_runs.py --preset tiny_cpu --seeds 0 1 2 --out runs/placebo_main \
-        --metric eval/cam_score --metric eval/fidelity
+    python scripts/placebo_runs.py --preset tiny_cpu --seeds 0 1 2 --out runs/placebo_main --power 0.011
     python scripts/placebo_runs.py --preset motion_tiny_cpu --seeds 0 1 2 --out runs/placebo_motion \
         --metric eval/r_precision_top3 --metric eval/motion_alignment
 
 Runs go to <out>/<grpo|placebo>/seed<k>, `--parallel` at a time, each on `--threads` CPU threads (a GRPO run and
 its placebo side by side, one core each, by default). Resumable: a finished run (summary.md present) is skipped,
 and an interrupted one continues from its checkpoints (train_recam.py resumes by default), so the same command
-picks up where it stopped. Any --config.* argument is passed to every run. The comparison is written to
+picks up where it stopped. Any --config.* argument is passed to every run. Without --metric the comparison reports
+the preset's named endpoints: the primary unadjusted, the rest Holm-adjusted (scripts/seed_gains.py); GRPO minus
+placebo over seeds is the seeds x conditions interval, as every seed is evaluated on the same held-out conditions,
+and each arm's rollbacks and guard actions are listed. The comparison is written to
 <out>/report.md with this command, and each metric's held-out curve over the runs' evaluation grid, GRPO beside
 placebo with intervals, to <out>/curve_<metric>.png (the long presets evaluate every 1,024 or 2,048 samples).
 `--train-reward NAME` adds the two arms' training reward NAME compared epoch by epoch on the same conditions
@@ -53,7 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", required=True)
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--metric", action="append", required=True, help="an evaluation key, e.g. eval/cam_score")
+    ap.add_argument("--metric", action="append", default=[],
+                    help="an evaluation key, e.g. eval/cam_score (default: the preset's primary and secondary "
+                         "endpoints, eval.primary_endpoint and eval.secondary_endpoints)")
+    ap.add_argument("--power", type=float, default=None, metavar="EFFECT",
+                    help="the seed pairs and conditions that give 80%% power for a true difference EFFECT on the "
+                         "primary endpoint (scripts/seed_gains.py --power)")
     ap.add_argument("--train-reward", action="append", default=[], metavar="NAME",
                     help="a training reward (e.g. cam_score) to compare epoch by epoch on the same conditions")
     ap.add_argument("--parallel", type=int, default=2)
@@ -70,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     placebo = [args.out / "placebo" / f"seed{s}" for s in args.seeds]
     metrics = [x for m in args.metric for x in ("--metric", m)]
     metrics += [x for m in args.train_reward for x in ("--train-reward", m)]
+    metrics += ["--power", str(args.power)] if args.power is not None else []
     text = seed_gains.main([*map(str, grpo), "--placebo", *map(str, placebo), *metrics, "--curve", str(args.out)])
     command = "python scripts/placebo_runs.py " + " ".join(shlex.quote(a) for a in argv)
     (args.out / "report.md").write_text(f"# GRPO against its placebo: {args.preset}\n\n{text}\n\ncommand: "

@@ -24,8 +24,12 @@ def test_pairs_per_seed_and_what_reaches_the_comparison(tmp_path, monkeypatch):
     assert argv[argv.index("--placebo") + 1:argv.index("--placebo") + 3] == [str(tmp_path / "placebo" / "seed0"),
                                                                               str(tmp_path / "placebo" / "seed1")]
     assert argv[argv.index("--train-reward") + 1] == "cam_score" and "eval/cam_score" in argv
+    assert "--power" not in argv
+    code = placebo_runs.main(["--preset", "tiny_cpu", "--seeds", "0", "--out", str(tmp_path), "--power", "0.01"])
+    argv = compared[1]  # no --metric: the preset's endpoints, which seed_gains reads from the runs' config.json
+    assert code == 0 and "--metric" not in argv and argv[argv.index("--power") + 1] == "0.01"
     report = (tmp_path / "report.md").read_text()
-    assert "TABLES" in report and "--train-reward cam_score" in report
+    assert "TABLES" in report and "--power 0.01" in report
 
 
 def test_an_unfinished_run_fails_and_says_how_to_continue(tmp_path, monkeypatch, capsys):

@@ -123,13 +123,13 @@ def test_the_two_way_bootstrap_agrees_with_the_crossed_interval_in_width():
     rng = np.random.default_rng(2)
     t = _simulate(rng, 3, 64, 0.002, 0.05, 0.01)
     got = crossed_interval(t)
-    mean, lo, hi = two_way_bootstrap(t, reps=1000)
+    mean, lo, hi, _ = two_way_bootstrap(t, reps=1000)
     assert mean == pytest.approx(got.mean)
     # resampling both ways counts the residual twice: no narrower than the crossed interval, not twice as wide
     assert 0.8 * got.half <= (hi - lo) / 2 <= 2 * got.half
     # a difference of two arms on the same conditions: the shared condition term cancels
     other = t + rng.normal(0, 0.001, t.shape)
-    d, lo, hi = two_way_bootstrap(t, other, reps=1000)
+    d, lo, hi, p = two_way_bootstrap(t, other, reps=1000)
     assert d == pytest.approx(t.mean() - other.mean()) and (hi - lo) / 2 < 0.5 * got.half
 
 

@@ -203,11 +203,12 @@ def crossed_interval(table) -> Crossed:
     return Crossed(mean, half, df, se, p, S, C, vs, vc, ve, dropped)
 
 
-def two_way_bootstrap(table_a, table_b=None, reps: int = 2000, seed: int = 0) -> tuple[float, float, float]:
-    """(mean, 2.5% and 97.5% percentiles) of mean(table_a) - mean(table_b) (or of mean(table_a) alone) when the
-    tables' columns are the same conditions: conditions resampled once for both, each table's seeds (rows)
-    resampled on their own. For two arms whose seeds do not pair; resampling both ways counts the residual
-    twice, so the interval errs wide."""
+def two_way_bootstrap(table_a, table_b=None, reps: int = 2000,
+                      seed: int = 0) -> tuple[float, float, float, float]:
+    """(mean, 2.5% and 97.5% percentiles, two-sided p for 0) of mean(table_a) - mean(table_b) (or of mean(table_a)
+    alone) when the tables' columns are the same conditions: conditions resampled once for both, each table's seeds
+    (rows) resampled on their own. For two arms whose seeds do not pair; resampling both ways counts the residual
+    twice, so the interval errs wide. The p is twice the smaller share of draws on either side of 0."""
     a = np.asarray(table_a, dtype=np.float64)
     b = None if table_b is None else np.asarray(table_b, dtype=np.float64)
     keep = np.isfinite(a).all(axis=0) & (np.isfinite(b).all(axis=0) if b is not None else True)
@@ -215,7 +216,7 @@ def two_way_bootstrap(table_a, table_b=None, reps: int = 2000, seed: int = 0) ->
     b = b[:, keep] if b is not None else None
     C = a.shape[1]
     if C == 0:
-        return math.nan, math.nan, math.nan
+        return math.nan, math.nan, math.nan, math.nan
     rng = np.random.default_rng(seed)
     out = np.empty(reps)
     for r in range(reps):
@@ -226,7 +227,8 @@ def two_way_bootstrap(table_a, table_b=None, reps: int = 2000, seed: int = 0) ->
         out[r] = x
     point = float(a.mean() - (b.mean() if b is not None else 0.0))
     lo, hi = np.percentile(out, [2.5, 97.5])
-    return point, float(lo), float(hi)
+    p = min(1.0, 2 * min(float((out <= 0).mean()), float((out >= 0).mean())))
+    return point, float(lo), float(hi), p
 
 
 # ---------------------------------------------------------------------------------------------------------------
