@@ -181,3 +181,20 @@ def test_batch_means_blocks_cover_an_ar1_series_of_64():
         eight += abs(m) <= h
     assert covered / reps >= 0.94
     assert eight / reps < covered / reps
+
+
+def test_the_bound_from_per_seed_summaries():
+    """crossed_bound from each seed's mean and sd over conditions: equal to the crossed interval's variance when the
+    table has no residual, wider when it has one, and never narrower than the t over the seeds' means."""
+    from recam.infra.stats import crossed_bound
+
+    rng = np.random.default_rng(6)
+    t = _simulate(rng, 3, 40, 0.01, 0.05, 0.0)
+    got = crossed_bound(t.mean(axis=1), t.std(axis=1, ddof=1), 40)
+    assert got.se == pytest.approx(crossed_interval(t).se, rel=1e-9)
+    t = _simulate(rng, 3, 40, 0.01, 0.02, 0.04)
+    got = crossed_bound(t.mean(axis=1), t.std(axis=1, ddof=1), 40)
+    assert got.se > crossed_interval(t).se
+    assert got.se ** 2 >= t.mean(axis=1).var(ddof=1) / 3
+    with pytest.raises(ValueError, match="2 or more seeds"):
+        crossed_bound([0.1], [0.2], 40)

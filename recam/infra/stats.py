@@ -300,3 +300,27 @@ def conditions_for_power(effect: float, var_seed: float, var_condition: float, v
         else:
             lo = mid
     return max(hi, 2)
+
+
+def crossed_bound(means, sds, conditions: int) -> Crossed:
+    """The widest the seeds x conditions interval can be when only each seed's mean and its standard deviation over
+    the C shared conditions are known (a published table's per-seed "mean +- half-width"; the per-condition values
+    themselves were not kept): Var(mean) <= s_within^2 / C + s_means^2 / S, which counts all of a seed's spread over
+    conditions as the conditions' shared term. It equals the crossed interval's variance when the residual is 0,
+    and exceeds it otherwise; the t over the seeds' means (s_means^2 / S alone) is the narrowest. Satterthwaite's
+    degrees of freedom for the two terms."""
+    m = [float(x) for x in means]
+    s = [float(x) for x in sds]
+    S, C = len(m), int(conditions)
+    if S < 2 or len(s) != S or C < 2:
+        raise ValueError(f"crossed_bound needs 2 or more seeds with one sd each and 2 or more conditions, got "
+                         f"{S} means, {len(s)} sds, {C} conditions")
+    mean = math.fsum(m) / S
+    within = math.fsum(x * x for x in s) / S
+    between = math.fsum((x - mean) ** 2 for x in m) / (S - 1)
+    a, b = within / C, between / S
+    se = math.sqrt(a + b)
+    denom = a * a / (S * (C - 1)) + b * b / (S - 1)
+    df = (a + b) ** 2 / denom if denom > 0 else math.nan
+    half, p = _t_stats(mean, se, df)
+    return Crossed(mean, half, df, se, p, S, C)
