@@ -191,10 +191,11 @@ def test_the_bound_from_per_seed_summaries():
     rng = np.random.default_rng(6)
     t = _simulate(rng, 3, 40, 0.01, 0.05, 0.0)
     got = crossed_bound(t.mean(axis=1), t.std(axis=1, ddof=1), 40)
-    assert got.se == pytest.approx(crossed_interval(t).se, rel=1e-9)
+    assert got.se == pytest.approx(crossed_interval(t).se, rel=1e-9) and got.half >= crossed_interval(t).half
     t = _simulate(rng, 3, 40, 0.01, 0.02, 0.04)
     got = crossed_bound(t.mean(axis=1), t.std(axis=1, ddof=1), 40)
     assert got.se > crossed_interval(t).se
     assert got.se ** 2 >= t.mean(axis=1).var(ddof=1) / 3
+    assert got.half >= mean_interval(t.mean(axis=1))[1] - 1e-12
     with pytest.raises(ValueError, match="2 or more seeds"):
         crossed_bound([0.1], [0.2], 40)

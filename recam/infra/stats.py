@@ -307,8 +307,10 @@ def crossed_bound(means, sds, conditions: int) -> Crossed:
     the C shared conditions are known (a published table's per-seed "mean +- half-width"; the per-condition values
     themselves were not kept): Var(mean) <= s_within^2 / C + s_means^2 / S, which counts all of a seed's spread over
     conditions as the conditions' shared term. It equals the crossed interval's variance when the residual is 0,
-    and exceeds it otherwise; the t over the seeds' means (s_means^2 / S alone) is the narrowest. Satterthwaite's
-    degrees of freedom for the two terms."""
+    and exceeds it otherwise. The half-width is the wider of this variance's at Satterthwaite's degrees of freedom
+    and the t over the seeds' means (S - 1 df): where the seeds' term dominates, the crossed interval's degrees of
+    freedom fall to S - 1 and its half-width to that t's, which the first can undercut; the p is the larger of
+    the two."""
     m = [float(x) for x in means]
     s = [float(x) for x in sds]
     S, C = len(m), int(conditions)
@@ -323,4 +325,7 @@ def crossed_bound(means, sds, conditions: int) -> Crossed:
     denom = a * a / (S * (C - 1)) + b * b / (S - 1)
     df = (a + b) ** 2 / denom if denom > 0 else math.nan
     half, p = _t_stats(mean, se, df)
-    return Crossed(mean, half, df, se, p, S, C)
+    half_t, p_t = _t_stats(mean, math.sqrt(b), S - 1)
+    if half_t > half:
+        half, df = half_t, float(S - 1)
+    return Crossed(mean, half, df, se, max(p, p_t), S, C)

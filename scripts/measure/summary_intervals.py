@@ -3,7 +3,7 @@ older over-seed and curve claims, redone by the rules scripts/seed_gains.py now 
 
     # three seeds' "mean ± 95% half-width", each paired over the same 128 held-out conditions: the widest the
     # seeds x conditions interval can be (recam.infra.stats.crossed_bound), beside the t over the seeds' means
-    python scripts/measure/summary_intervals.py seeds --conditions 128 "+0.0187 ± 0.0338" "+0.0250 ± 0.0444" \
+    python scripts/measure/summary_intervals.py seeds --conditions 128 -- "+0.0187 ± 0.0338" "+0.0250 ± 0.0444" \
         "+0.0219 ± 0.0346"
 
     # a curve's points, each "mean ± half-width" over 128 conditions: p for 0, Holm-adjusted over the points (the
@@ -13,8 +13,8 @@ older over-seed and curve claims, redone by the rules scripts/seed_gains.py now 
     # a run's training-reward block means (time order) merged into fewer, longer blocks (batch means)
     python scripts/measure/summary_intervals.py blocks --merge 2 +0.0054 +0.0098 +0.0213 +0.0131
 
-A half-width h over C conditions is a t-interval with C - 1 degrees of freedom: its standard deviation over the
-conditions is h / t_{0.975, C-1} * sqrt(C).
+Put `--` before the values when one may start with a minus sign. A half-width h over C conditions is a t-interval
+with C - 1 degrees of freedom: its standard deviation over the conditions is h / t_{0.975, C-1} * sqrt(C).
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ def seeds(args) -> str:
     bound = crossed_bound(means, [sd_over_conditions(h, args.conditions) for _, h in values], args.conditions)
     m, h = mean_interval(means)
     return (f"{len(values)} seeds on {args.conditions} shared conditions: {bound.mean:+.4f} ± {bound.half:.4f} at "
-            f"most (seeds x conditions, Satterthwaite df {bound.df:.1f}; p {bound.p:.2g}); the t over the seeds' "
-            f"means alone: ± {h:.4f}")
+            f"most (seeds x conditions bound, df {bound.df:.1f}; p {bound.p:.2g}); the t over the seeds' means "
+            f"alone: ± {h:.4f}")
 
 
 def holm_points(args) -> str:
