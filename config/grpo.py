@@ -198,7 +198,8 @@ def motion_tiny_cpu():
     checkpoints/motion_grader (a transformer evaluator trained apart from the reward's GRU one) with the reward
     network's own numbers beside it, and 32 validation captions that choose the reported checkpoint. What these
     settings gain, and the settings tried (learning rates, trained steps, rewards), are in docs/results.md: over
-    three seeds the grader's held-out R@3 gains +0.031 +- 0.024 (issue 44), inside one run's noise at 128 captions.
+    three seeds the grader's held-out R@3 gains +0.031, at most +- 0.043 once the seeds' shared captions are counted
+    (issue 61; issue 44 said +- 0.024), inside one run's noise at 128 captions.
     Sized for well under 15 minutes on 2 CPU cores (one torch thread: these small ops gain
     nothing from a second one, and lose much when the machine is shared)."""
     c = base_config()
@@ -431,8 +432,8 @@ def tiny_cpu_long():
     would be seen 8 times each; here each twice), and the setting item 4 of issue 53 ranked: tiny_cpu's own, as no
     setting's noise scale separated from the default's (docs/results.md). Run beside its placebo, one core each,
     resumable: `python scripts/placebo_runs.py --preset tiny_cpu_long --seeds 0 --out runs/long_camera --metric
-    eval/cam_score --metric eval/fidelity --train-reward cam_score` (its 32 held-out conditions resolve about
-    ±0.02 cam_score; the training reward, compared epoch by epoch, about ±0.006: docs/results.md)."""
+    eval/cam_score --metric eval/fidelity --train-reward cam_score` (its 128 held-out conditions resolve about
+    ±0.011 cam_score; the training reward, compared epoch by epoch in blocks of 21, about ±0.008: docs/results.md)."""
     c = tiny_cpu()
     c.run_name = "tiny_cpu_long"
     c.run_dir = "runs/tiny_cpu_long"
