@@ -406,8 +406,11 @@ def test_the_run_s_noise_scale_is_a_lower_bound_alone_where_the_g2_interval_cont
         assert finding.numbers["gradient_noise_scale_at_least"] == pytest.approx(run["at_least"])
         assert "at most" in finding.explanation and "~" not in finding.explanation
     # an interval wholly at or below 0 bounds nothing: said so, and no running-means point value slips in
-    line = noise_scale_line(_pooled([-3e-6, -2.9e-6, -3.1e-6]))
+    nothing = _pooled([-3e-6, -2.9e-6, -3.1e-6])
+    nothing[-1].update({"noise/g2_running": 1e-6, "gradient_noise_scale": 1e4})  # a running mean above 0
+    line = noise_scale_line(nothing)
     assert line.startswith("gradient noise scale: no bound") and "~" not in line, line
+    assert not any(f.rule == "update_below_noise_scale" for f in diagnose_run(nothing))
 
 
 def test_the_run_s_noise_scale_is_a_point_value_with_a_bootstrap_interval_where_g2_is_measured():

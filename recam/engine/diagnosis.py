@@ -621,7 +621,9 @@ def rule_noise_scale(epochs: list[dict], th: Thresholds) -> list[Finding]:
     The run's estimate over its epochs (run_noise_scale) decides: its point value where |G|^2's interval excludes 0,
     else the noise scale it is at least; with one epoch, that epoch's running means (no interval)."""
     run = run_noise_scale(epochs)
-    if run is not None and run["update_samples"] and (run["noise_scale"] or run["at_least"]):
+    if run is not None and run["update_samples"] and not (run["noise_scale"] or run["at_least"]):
+        return []  # |G|^2's interval at or below 0 bounds nothing; one epoch's running means would say too much
+    if run is not None and run["update_samples"]:
         b_noise, B = run["noise_scale"] or run["at_least"], run["update_samples"]
         lower = run["noise_scale"] is None
         where = (f"95% over {run['epochs']} epochs; |G|^2's interval contains 0, so no point value" if lower else

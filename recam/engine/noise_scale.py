@@ -135,7 +135,7 @@ def bootstrap_ratio_interval(g2: list[float], trace: list[float], weights: list[
 
 def expanded_tail(n: int, level: float = 0.95) -> float:
     """The quantile an expanded percentile interval takes at each end for n resampled units (Hesterberg 2015, "What
-    Teachers Should Know About the Bootstrap", section 5): Phi(sqrt(n / (n - 1)) t_{n-1}((1 - level) / 2)). The plain
+    Teachers Should Know About the Bootstrap"): Phi(sqrt(n / (n - 1)) t_{n-1}((1 - level) / 2)). The plain
     percentile interval is too narrow with few units, as a z-interval with the plug-in standard deviation is (the
     bootstrap's spread divides by n, not n - 1, and it knows no t): on 8 simulated epochs of a noisy |G|^2
     (tests/test_noise_scale.py) the plain one covered the true ratio in 88% of 300 runs at a nominal 95%, this one
