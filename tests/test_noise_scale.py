@@ -9,6 +9,7 @@ import io
 import json
 import math
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -21,11 +22,13 @@ import torch
 from recam.engine.noise_scale import (
     NoiseScale,
     RunningNoise,
+    bootstrap_ratio_interval,
+    consistent_share,
+    expanded_tail,
     group_order,
     group_units,
     groups_across_processes,
     noise_scale,
-    signal_share,
     two_batch_estimates,
     whole_group_cuts,
 )
@@ -49,7 +52,7 @@ def test_two_batch_formulas_on_tiny_numbers():
     g2, trace = two_batch_estimates(torch.tensor([3.0]), torch.tensor([2.0]), 1.5, 8.0)
     assert (g2, trace) == pytest.approx((1.0, 4.0))
     assert noise_scale(g2, trace) == pytest.approx(4.0)
-    assert signal_share(g2, trace, 8) == pytest.approx(1 / (1 + 4 / 8))
+    assert consistent_share(g2, trace, 8) == pytest.approx(1 / (1 + 4 / 8))
     # two small batches of sizes 2 and 4: mean |G_b|^2 = 2.5 against mean 1/b = 0.375
     # tr = (2.5 - 1.5) / (0.375 - 0.125) = 4, |G|^2 = 1.5 - 4 / 8 = 1
     assert two_batch_estimates(torch.tensor([3.0, 2.0]), torch.tensor([2.0, 4.0]), 1.5, 8.0) == pytest.approx(
@@ -68,7 +71,7 @@ def test_no_estimate_without_a_small_batch_smaller_than_the_update_and_no_ratio_
     assert two_batch_estimates(torch.tensor([2.0]), torch.tensor([8.0]), 1.5, 8.0) is None  # the update itself
     assert two_batch_estimates(torch.zeros(0), torch.zeros(0), 1.5, 8.0) is None
     assert noise_scale(-0.1, 4.0) is None and noise_scale(1.0, -1.0) is None and noise_scale(None, 1.0) is None
-    assert signal_share(-0.1, 4.0, 8) is None and signal_share(1.0, 4.0, 0) is None
+    assert consistent_share(-0.1, 4.0, 8) is None and consistent_share(1.0, 4.0, 0) is None
 
 
 def test_running_means_are_bias_corrected_exponential_means_kept_apart_and_survive_json():
@@ -246,7 +249,7 @@ def test_no_small_batch_or_groups_across_processes_record_none_with_the_reason()
     assert alone.probe([torch.arange(8)], keep, 8) is None  # one micro-batch per step: it is the update
     alone.finish_step(None, 8)
     rec = alone.record()
-    assert rec["gradient_noise_scale"] is None and rec["update_signal_share"] is None
+    assert rec["gradient_noise_scale"] is None and rec["update_consistent_share"] is None
     assert "no small batch" in rec["noise/reason"] and rec["noise/update_samples"] == 8
     # two processes, one micro-batch per step: the only one is the synced one
     pair = NoiseScale(True, [p], rank=0, world_size=2)
@@ -298,7 +301,7 @@ def test_two_processes_measure_their_own_small_batches_before_the_sync_against_t
 
 def _noise_fields(run_dir: Path) -> list[dict]:
     epochs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k.startswith(("noise/", "gradient_noise_scale", "update_signal_share"))}
+    return [{k: v for k, v in r.items() if k.startswith(("noise/", "gradient_noise_scale", "update_consistent_share"))}
             for r in epochs if r["type"] == "epoch"]
 
 
@@ -318,8 +321,8 @@ def test_the_toy_run_records_the_noise_scale_every_epoch_and_a_resume_continues_
     assert len(records) == 2
     for r in records:
         assert math.isfinite(r["gradient_noise_scale"]) and r["gradient_noise_scale"] > 0, r
-        assert 0 < r["update_signal_share"] < 1, r
-        assert r["update_signal_share"] == pytest.approx(
+        assert 0 < r["update_consistent_share"] < 1, r
+        assert r["update_consistent_share"] == pytest.approx(
             1 / (1 + r["gradient_noise_scale"] / r["noise/update_samples"]))
         assert r["gradient_noise_scale"] == pytest.approx(r["noise/trace_running"] / r["noise/g2_running"])
         assert r["noise/steps"] == 2 and r["noise/small_batches"] == 4 and r["noise/update_samples"] == 64
@@ -344,10 +347,10 @@ def test_the_toy_run_records_the_noise_scale_every_epoch_and_a_resume_continues_
 def _epoch(epoch: int, g2: float, trace: float, samples: int, reason=None) -> dict:
     """An epoch record's noise fields as the trainer writes them (running means equal to this epoch's)."""
     scale = noise_scale(g2, trace)
-    share = signal_share(g2, trace, samples)
+    share = consistent_share(g2, trace, samples)
     return {"type": "epoch", "epoch": epoch, "step": epoch + 1, "reward_avg": 0.5,
-            "gradient_noise_scale": scale, "update_signal_share": share, "gradient_noise_scale_epoch": scale,
-            "update_signal_share_epoch": share, "noise/g2": g2, "noise/trace": trace, "noise/g2_running": g2,
+            "gradient_noise_scale": scale, "update_consistent_share": share, "gradient_noise_scale_epoch": scale,
+            "update_consistent_share_epoch": share, "noise/g2": g2, "noise/trace": trace, "noise/g2_running": g2,
             "noise/trace_running": trace, "noise/steps_running": 4 * (epoch + 1), "noise/update_samples": samples,
             "noise/reason": reason}
 
@@ -357,51 +360,153 @@ def test_the_diagnosis_says_what_the_noise_scale_means_and_when_an_update_is_far
 
     far = [_epoch(0, 1e-3, 11.0, 128)]  # B_simple = 11,000 samples against updates of 128
     line = noise_scale_line(far)
-    assert line.startswith("updates of 128 samples are about 1.2% signal (noise scale ~11,000 samples"), line
+    assert line.startswith("updates of 128 samples are about 1.2% consistent (KL pull included; noise scale "
+                           "~11,000 samples"), line
+    assert "epoch 0 alone: no interval" in line  # one epoch: a point value that says it has no interval
     finding = next(f for f in diagnose_run(far) if f.rule == "update_below_noise_scale")
     assert finding.severity == "info" and finding.numbers["gradient_noise_scale"] == pytest.approx(11000)
-    assert "~11,000 samples, 86 times an update" in finding.explanation
+    assert finding.numbers["update_consistent_share"] == pytest.approx(1 / (1 + 11000 / 128))
+    assert "~11,000 samples, 86 times an update" in finding.explanation and "KL pull" in finding.explanation
     near = [_epoch(0, 1.0, 110.0, 64)]
-    assert "about 37% signal (noise scale ~110 samples" in noise_scale_line(near)
+    assert "about 37% consistent (KL pull included; noise scale ~110 samples" in noise_scale_line(near)
     assert not any(f.rule == "update_below_noise_scale" for f in diagnose_run(near))
-    unmeasured = [{**_epoch(0, 1.0, 1.0, 8), "gradient_noise_scale": None, "update_signal_share": None,
+    unmeasured = [{**_epoch(0, 1.0, 1.0, 8), "gradient_noise_scale": None, "update_consistent_share": None,
                    "noise/reason": "train.noise_scale is off"}]
     assert noise_scale_line(unmeasured) == "gradient noise scale: not measured (train.noise_scale is off)"
     assert noise_scale_line([{"type": "epoch", "epoch": 0}]) is None  # a log from before the noise scale
 
 
-def test_the_run_s_noise_scale_pools_the_epochs_and_bounds_it_where_the_signal_is_not_measurable():
+def _pooled(g2s, trace=0.01, steps=2, samples=128):
+    return [{**_epoch(e, g, trace, samples), "noise/steps": steps} for e, g in enumerate(g2s)]
+
+
+def test_the_run_s_noise_scale_is_a_lower_bound_alone_where_the_g2_interval_contains_0():
     from recam.engine.diagnosis import diagnose_run, noise_scale_line, run_noise_scale
     from recam.infra.stats import t975
 
-    def epochs(g2s, trace=0.01, steps=2, samples=128):
-        return [{**_epoch(e, g, trace, samples), "noise/steps": steps} for e, g in enumerate(g2s)]
+    # the pooled |G|^2 is above 0, but its t-interval (by hand) reaches below it: no point value, only the bound
+    for g2s in ([4e-6, -1e-6, 3e-6, 2e-6], [-3e-7, 1e-7, -2e-7, -1e-7, 2e-7]):
+        n = len(g2s)
+        mean, half = np.mean(g2s), t975(n - 1) * np.std(g2s, ddof=1) / np.sqrt(n)
+        assert mean - half < 0
+        run = run_noise_scale(_pooled(g2s))
+        assert run["g2"] == pytest.approx(mean) and run["trace"] == pytest.approx(0.01)
+        assert run["g2_half"] == pytest.approx(half)
+        assert run["g2_excludes_0"] is False
+        assert run["noise_scale"] is None and run["noise_scale_low"] is None and run["noise_scale_high"] is None
+        assert run["consistent_share"] is None
+        assert run["at_least"] == pytest.approx(0.01 / (mean + half))
+        assert run["consistent_share_at_most"] == pytest.approx(1 / (1 + run["at_least"] / 128))
+        line = noise_scale_line(_pooled(g2s))
+        assert line.startswith("updates of 128 samples are at most ") and "the noise scale is at least" in line
+        assert "~" not in line and "contains 0, so no point value" in line, line
+        assert f"95% over {n} epochs, {2 * n} steps" in line
+        finding = next(f for f in diagnose_run(_pooled(g2s)) if f.rule == "update_below_noise_scale")
+        assert finding.numbers["gradient_noise_scale"] is None
+        assert finding.numbers["gradient_noise_scale_at_least"] == pytest.approx(run["at_least"])
+        assert "at most" in finding.explanation and "~" not in finding.explanation
+    # an interval wholly at or below 0 bounds nothing: said so, and no running-means point value slips in
+    nothing = _pooled([-3e-6, -2.9e-6, -3.1e-6])
+    nothing[-1].update({"noise/g2_running": 1e-6, "gradient_noise_scale": 1e4})  # a running mean above 0
+    line = noise_scale_line(nothing)
+    assert line.startswith("gradient noise scale: no bound") and "~" not in line, line
+    assert not any(f.rule == "update_below_noise_scale" for f in diagnose_run(nothing))
 
-    # equal steps: the plain mean over epochs and its t-interval, by hand
-    g2s = [4e-6, -1e-6, 3e-6, 2e-6]
-    run = run_noise_scale(epochs(g2s))
-    mean, sd = np.mean(g2s), np.std(g2s, ddof=1)
-    assert run["g2"] == pytest.approx(mean) and run["trace"] == pytest.approx(0.01)
-    assert run["g2_half"] == pytest.approx(t975(3) * sd / 2)
-    assert run["noise_scale"] == pytest.approx(0.01 / mean)
-    assert run["at_least"] == pytest.approx(0.01 / (mean + t975(3) * sd / 2))
-    line = noise_scale_line(epochs(g2s))
-    assert line.startswith(f"updates of 128 samples are about {100 / (1 + 0.01 / mean / 128):.2g}% signal"), line
-    assert "95% over 4 epochs, 8 steps" in line
-    # |G|^2's estimate below 0: no point value, but the noise scale the run rules out being below
-    low = [-3e-7, 1e-7, -2e-7, -1e-7, 2e-7]
-    run = run_noise_scale(epochs(low))
-    assert run["noise_scale"] is None
-    assert run["at_least"] == pytest.approx(0.01 / (np.mean(low) + t975(4) * np.std(low, ddof=1) / np.sqrt(5)))
-    line = noise_scale_line(epochs(low))
-    assert line.startswith("updates of 128 samples are at most ") and "the noise scale is at least" in line
-    finding = next(f for f in diagnose_run(epochs(low)) if f.rule == "update_below_noise_scale")
-    assert finding.numbers["gradient_noise_scale"] is None
-    assert finding.numbers["gradient_noise_scale_at_least"] == pytest.approx(run["at_least"])
-    assert "at most" in finding.explanation
+
+def test_the_run_s_noise_scale_is_a_point_value_with_a_bootstrap_interval_where_g2_is_measured():
+    from recam.engine.diagnosis import diagnose_run, noise_scale_line, run_noise_scale
+
+    g2s = [2e-6, 2.2e-6, 1.8e-6, 2.1e-6, 1.9e-6, 2.0e-6]
+    run = run_noise_scale(_pooled(g2s))
+    assert run["g2_excludes_0"] is True
+    assert run["noise_scale"] == pytest.approx(0.01 / np.mean(g2s))
+    low, high = bootstrap_ratio_interval(g2s, [0.01] * 6, [2] * 6)
+    assert (run["noise_scale_low"], run["noise_scale_high"]) == pytest.approx((low, high))
+    assert low < run["noise_scale"] < high
+    line = noise_scale_line(_pooled(g2s))
+    assert line.startswith(f"updates of 128 samples are about {100 / (1 + 0.01 / np.mean(g2s) / 128):.2g}% "
+                           "consistent (the share that repeats between independent updates, KL pull included"), line
+    assert "noise scale ~5,000 samples, 95% [" in line and "] by bootstrap over 6 epochs, 12 steps" in line
+    finding = next(f for f in diagnose_run(_pooled(g2s)) if f.rule == "update_below_noise_scale")
+    assert finding.numbers["gradient_noise_scale"] == pytest.approx(5000)
+    assert finding.numbers["gradient_noise_scale_low"] == pytest.approx(low)
     # steps weigh the epochs
-    weighted = [{**r, "noise/steps": n} for r, n in zip(epochs([1e-6, 3e-6]), (3, 1), strict=True)]
+    weighted = [{**r, "noise/steps": n} for r, n in zip(_pooled([1e-6, 3e-6]), (3, 1), strict=True)]
     assert run_noise_scale(weighted)["g2"] == pytest.approx((3 * 1e-6 + 3e-6) / 4)
+
+
+def _loop_bootstrap(g2, trace, weights, rows, tail):
+    """The same bootstrap, written as a loop over given resamples: weighted means, their ratio (inf where |G|^2's
+    is not above 0), the empirical quantile at tail and 1 - tail (the ceil(q R)-th smallest)."""
+    ratios = []
+    for row in rows:
+        w = sum(weights[i] for i in row)
+        g = sum(weights[i] * g2[i] for i in row) / w
+        t = max(sum(weights[i] * trace[i] for i in row) / w, 0.0)
+        ratios.append(t / g if g > 0 else math.inf)
+    ratios.sort()
+    return ratios[math.ceil(tail * len(ratios)) - 1], ratios[math.ceil((1 - tail) * len(ratios)) - 1]
+
+
+def test_the_bootstrap_interval_against_a_loop_and_its_tails_by_hand():
+    # Phi(sqrt(12/11) t_11(0.025)) = Phi(1.044466 * -2.200985) = Phi(-2.29885) = 0.010757; many units: 0.025
+    assert expanded_tail(12) == pytest.approx(0.010757, abs=2e-6)
+    assert expanded_tail(10 ** 6) == pytest.approx(0.025, abs=1e-5)
+    rng = np.random.default_rng(7)
+    g2 = list(1e-6 + 0.7e-6 * rng.standard_normal(9))
+    trace = list(1e-2 * (1 + 0.1 * rng.standard_normal(9)))
+    weights = [1, 2, 2, 3, 1, 2, 2, 1, 2]
+    got = bootstrap_ratio_interval(g2, trace, weights, resamples=4000, seed=3)
+    # the same draws (numpy's generator at the same seed), every other step by hand
+    rows = np.random.default_rng(3).integers(0, 9, size=(4000, 9)).tolist()
+    assert got == pytest.approx(_loop_bootstrap(g2, trace, weights, rows, expanded_tail(9)), rel=1e-12)
+    # other draws: the intervals agree to their Monte Carlo error
+    other = random.Random(11)
+    rows = [[other.randrange(9) for _ in range(9)] for _ in range(4000)]
+    loop = _loop_bootstrap(g2, trace, weights, rows, expanded_tail(9))
+    assert got[0] == pytest.approx(loop[0], rel=0.1)
+    assert got[1] == pytest.approx(loop[1], rel=0.1) or got[1] == loop[1] == math.inf
+    assert bootstrap_ratio_interval(g2, trace, weights, resamples=4000, seed=3) == got  # a fixed seed: deterministic
+    # |G|^2 estimates mostly at or below 0: the upper end is open
+    assert bootstrap_ratio_interval([-1e-6, 1e-7, -2e-7, 3e-7], [1e-2] * 4)[1] == math.inf
+    with pytest.raises(ValueError):
+        bootstrap_ratio_interval([1e-6], [1e-2])
+
+
+@pytest.mark.parametrize("epochs,spread,least", [(12, 0.8, 0.9), (8, 0.5, 0.9), (24, 1.5, 0.9)])
+def test_the_bootstrap_interval_covers_the_true_noise_scale(epochs, spread, least):
+    """Simulated runs of a known |G|^2 (1e-6) and tr(Sigma) (1e-2; true noise scale 10,000 samples), each epoch's
+    estimates noisy around them (|G|^2's standard deviation `spread` times itself, tr(Sigma)'s 10%): the share of 300
+    runs whose interval holds 10,000. Measured at these seeds: 95%, 93% and 95% (the plain percentile interval, without
+    the expanded tails: 90%, 88%, 95%)."""
+    rng = np.random.default_rng(epochs)
+    hits = 0
+    for _ in range(300):
+        g2 = 1e-6 * (1 + spread * rng.standard_normal(epochs))
+        trace = 1e-2 * (1 + 0.1 * rng.standard_normal(epochs))
+        low, high = bootstrap_ratio_interval(g2, trace, resamples=2000)
+        hits += low <= 1e4 <= high
+    assert hits / 300 >= least, hits / 300
+
+
+def test_an_old_record_s_signal_share_is_read_as_the_consistent_share(tmp_path):
+    from recam import verify
+    from recam.engine.diagnosis import noise_scale_line
+    from recam.infra.schema import consistent_share_of
+
+    new = _epoch(0, 1.0, 40.0, 64)
+    old = {("update_signal_share" + k.removeprefix("update_consistent_share") if k.startswith("update_consistent")
+            else k): v for k, v in new.items()}
+    assert "update_consistent_share" not in old and old["update_signal_share"] == pytest.approx(1 / (1 + 40 / 64))
+    assert consistent_share_of(old) == consistent_share_of(new) == new["update_consistent_share"]
+    assert consistent_share_of(old, epoch=True) == new["update_consistent_share_epoch"]
+    assert consistent_share_of({"type": "epoch"}) is None
+    assert noise_scale_line([old]) == noise_scale_line([new])
+    (check,) = verify.check_noise_scale([old])
+    assert check.status == verify.PASS and check.numbers["consistent_share"] == pytest.approx(1 / (1 + 40 / 64))
+    (check,) = verify.check_noise_scale([{**old, "update_signal_share": 0.9}])
+    assert check.status == verify.FAIL and "epoch 0: update_signal_share 0.9" in check.detail
+    assert verify.write_plots([old], tmp_path, "old")  # the plot draws the old name's values
 
 
 def test_the_verifier_checks_the_noise_fields_against_their_definitions_and_plots_them(tmp_path):
@@ -410,12 +515,12 @@ def test_the_verifier_checks_the_noise_fields_against_their_definitions_and_plot
     good = [_epoch(0, 1.0, 40.0, 64), _epoch(1, 0.5, 40.0, 64)]
     (check,) = verify.check_noise_scale(good)
     assert check.status == verify.PASS and check.numbers["noise_scale"] == pytest.approx(80.0)
-    bad = [good[0], {**good[1], "update_signal_share": 0.9}]
+    assert "consistent (KL pull included)" in check.detail
+    bad = [good[0], {**good[1], "update_consistent_share": 0.9}]
     (check,) = verify.check_noise_scale(bad)
-    assert check.status == verify.FAIL and "epoch 1: update_signal_share 0.9" in check.detail
-    silent = [{**good[0], "gradient_noise_scale": None, "update_signal_share": None}]
+    assert check.status == verify.FAIL and "epoch 1: update_consistent_share 0.9" in check.detail
+    silent = [{**good[0], "gradient_noise_scale": None, "update_consistent_share": None}]
     assert verify.check_noise_scale(silent)[0].status == verify.WARN  # None without the reason
     assert verify.check_noise_scale([{"type": "epoch", "epoch": 0}]) == []
     written = verify.write_plots(good, tmp_path, "run")
-    assert ("Gradient noise scale and the update's signal share over epochs", "run_noise_scale.png") in written
-    assert (tmp_path / "run_noise_scale.png").stat().st_size > 1000
+    assert ("Gradient noise scale and the update's consistent share over epochs", "run_noise_scale.png") in written

@@ -47,16 +47,26 @@ def _write(run_dir, epochs):
 
 
 def test_a_row_is_the_hand_computed_noise_scale_interval_and_seconds(tmp_path):
-    # |G|^2 over 3 epochs: 1e-6, 2e-6, 3e-6 (mean 2e-6, sd 1e-6); t(0.975, 2) = 4.303
+    from recam.engine.noise_scale import bootstrap_ratio_interval
+
+    # |G|^2 over 3 epochs: 1e-6, 2e-6, 3e-6 (mean 2e-6, sd 1e-6); t(0.975, 2) = 4.303: the interval contains 0,
+    # so no point value, only the lower end
     _write(tmp_path / "a", [_epoch(1e-6, 1e-3), _epoch(2e-6, 1e-3), _epoch(3e-6, 1e-3)])
     r = noise_sweep.row(tmp_path / "a")
     half = 4.302653 * 1e-6 / math.sqrt(3)
-    assert r["noise_scale"] == pytest.approx(500, rel=1e-9)
+    assert r["noise_scale"] is None and r["seconds_to_half"] is None
     assert r["noise_scale_low"] == pytest.approx(1e-3 / (2e-6 + half), rel=1e-5)
-    assert r["noise_scale_high"] == math.inf  # |G|^2 - h < 0: open above
+    assert r["noise_scale_high"] == math.inf  # open above
     assert r["seconds_per_sample"] == pytest.approx(0.5)
-    assert r["seconds_to_half"] == pytest.approx(250, rel=1e-9)
+    assert r["seconds_to_half_low"] == pytest.approx(r["noise_scale_low"] * 0.5)
     assert r["nfe_per_sample"] == pytest.approx(15)
+    # 1.9e-6, 2e-6, 2.1e-6: sd 1e-7, half 2.5e-7, the interval excludes 0: the point value and the bootstrap's
+    _write(tmp_path / "b", [_epoch(1.9e-6, 1e-3), _epoch(2e-6, 1e-3), _epoch(2.1e-6, 1e-3)])
+    r = noise_sweep.row(tmp_path / "b")
+    assert r["noise_scale"] == pytest.approx(500, rel=1e-9)
+    low, high = bootstrap_ratio_interval([1.9e-6, 2e-6, 2.1e-6], [1e-3] * 3)
+    assert (r["noise_scale_low"], r["noise_scale_high"]) == pytest.approx((low, high))
+    assert r["seconds_to_half"] == pytest.approx(250, rel=1e-9)
     assert noise_sweep.row(tmp_path / "missing") is None
     _write(tmp_path / "one", [_epoch(1e-6, 1e-3)])
     assert noise_sweep.row(tmp_path / "one") is None  # one epoch has no interval

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -67,12 +68,17 @@ def _steps(cosines, samples=32):
 
 
 def test_update_noise_fires_with_the_samples_a_cosine_of_one_half_would_take():
-    cos = [0.01 + 0.002 * ((i % 5) - 2) for i in range(20)]  # mean 0.01, small spread
+    # mean 0.01; the blocks of 5 steps drift (-0.003, -0.001, +0.001, +0.003), as correlated steps do
+    cos = [0.01 + 0.002 * ((i % 5) - 2) + 0.002 * (i // 5 - 1.5) for i in range(20)]
     [f] = rule_update_noise(_steps(cos), Thresholds())
-    mean, half = statistics.fmean(cos), 2.093 * statistics.stdev(cos) / math.sqrt(20)  # t_{0.975, 19}
+    # batch means by hand: 4 blocks of 5 steps, a t-interval over the 4 block means (t_{0.975, 3} = 3.182)
+    blocks = [statistics.fmean(cos[5 * b:5 * b + 5]) for b in range(4)]
+    mean, half = statistics.fmean(cos), 3.182 * statistics.stdev(blocks) / math.sqrt(4)
+    assert half > 2.093 * statistics.stdev(cos) / math.sqrt(20)  # wider than the t over steps would be
     assert f.rule == "update_noise" and f.severity == "info"
     assert f.numbers["mean_grad_cosine"] == pytest.approx(mean)
     assert f.numbers["interval_95"] == pytest.approx(half, rel=3e-4)  # t printed to 3 decimals
+    assert f.numbers["interval"] == "batch means over 4 blocks" and f.numbers["steps_used"] == 20
     assert f.numbers["samples_for_cosine_half"] == pytest.approx(32 * (1 - mean) / mean)  # 3168
     assert f.numbers["samples_for_cosine_half_at_least"] == pytest.approx(32 * (1 - mean - half) / (mean + half),
                                                                           rel=3e-4)
@@ -81,6 +87,25 @@ def test_update_noise_fires_with_the_samples_a_cosine_of_one_half_would_take():
     assert rule_update_noise(_steps([0.4] * 20), Thresholds()) == []
     assert rule_update_noise(_steps(cos[:9]), Thresholds()) == []
     assert rule_update_noise(_steps([float("nan")] * 20), Thresholds()) == []
+
+
+def test_the_step_cosine_s_interval_drops_the_earliest_steps_that_fill_no_block_and_falls_back_to_t():
+    from recam.engine.diagnosis import cosine_interval
+
+    cos = [0.5, -0.5] + [0.01 + 0.001 * (i % 3) + 0.0005 * (i // 5) for i in range(20)]  # 22 steps, 2 left over
+    [f] = rule_update_noise(_steps(cos), Thresholds())
+    blocks = [statistics.fmean(cos[2 + 5 * b:7 + 5 * b]) for b in range(4)]
+    assert f.numbers["mean_grad_cosine"] == pytest.approx(statistics.fmean(cos[2:]))
+    assert f.numbers["interval_95"] == pytest.approx(3.182 * statistics.stdev(blocks) / 2, rel=3e-4)
+    assert f.numbers["steps"] == 22 and f.numbers["steps_used"] == 20
+    assert "batch means over 4 blocks, the last 20 of 22 steps" in f.explanation
+    # fewer than 8 steps: the t over steps, said to be too narrow
+    few = [0.01, 0.012, 0.008, 0.011, 0.009, 0.01, 0.012]
+    mean, half, used, how = cosine_interval(few)
+    assert (mean, used) == (pytest.approx(statistics.fmean(few)), 7) and "t over steps" in how and "narrow" in how
+    assert half == pytest.approx(2.447 * statistics.stdev(few) / math.sqrt(7), rel=3e-4)  # t_{0.975, 6}
+    [f] = rule_update_noise(_steps(few), Thresholds(update_noise_min_steps=5))
+    assert "t over steps" in f.explanation
 
 
 def test_update_noise_without_agreement_gives_only_a_lower_bound_and_reaches_diagnose_run():
@@ -264,3 +289,70 @@ done
     assert len(gpu) == 11 and not any("num_threads" in x for x in gpu)
     assert all("config/grpo.py:motion_tiny_gpu" in x for x in gpu)
     assert next(x for x in gpu if "--label k 16" in x).endswith("--config.sample.k=16")
+
+
+def test_step_cosines_are_the_finite_cosines_of_step_records_in_order():
+    from recam.engine.diagnosis import step_cosines
+
+    records = [{"type": "step", "step": 1}, {"type": "step", "step": 2, "grad_cosine_prev": 0.2},
+               {"type": "epoch", "epoch": 0, "grad_cosine_prev": 0.9},  # not a step
+               {"step": 3, "grad_cosine_prev": -0.1},  # untyped: a step, as diagnose_run reads it
+               {"type": "step", "step": 4, "grad_cosine_prev": float("nan")},
+               {"type": "step", "step": 5, "grad_cosine_prev": None},
+               {"type": "step", "step": 6, "grad_cosine_prev": True},  # JSON true is no number
+               {"type": "step", "step": 7, "grad_cosine_prev": 0.05}]
+    assert step_cosines(records) == [0.2, -0.1, 0.05]
+
+
+def _welch_by_hand(a, b):
+    """mean(a) - mean(b) and its 95% Welch half-width, written out, the quantile from scipy."""
+    from scipy import stats
+
+    va, vb = np.var(a, ddof=1) / len(a), np.var(b, ddof=1) / len(b)
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    return np.mean(a) - np.mean(b), stats.t.ppf(0.975, df) * math.sqrt(va + vb), df
+
+
+def test_the_cosine_difference_of_one_run_per_arm_is_welch_over_their_block_means():
+    from scipy import stats
+
+    from recam.engine.diagnosis import cosine_difference
+
+    grpo = [0.05, 0.03, 0.04, 0.06, 0.02, 0.04, 0.05, 0.07, 0.03]  # 9 steps: the first fills no block of 2
+    placebo = [0.01, -0.01, 0.0, 0.02, -0.02, 0.01, 0.0, 0.01]
+    g_blocks = [(0.03 + 0.04) / 2, (0.06 + 0.02) / 2, (0.04 + 0.05) / 2, (0.07 + 0.03) / 2]
+    p_blocks = [0.0, 0.01, -0.005, 0.005]
+    d = cosine_difference([grpo], [placebo])
+    diff, half, df = _welch_by_hand(g_blocks, p_blocks)
+    assert d["difference"] == pytest.approx(diff) and d["half"] == pytest.approx(half) and d["df"] == pytest.approx(df)
+    assert (d["low"], d["high"]) == (pytest.approx(diff - half), pytest.approx(diff + half))
+    assert d["grpo_mean"] == pytest.approx(np.mean(grpo[1:])) and d["placebo_mean"] == pytest.approx(0.0025)
+    assert d["grpo_n"] == d["placebo_n"] == 4 and "block means" in d["grpo_unit"]
+    ci = stats.ttest_ind(g_blocks, p_blocks, equal_var=False).confidence_interval(0.95)  # scipy's own Welch
+    assert (d["low"], d["high"]) == (pytest.approx(ci.low), pytest.approx(ci.high))
+    # a run too short for blocks of 2 enters as its steps, and says so
+    short = cosine_difference([grpo[:5]], [placebo])
+    assert "steps" in short["grpo_unit"] and short["grpo_n"] == 5
+    assert short["difference"] == pytest.approx(np.mean(grpo[:5]) - 0.0025)
+
+
+def test_the_cosine_difference_over_seeds_is_welch_over_the_seeds_mean_cosines():
+    from recam.engine.diagnosis import cosine_difference
+
+    rng = np.random.default_rng(5)
+    grpo = [list(0.03 + 0.02 * rng.standard_normal(n)) for n in (12, 10, 12)]
+    placebo = [list(0.0 + 0.02 * rng.standard_normal(n)) for n in (12, 11)]
+    placebo[1][3] = float("nan")  # a step whose cosine could not be computed is left out
+    d = cosine_difference(grpo, placebo)
+    g_means = [np.mean(s) for s in grpo]
+    p_means = [np.mean(placebo[0]), np.nanmean(placebo[1])]
+    diff, half, df = _welch_by_hand(g_means, p_means)
+    assert d["difference"] == pytest.approx(diff) and d["half"] == pytest.approx(half) and d["df"] == pytest.approx(df)
+    assert d["grpo_n"] == 3 and d["placebo_n"] == 2 and "seeds" in d["grpo_unit"] and "seeds" in d["placebo_unit"]
+    # one run against several seeds: its block means against the seeds' means
+    mixed = cosine_difference(grpo[:1], placebo)
+    blocks = [np.mean(grpo[0][3 * b:3 * b + 3]) for b in range(4)]
+    diff, half, _ = _welch_by_hand(blocks, p_means)
+    assert mixed["difference"] == pytest.approx(diff) and mixed["half"] == pytest.approx(half)
+    # an arm without cosines: no difference
+    assert math.isnan(cosine_difference([[]], placebo)["difference"])

@@ -37,8 +37,16 @@ from recam.engine.health import (
     rule_reward,
     rule_reward_term,
 )
-from recam.infra.schema import RECORD_FIELD_KINDS, RECORD_FIELDS, RECORD_KEYS, RECORD_TYPES, REWARD_BOOKKEEPING
-from recam.infra.stats import t975
+from recam.engine.noise_scale import bootstrap_ratio_interval
+from recam.infra.schema import (
+    RECORD_FIELD_KINDS,
+    RECORD_FIELDS,
+    RECORD_KEYS,
+    RECORD_TYPES,
+    REWARD_BOOKKEEPING,
+    consistent_share_of,
+)
+from recam.infra.stats import batch_means_interval, mean_interval, t975, welch_difference
 
 # ----------------------------------------------------------------------------------------------------------
 # which records count: recam.infra.schema's fields, checked before any rule reads a record
@@ -400,22 +408,95 @@ def _merge(findings: list[tuple[Finding, dict, str | None]]) -> list[Finding]:
 # run rules: over every step of a run
 
 
+# Consecutive steps share the weights they start from, so their cosines are correlated, and a t-interval over steps
+# would be too narrow; four blocks keep each block long against that correlation and still give an interval (3
+# degrees of freedom). A block needs two steps at the least.
+COSINE_BLOCKS = 4
+
+
+def step_cosines(records: list[dict]) -> list[float]:
+    """The finite grad_cosine_prev of the step records (untyped dicts count as steps, as diagnose_run reads them),
+    in the records' order: a run's time order."""
+    out = []
+    for r in records:
+        if r.get("type", "step") != "step":
+            continue
+        c = r.get("grad_cosine_prev")
+        if _is_number(c) and math.isfinite(c):
+            out.append(float(c))
+    return out
+
+
+def cosine_interval(cos: list[float], blocks: int = COSINE_BLOCKS) -> tuple[float, float, int, str]:
+    """The mean step cosine, the half-width of its 95% interval, how many steps it used and how: a batch-means
+    interval over `blocks` contiguous blocks in time order (recam.infra.stats.batch_means_interval, which leaves out
+    the earliest steps that do not fill a block) with at least 2 * blocks steps; with fewer, the plain t-interval
+    over steps, which treats correlated steps as independent and is too narrow."""
+    if len(cos) >= 2 * blocks:
+        mean, half, used = batch_means_interval(cos, blocks)
+        return mean, half, used, f"batch means over {blocks} blocks"
+    mean, half = mean_interval(cos)
+    return mean, half, len(cos), "t over steps (too few steps for blocks: too narrow)"
+
+
+def _block_means(series: list[float], blocks: int) -> list[float]:
+    """The block means batch_means_interval takes its interval over: the series cut into `blocks` contiguous blocks
+    of equal length, the earliest values that do not fill one left out."""
+    size = len(series) // blocks
+    used = series[len(series) - size * blocks:]
+    return [math.fsum(used[i * size:(i + 1) * size]) / size for i in range(blocks)]
+
+
+def _arm_sample(series_list: list[list[float]], blocks: int) -> tuple[list[float], str]:
+    """What one arm's mean and its spread are taken over: with one run, its block means (nearly independent where a
+    step's neighbours are not), or its steps where it has too few for blocks; with several seeds, each seed's mean
+    cosine (the seeds are independent, and a seed's block means would understate what seeds vary by)."""
+    runs = [[float(c) for c in s if c is not None and math.isfinite(c)] for s in series_list]
+    runs = [r for r in runs if r]
+    if len(runs) >= 2:
+        return [math.fsum(r) / len(r) for r in runs], f"{len(runs)} seeds' mean cosines"
+    if not runs:
+        return [], "no cosines"
+    if len(runs[0]) >= 2 * blocks:
+        return _block_means(runs[0], blocks), f"one run's {blocks} block means"
+    return runs[0], "one run's steps (too few for blocks: too narrow)"
+
+
+def cosine_difference(grpo_series_list: list[list[float]], placebo_series_list: list[list[float]],
+                      blocks: int = COSINE_BLOCKS) -> dict:
+    """GRPO's mean step cosine minus its placebo's with a 95% Welch interval (recam.infra.stats.welch_difference,
+    unequal variances). Each arm is a list of runs' step-cosine series in time order (step_cosines). An arm of one run
+    enters as its block means (their mean is its batch-means mean, their spread its batch-means standard error); an
+    arm of several seeds as the seeds' mean cosines. The two arms' samples are independent, which is what Welch
+    needs, whichever of the two forms each takes. Keys: difference, half (NaN where an arm has fewer than 2 values or
+    neither spreads), low, high, df, grpo_mean, placebo_mean, grpo_n, placebo_n (values in each arm's sample),
+    grpo_unit, placebo_unit (what those values are)."""
+    a, a_unit = _arm_sample(grpo_series_list, blocks)
+    b, b_unit = _arm_sample(placebo_series_list, blocks)
+    diff, half, df = welch_difference(a, b)
+    return {"difference": diff, "half": half, "low": diff - half, "high": diff + half, "df": df,
+            "grpo_mean": math.fsum(a) / len(a) if a else math.nan,
+            "placebo_mean": math.fsum(b) / len(b) if b else math.nan,
+            "grpo_n": len(a), "placebo_n": len(b), "grpo_unit": a_unit, "placebo_unit": b_unit}
+
+
 def rule_update_noise(steps: list[dict], th: Thresholds) -> list[Finding]:
     """Info when consecutive optimizer steps' gradients barely agree (grad_cosine_prev, logged by the trainer).
 
     With g = s + n, s the expected gradient and n the noise of a step's own samples, independent between steps,
     E cos(g_t, g_t-1) ~ |s|^2 / (|s|^2 + var / N): near 0 an update's direction is mostly noise, and the samples per
-    step that would bring the cosine to 1/2 are N (1 - c) / c."""
-    cos = [c for c in (_num(m, "grad_cosine_prev") for m in steps) if _ok(c)]
+    step that would bring the cosine to 1/2 are N (1 - c) / c. s is the whole loss's expected gradient, the KL pull
+    toward the reference included. The interval is cosine_interval's (batch means over the steps in time order)."""
+    cos = step_cosines(steps)
     if len(cos) < th.update_noise_min_steps:
         return []
-    mean = statistics.fmean(cos)
-    half = t975(len(cos) - 1) * statistics.stdev(cos) / math.sqrt(len(cos))
+    mean, half, used, how = cosine_interval(cos)
     if mean + half >= th.update_noise_cosine:
         return []
     sizes = [n for n in (_num(m, "step_samples") for m in steps) if _ok(n) and n > 0]
     n = statistics.median(sizes) if sizes else None
-    numbers = {"mean_grad_cosine": mean, "interval_95": half, "steps": len(cos), "samples_per_step": n}
+    numbers = {"mean_grad_cosine": mean, "interval_95": half, "steps": len(cos), "steps_used": used,
+               "interval": how, "samples_per_step": n}
     need = ""
     high = mean + half
     if n is not None and high <= 0:  # steps that oppose each other: no signal to extrapolate from
@@ -428,11 +509,13 @@ def rule_update_noise(steps: list[dict], th: Thresholds) -> list[Finding]:
                     f"(at least {n * (1 - high) / high:.0f}).")
         else:
             need = f" A cosine of 1/2 would take at least {n * (1 - high) / high:.0f} samples per step."
+    over = f"{len(cos)} steps" if used == len(cos) else f"the last {used} of {len(cos)} steps"
     return [Finding(
         "update_noise", "info", numbers,
-        f"Consecutive optimizer steps' gradients agree at cosine {mean:.3f} +- {half:.3f} (95%, {len(cos)} steps"
+        f"Consecutive optimizer steps' gradients agree at cosine {mean:.3f} +- {half:.3f} (95%, {how}, {over}"
         + (f", {n:.0f} samples each" if n is not None else "") + "): an update's direction is mostly the noise of "
-        "its own samples, not the reward's gradient, so the weights take a random walk around the signal." + need,
+        "its own samples, not the loss's expected gradient (the reward's and the KL pull's together), so the weights "
+        "take a random walk around it." + need,
         ["more samples per optimizer step (sample.num_batches_per_epoch with train.gradient_accumulation_steps "
          "covering them)", "train only the steps whose gradients carry the signal (sample.window_size; "
          "scripts/measure/gradient_agreement.py measures each step's share)"])]
@@ -453,10 +536,14 @@ def _noise_epochs(epochs: list[dict]) -> list[dict]:
 def run_noise_scale(epochs: list[dict]) -> dict | None:
     """The run's gradient noise scale from every epoch's own estimates (noise/g2, noise/trace: unbiased, each the mean
     over its optimizer steps): their means over the epochs weighted by steps, with a 95% t-interval over epochs for
-    |G|^2. The point value is trace / |G|^2 where |G|^2 > 0; `at_least` is trace / (upper bound of |G|^2), the noise
-    scale the run's updates rule out being below (95%) -- what can still be said when the signal is too small for
-    |G|^2's estimate to be positive. None with fewer than two epochs carrying estimates (one epoch has no interval:
-    its running means are then the record's own)."""
+    |G|^2 (g2_half). That interval decides what can be said. Where it contains 0 the signal is not measured, and a
+    ratio to an estimate that may be 0 is no estimate (on runs of a known noise scale of 10,000 samples, an
+    independent check found the old point values' median at 2,000-4,300): `noise_scale` is None and only `at_least`
+    is given, trace / (upper bound of |G|^2), the noise scale the run rules out being below (95%). Where it excludes
+    0, `noise_scale` is trace / |G|^2 with its 95% interval (noise_scale_low, noise_scale_high) from a bootstrap over
+    epochs (recam.engine.noise_scale.bootstrap_ratio_interval; the upper end inf where it is open). The consistent
+    share 1 / (1 + B_simple / B) is what repeats between independent updates, the KL pull included. None with fewer
+    than two epochs carrying estimates (one epoch has no interval: its running means are then the record's own)."""
     rows = [(r, _num(r, "noise/g2"), _num(r, "noise/trace"), _num(r, "noise/steps")) for r in _noise_epochs(epochs)]
     rows = [(r, g, t, n) for r, g, t, n in rows if _ok(g) and _ok(t) and _ok(n) and n > 0]
     if len(rows) < 2:
@@ -470,59 +557,81 @@ def run_noise_scale(epochs: list[dict]) -> dict | None:
     half = t975(len(rows) - 1) * math.sqrt(spread * sum(w * w for w in weights) / total ** 2 * len(rows)
                                            / (len(rows) - 1))
     samples = _num(rows[-1][0], "noise/update_samples")
+    measured = g2 - half > 0 and trace > 0
+    low = high = None
+    if measured:
+        low, high = bootstrap_ratio_interval([g for _, g, _, _ in rows], [t for _, _, t, _ in rows], weights)
     out = {"epochs": len(rows), "steps": int(total), "g2": g2, "g2_half": half, "trace": trace,
-           "update_samples": samples, "noise_scale": trace / g2 if g2 > 0 and trace > 0 else None,
+           "update_samples": samples, "g2_excludes_0": measured, "noise_scale": trace / g2 if measured else None,
+           "noise_scale_low": low, "noise_scale_high": high,
            "at_least": trace / (g2 + half) if g2 + half > 0 and trace > 0 else None}
-    out["signal_share"] = (1 / (1 + out["noise_scale"] / samples)) if out["noise_scale"] and samples else None
-    out["signal_share_at_most"] = (1 / (1 + out["at_least"] / samples)) if out["at_least"] and samples else None
+    out["consistent_share"] = (1 / (1 + out["noise_scale"] / samples)) if out["noise_scale"] and samples else None
+    out["consistent_share_at_most"] = (1 / (1 + out["at_least"] / samples)) if out["at_least"] and samples else None
     return out
 
 
+def _bound(x: float) -> str:
+    return _sig2(x) if math.isfinite(x) else "open"
+
+
 def noise_scale_line(records: list[dict]) -> str | None:
-    """One line on what the run's gradient noise scale means for its updates: "updates of 128 samples are about 1%
-    signal (noise scale ~11,000 samples; at least 4,000, 95% over 12 epochs)", from the estimates of every epoch
-    (run_noise_scale); where |G|^2's estimate is not above 0, the noise scale the run rules out being below. With one
-    epoch, its own running means; where nothing was measured, why; None for records from before it was logged."""
+    """One line on what the run's gradient noise scale means for its updates, from the estimates of every epoch
+    (run_noise_scale): where |G|^2's interval excludes 0, "updates of 128 samples are about 1.2% consistent (...;
+    noise scale ~11,000 samples, 95% [4,000, 60,000] by bootstrap over 12 epochs, 12 steps)"; where it contains 0,
+    only the noise scale the run rules out being below. "Consistent": the share of an update that repeats between
+    independent updates, the KL pull toward the reference included, so not the reward's signal alone. With one
+    epoch, its running means, said to have no interval; where nothing was measured, why; None for records from
+    before it was logged."""
     epochs = _noise_epochs([r for r in records if r.get("type") == "epoch"])
     if not epochs:
         return None
     run = run_noise_scale(epochs)
     if run is not None and run["update_samples"]:
-        B, n = run["update_samples"], f"95% over {run['epochs']} epochs, {run['steps']} steps"
+        B, n = run["update_samples"], f"over {run['epochs']} epochs, {run['steps']} steps"
         if run["noise_scale"] is not None:
-            bound = f"; at least {_sig2(run['at_least'])}" if run["at_least"] else ""
-            return (f"updates of {B:.0f} samples are about {100 * run['signal_share']:.2g}% signal (noise scale "
-                    f"~{_sig2(run['noise_scale'])} samples{bound}, {n})")
+            return (f"updates of {B:.0f} samples are about {100 * run['consistent_share']:.2g}% consistent (the share "
+                    f"that repeats between independent updates, KL pull included; noise scale "
+                    f"~{_sig2(run['noise_scale'])} samples, 95% [{_bound(run['noise_scale_low'])}, "
+                    f"{_bound(run['noise_scale_high'])}] by bootstrap {n})")
         if run["at_least"] is not None:
-            return (f"updates of {B:.0f} samples are at most {100 * run['signal_share_at_most']:.2g}% signal: the "
-                    f"noise scale is at least {_sig2(run['at_least'])} samples ({n}; the signal is too small for "
-                    "these updates to measure |G|^2 above 0)")
+            return (f"updates of {B:.0f} samples are at most {100 * run['consistent_share_at_most']:.2g}% consistent "
+                    f"(KL pull included): the noise scale is at least {_sig2(run['at_least'])} samples (95% {n}; "
+                    "|G|^2's interval contains 0, so no point value: the signal is too small for these updates to "
+                    "measure)")
+        return (f"gradient noise scale: no bound ({n}: |G|^2's 95% interval lies at or below 0, or tr(Sigma) is not "
+                "above 0)")
     measured = [r for r in epochs if _ok(_num(r, "gradient_noise_scale")) and _ok(_num(r, "noise/update_samples"))]
     if not measured:
         why = epochs[-1].get("noise/reason") or "no estimate"
         return f"gradient noise scale: not measured ({why})"
     r = measured[-1]
     b_noise, B = _num(r, "gradient_noise_scale"), _num(r, "noise/update_samples")
-    share = _num(r, "update_signal_share")
-    share = share if _ok(share) else 1 / (1 + b_noise / B)
+    share = consistent_share_of(r)
+    share = share if _is_number(share) and _ok(share) else 1 / (1 + b_noise / B)
     steps = _num(r, "noise/steps_running")
-    over = f", running mean over {int(steps)} steps" if steps else ""
-    return (f"updates of {B:.0f} samples are about {100 * share:.2g}% signal (noise scale ~{_sig2(b_noise)} samples"
-            f"{over}, epoch {r.get('epoch')})")
+    over = f"running mean over {int(steps)} steps, " if steps else ""
+    return (f"updates of {B:.0f} samples are about {100 * share:.2g}% consistent (KL pull included; noise scale "
+            f"~{_sig2(b_noise)} samples, {over}epoch {r.get('epoch')} alone: no interval, which takes two epochs)")
 
 
 def rule_noise_scale(epochs: list[dict], th: Thresholds) -> list[Finding]:
     """Info when the run's updates are far below its gradient noise scale B_simple (under th.noise_scale_fraction
-    of it): an update of B samples is then about B / B_simple signal, and one of about B_simple samples would be half
-    signal (the expected cosine between two updates of B samples is 1 / (1 + B_simple / B)). The run's estimate over
-    its epochs (run_noise_scale) decides, its point value or, where |G|^2 is too small to estimate above 0, the
-    noise scale it is at least; with one epoch, that epoch's running means."""
+    of it): an update of B samples then repeats about B / B_simple of itself in the next one (the expected cosine
+    between two updates of B samples is 1 / (1 + B_simple / B)), and one of about B_simple samples would repeat half.
+    The run's estimate over its epochs (run_noise_scale) decides: its point value where |G|^2's interval excludes 0,
+    else the noise scale it is at least; with one epoch, that epoch's running means (no interval)."""
     run = run_noise_scale(epochs)
-    if run is not None and run["update_samples"] and (run["noise_scale"] or run["at_least"]):
+    if run is not None and run["update_samples"] and not (run["noise_scale"] or run["at_least"]):
+        return []  # |G|^2's interval at or below 0 bounds nothing; one epoch's running means would say too much
+    if run is not None and run["update_samples"]:
         b_noise, B = run["noise_scale"] or run["at_least"], run["update_samples"]
         lower = run["noise_scale"] is None
-        where = f"over {run['epochs']} epochs"
+        where = (f"95% over {run['epochs']} epochs; |G|^2's interval contains 0, so no point value" if lower else
+                 f"95% [{_bound(run['noise_scale_low'])}, {_bound(run['noise_scale_high'])}] by bootstrap over "
+                 f"{run['epochs']} epochs")
         numbers = {"epochs": run["epochs"], "update_samples": B, "gradient_noise_scale": run["noise_scale"],
+                   "gradient_noise_scale_low": run["noise_scale_low"],
+                   "gradient_noise_scale_high": run["noise_scale_high"],
                    "gradient_noise_scale_at_least": run["at_least"], "g2": run["g2"], "g2_ci95": run["g2_half"],
                    "trace": run["trace"]}
     else:
@@ -532,19 +641,20 @@ def rule_noise_scale(epochs: list[dict], th: Thresholds) -> list[Finding]:
             return []
         r = measured[-1]
         b_noise, B, lower = _num(r, "gradient_noise_scale"), _num(r, "noise/update_samples"), False
-        where = f"epoch {r.get('epoch')}, running means"
+        where = f"epoch {r.get('epoch')}, running means, no interval"
         numbers = {"epoch": r.get("epoch"), "update_samples": B, "gradient_noise_scale": b_noise}
     if B >= th.noise_scale_fraction * b_noise:
         return []
     share = 1 / (1 + b_noise / B)
-    numbers |= {"update_signal_share": share, "noise_scale_over_update": b_noise / B}
+    numbers |= {"update_consistent_share": share, "noise_scale_over_update": b_noise / B}
     about, scale = ("at most", f"at least {_sig2(b_noise)}") if lower else ("about", f"~{_sig2(b_noise)}")
     return [Finding(
         "update_below_noise_scale", "info", numbers,
-        f"Updates of {B:.0f} samples are {about} {100 * share:.2g}% signal: the gradient noise scale is {scale}"
-        f" samples, {b_noise / B:.0f} times an update ({where}). Each update's direction is mostly the noise of its "
-        f"own samples; {'at least ' if lower else 'about '}{_sig2(b_noise)} samples per update would make it half "
-        "signal.",
+        f"Updates of {B:.0f} samples are {about} {100 * share:.2g}% consistent between independent updates (the "
+        f"reward's signal and the KL pull together): the gradient noise scale is {scale} samples, "
+        f"{b_noise / B:.0f} times an update ({where}). Each update's direction is mostly the noise of its own "
+        f"samples; {'at least ' if lower else 'about '}{_sig2(b_noise)} samples per update would make half of it "
+        "repeat.",
         ["more samples per optimizer step (sample.num_batches_per_epoch with train.gradient_accumulation_steps "
          "covering them; the GPU presets in config/grpo.py)", "lower the noise per sample: train only the steps "
          "whose gradients carry the signal (sample.window_size; scripts/measure/gradient_agreement.py)"])]

@@ -31,3 +31,18 @@ RECORD_FIELD_KINDS = {
 # The field that numbers a record of this type: within one metrics.jsonl each number appears once (a resume or a
 # rollback cuts the log back before it writes again), so a repeated one means the log was copied or spliced.
 RECORD_KEYS = {"step": "step", "epoch": "epoch"}
+
+# The share of an update's squared norm that repeats between independent updates, 1 / (1 + B_simple / B)
+# (recam.engine.noise_scale; the KL pull counts in it as the reward's signal does), and the name it was logged under
+# before the name said so: logs written then are still read.
+CONSISTENT_SHARE = "update_consistent_share"
+CONSISTENT_SHARE_BEFORE = "update_signal_share"
+
+
+def consistent_share_of(record: dict, epoch: bool = False):
+    """An epoch record's update_consistent_share (its `_epoch` value with epoch=True), from the old name
+    update_signal_share where the record predates the rename; None where neither is there."""
+    suffix = "_epoch" if epoch else ""
+    if CONSISTENT_SHARE + suffix in record:
+        return record[CONSISTENT_SHARE + suffix]
+    return record.get(CONSISTENT_SHARE_BEFORE + suffix)

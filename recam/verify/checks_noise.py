@@ -1,15 +1,17 @@
 """The gradient noise scale's fields of a metrics.jsonl's epoch records (written by recam.engine.noise_scale),
 checked against their own definitions with plain arithmetic, sharing no code with the trainer:
 
-    gradient_noise_scale = noise/trace_running / noise/g2_running      (both running means above 0)
-    update_signal_share  = 1 / (1 + gradient_noise_scale / noise/update_samples)
+    gradient_noise_scale    = noise/trace_running / noise/g2_running      (both running means above 0)
+    update_consistent_share = 1 / (1 + gradient_noise_scale / noise/update_samples)
 
 and the same for the `_epoch` pair from noise/trace and noise/g2. A value the trainer could not estimate is None, and
-then noise/reason must say why. Logs from before these fields were written have nothing to check (no check at all).
+then noise/reason must say why. Logs from before these fields were written have nothing to check (no check at all);
+logs from before the share's rename carry it as update_signal_share, and are checked under that name.
 """
 
 from __future__ import annotations
 
+from recam.infra.schema import CONSISTENT_SHARE, CONSISTENT_SHARE_BEFORE, consistent_share_of
 from recam.verify.core import FAIL, PASS, WARN, Check, _float, _short
 
 # the recorded values are the very doubles the definitions divide, so they agree to rounding
@@ -20,9 +22,16 @@ def _agrees(a: float, b: float) -> bool:
     return abs(a - b) <= REL_TOL * max(abs(a), abs(b))
 
 
-def _pair_problems(r: dict, scale_key: str, share_key: str, g2_key: str, trace_key: str) -> list[str]:
+def _share_key(r: dict, epoch: bool) -> str:
+    """The name the record carries its consistent share under, to name it in a problem as the log spells it."""
+    suffix = "_epoch" if epoch else ""
+    return CONSISTENT_SHARE_BEFORE + suffix if CONSISTENT_SHARE + suffix not in r else CONSISTENT_SHARE + suffix
+
+
+def _pair_problems(r: dict, scale_key: str, epoch: bool, g2_key: str, trace_key: str) -> list[str]:
     e = r.get("epoch")
-    b, share = _float(r.get(scale_key)), _float(r.get(share_key))
+    share_key = _share_key(r, epoch)
+    b, share = _float(r.get(scale_key)), _float(consistent_share_of(r, epoch))
     g2, trace, B = _float(r.get(g2_key)), _float(r.get(trace_key)), _float(r.get("noise/update_samples"))
     if b is None:
         return [f"epoch {e}: {share_key} {share} without a {scale_key}"] if share is not None else []
@@ -46,10 +55,8 @@ def check_noise_scale(epochs: list[dict]) -> list[Check]:
         return []
     problems, unexplained = [], []
     for r in logged:
-        problems += _pair_problems(r, "gradient_noise_scale", "update_signal_share", "noise/g2_running",
-                                   "noise/trace_running")
-        problems += _pair_problems(r, "gradient_noise_scale_epoch", "update_signal_share_epoch", "noise/g2",
-                                   "noise/trace")
+        problems += _pair_problems(r, "gradient_noise_scale", False, "noise/g2_running", "noise/trace_running")
+        problems += _pair_problems(r, "gradient_noise_scale_epoch", True, "noise/g2", "noise/trace")
         none = [k for k in ("gradient_noise_scale", "gradient_noise_scale_epoch") if r.get(k) is None]
         reason = r.get("noise/reason")
         if none and not (isinstance(reason, str) and reason):
@@ -60,7 +67,7 @@ def check_noise_scale(epochs: list[dict]) -> list[Check]:
     if measured:
         last = measured[-1]
         nums.update(last_epoch=last.get("epoch"), noise_scale=last["gradient_noise_scale"],
-                    update_samples=last.get("noise/update_samples"), signal_share=last.get("update_signal_share"))
+                    update_samples=last.get("noise/update_samples"), consistent_share=consistent_share_of(last))
     if problems:
         return [Check("noise_scale", FAIL, nums, "noise scale fields disagree with their definitions: "
                       + _short(problems, 4))]
@@ -70,6 +77,7 @@ def check_noise_scale(epochs: list[dict]) -> list[Check]:
     if not measured:
         return [Check("noise_scale", PASS, nums,
                       f"not measured in any epoch, and said why: {logged[-1]['noise/reason']}")]
-    return [Check("noise_scale", PASS, nums, f"every epoch's noise scale and signal share follow from their running "
-                                             f"means; last: {nums['noise_scale']:.4g} samples, updates of "
-                                             f"{nums['update_samples']:g} samples {nums['signal_share']:.3g} signal")]
+    return [Check("noise_scale", PASS, nums, f"every epoch's noise scale and consistent share follow from their "
+                                             f"running means; last: {nums['noise_scale']:.4g} samples, updates of "
+                                             f"{nums['update_samples']:g} samples {nums['consistent_share']:.3g} "
+                                             "consistent (KL pull included)")]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from recam.infra.schema import REWARD_BOOKKEEPING
+from recam.infra.schema import REWARD_BOOKKEEPING, consistent_share_of
 from recam.verify.core import _array, _float, _int
 
 
@@ -120,9 +120,12 @@ def write_plots(records: list[dict], out_dir: Path, stem: str) -> list[tuple[str
 
 def _noise_scale_plot(plt, epochs: list[dict], out_dir: Path, name: str) -> tuple[str, str] | None:
     """The gradient noise scale over epochs (running means, and each epoch's own estimate) against the update's size,
-    and the signal share of an update; None when no epoch has a number to draw."""
+    and the consistent share of an update (KL pull included); None when no epoch has a number to draw."""
     def series(key):
         return [_float(r.get(key)) for r in epochs]
+
+    def shares(epoch):
+        return [_float(consistent_share_of(r, epoch)) for r in epochs]
     scale, scale_epoch = series("gradient_noise_scale"), series("gradient_noise_scale_epoch")
     if not any(x is not None for x in scale + scale_epoch):
         return None
@@ -138,16 +141,15 @@ def _noise_scale_plot(plt, epochs: list[dict], out_dir: Path, name: str) -> tupl
     ax1.set_title("Gradient noise scale B_simple = tr(Sigma) / |G|^2 over epochs")
     ax1.legend()
     ax1.grid(alpha=0.3, which="both")
-    for key, style, label in (("update_signal_share", "o-", "running means"),
-                              ("update_signal_share_epoch", "x", "this epoch's steps alone")):
-        ax2.plot(xs, _finite([nan if x is None else x for x in series(key)]), style, label=label)
+    for epoch, style, label in ((False, "o-", "running means"), (True, "x", "this epoch's steps alone")):
+        ax2.plot(xs, _finite([nan if x is None else x for x in shares(epoch)]), style, label=label)
     ax2.set_ylim(0, 1)
     ax2.set_xlabel("epoch")
     ax2.set_ylabel("1 / (1 + B_simple / B)")
-    ax2.set_title("Signal share of an update (expected cosine between two updates)")
+    ax2.set_title("Consistent share of an update (expected cosine between two updates; KL pull included)")
     ax2.legend()
     ax2.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out_dir / name, dpi=90)
     plt.close(fig)
-    return "Gradient noise scale and the update's signal share over epochs", name
+    return "Gradient noise scale and the update's consistent share over epochs", name

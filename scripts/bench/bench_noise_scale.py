@@ -105,7 +105,7 @@ def bench(preset: str, repeats: int) -> dict:
             "ratio": on / off, "measurement_s": statistics.median(inside),
             "measurement_share": statistics.median(inside) / off, "group_order_s": order_s,
             "update_on_all_s": times[True], "update_off_all_s": times[False], "measurement_all_s": inside,
-            "last_estimate": {k: record[k] for k in ("gradient_noise_scale", "update_signal_share",
+            "last_estimate": {k: record[k] for k in ("gradient_noise_scale", "update_consistent_share",
                                                      "noise/small_batches", "noise/reason")}}
 
 

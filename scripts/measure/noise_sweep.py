@@ -9,13 +9,15 @@ run_noise_scale).
     python scripts/measure/noise_sweep.py camera --preset tiny_gpu --out runs/noise_sweep/gpu --epochs 4  # a GPU
 
 B_simple = tr(Sigma) / |G|^2 is the update size (in samples) at which two independent updates' directions agree at
-cosine 1/2; an update of B samples is 1 / (1 + B_simple / B) signal. Its 95% interval comes from |G|^2's t-interval
-over the run's epochs: [tr / (|G|^2 + h), tr / (|G|^2 - h)], open above where |G|^2 - h <= 0 (tr(Sigma) is measured
-far more tightly than |G|^2 and is taken as known). Seconds to a cosine of 1/2 are B_simple times the run's training
-wall seconds per sample (sampling, scoring and the update; evaluations and checkpoints excluded), so compare them only
-between rows run under the same load (--parallel, and whatever else shares the machine); the network evaluations per
-sample (sampling and training, from the epoch records) are the load-free part of that cost. A lower noise scale is
-better: fewer samples per update carry the same share of signal.
+cosine 1/2; an update of B samples repeats 1 / (1 + B_simple / B) of itself in another (its consistent share: the
+loss's whole gradient, the KL pull toward the reference included, not the reward's signal alone). Where |G|^2's
+t-interval over the run's epochs contains 0 there is no point value, only the lower end tr / (|G|^2 + h), open above;
+where it excludes 0, the point value with a 95% interval from a bootstrap over epochs (recam.engine.diagnosis.
+run_noise_scale). Seconds to a cosine of 1/2 are B_simple times the run's training wall seconds per sample (sampling,
+scoring and the update; evaluations and checkpoints excluded), so compare them only between rows run under the same
+load (--parallel, and whatever else shares the machine); the network evaluations per sample (sampling and training,
+from the epoch records) are the load-free part of that cost. A lower noise scale is better, between settings of the
+same objective: fewer samples per update carry the same consistent share.
 
 Runs go to <out>/<setting>, each on one torch thread, resumable (a run with summary.md is skipped, an interrupted one
 continues from its checkpoints); <out>/table.md is rewritten after each run.
@@ -100,8 +102,9 @@ def run_one(preset: str, label: str, suffix: str, overrides: list[str], out: Pat
 
 
 def row(run_dir: Path) -> dict | None:
-    """The setting's noise scale with its interval, and its training seconds per sample, from the run's records;
-    None before the run has two epochs with estimates."""
+    """The setting's noise scale with its interval (the point value None where |G|^2's interval contains 0, the
+    interval then [lower bound, inf]), and its training seconds per sample, from the run's records; None before the
+    run has two epochs with estimates."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return None
@@ -115,8 +118,10 @@ def row(run_dir: Path) -> dict | None:
     per_sample = seconds / samples if samples else math.nan
     # network evaluations per sample: the cost that does not depend on what else shares the machine
     nfe = sum(float(r.get("nfe_sampling") or 0) + float(r.get("nfe_training") or 0) for r in epochs)
-    low = trace / (g2 + half) if g2 + half > 0 and trace > 0 else math.inf
-    high = trace / (g2 - half) if g2 - half > 0 and trace > 0 else math.inf
+    if run["noise_scale"] is not None:
+        low, high = run["noise_scale_low"], run["noise_scale_high"]
+    else:  # |G|^2 not measured above 0: the lower bound alone
+        low, high = (run["at_least"] if run["at_least"] is not None else math.inf), math.inf
     return {"epochs": run["epochs"], "steps": run["steps"], "update_samples": run["update_samples"],
             "g2": g2, "g2_half": half, "trace": trace, "noise_scale": run["noise_scale"],
             "noise_scale_low": low, "noise_scale_high": high, "seconds_per_sample": per_sample,
@@ -144,8 +149,8 @@ def table(domain: str, out: Path, preset: str | None = None) -> str:
     rows.sort(key=lambda lr: (lr[1]["noise_scale_low"], lr[1]["noise_scale"] or math.inf))
     lines = [f"noise scale per setting, {domain} ({preset}), ranked by the interval's lower end (smaller is better)",
              "",
-             "| setting | samples per update | epochs (steps) | noise scale B_simple (95%) | signal share of an update"
-             " | train s / sample | NFE / sample | wall s to cosine 1/2 (95%) |",
+             "| setting | samples per update | epochs (steps) | noise scale B_simple (95%) | consistent share of an "
+             "update (KL pull included) | train s / sample | NFE / sample | wall s to cosine 1/2 (95%) |",
              "|---|---|---|---|---|---|---|---|"]
     for label, r in rows:
         b = r["update_samples"]
