@@ -260,6 +260,16 @@ def test_grpo_minus_placebo_reports_each_arm_s_guard_events():
         table)
 
 
+def test_a_continued_run_and_its_placebo_keep_the_held_out_count_the_run_began_with(tmp_path):
+    """The committed camera run began at 32 held-out conditions, before the presets' 128: continuing it with the
+    preset's count would be refused, and a placebo at 128 would not pair with it condition by condition."""
+    committed = ROOT / "docs" / "learning_gpu" / "runs" / "tiny_gpu"
+    began = json.loads((committed / "config.json").read_text())["data"]["num_heldout_conditions"]
+    assert learning.kept_heldout(committed, ()) == (f"--config.data.num_heldout_conditions={began}",)
+    assert learning.kept_heldout(committed, ("--config.data.num_heldout_conditions=4",)) == ()  # the size's own
+    assert learning.kept_heldout(tmp_path, ()) == ()  # no config.json: the trainer's resume check says what lacks
+
+
 def test_the_placebo_arm_gets_its_catch_up_in_the_stage_cap(monkeypatch):
     """A placebo trains what it lacks of its GRPO run's cumulative seconds (the --resume bundles say them), the
     GRPO run its window's seconds; each run gets LEARNING_MARGIN_S besides, a placebo PLACEBO_MARGIN_S more for its

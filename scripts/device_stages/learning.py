@@ -19,6 +19,7 @@ each run folder, read before it is packed); each run's entry holds its own under
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import shutil
@@ -296,6 +297,20 @@ def verification(run_dir: Path) -> str | None:
     return found.group(1) if found else None
 
 
+def kept_heldout(run_dir: Path, overrides) -> tuple[str, ...]:
+    """The override that sets the held-out count run_dir's config.json records, unless `overrides` set one: the
+    count is fixed for a run's life (a resume that changes it is refused), so a run begun before the camera presets
+    went from 32 held-out conditions to 128 (issue 61, item 6) goes on with its 32, and its placebo evaluates the
+    same conditions."""
+    if any(o.startswith("--config.data.num_heldout_conditions=") for o in overrides):
+        return ()
+    try:
+        count = json.loads((run_dir / "config.json").read_text())["data"]["num_heldout_conditions"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return ()  # the trainer's resume check then names what it lacks
+    return (f"--config.data.num_heldout_conditions={count}",)
+
+
 def run_preset(preset: str, size: dict, out_dir: Path, cap: float, prior: Path | None, placebo: bool = False,
                target: float | None = None) -> dict:
     """One learning run in out_dir/runs/<preset> (placebo: its placebo, runs/<preset>_placebo): fresh, or (prior: a
@@ -321,6 +336,11 @@ def run_preset(preset: str, size: dict, out_dir: Path, cap: float, prior: Path |
         prior_evals = [r for r in read_records(run_dir / "metrics.jsonl") if r.get("type") == "eval"]
     out["max_train_seconds"] = earlier + size["seconds"] if target is None else target
     overrides = size["overrides"].get(preset, ()) if isinstance(size["overrides"], dict) else ()
+    # a continued run keeps the held-out count it began with, a placebo takes its GRPO run's: the arms are paired
+    # condition by condition
+    began = out_dir / "runs" / preset if placebo else run_dir if prior is not None else None
+    if began is not None:
+        overrides = (*overrides, *kept_heldout(began, overrides))
     eval_freq = size["placebo_eval_freq"] if placebo else size["eval_freq"]
     cmd = [sys.executable, str(ROOT / "scripts" / "train_recam.py"), f"--config={ROOT / 'config' / 'grpo.py'}:{preset}",
            f"--config.run_dir={run_dir}", "--config.logging.wandb_mode=disabled", *overrides,
