@@ -69,7 +69,8 @@ CAP = {"full": 170, "tiny": 200}
 LEARNING_MARGIN_S = 90
 # a placebo run's further margin: it evaluates after every update, about 2.5 s (camera, 32 conditions) and 4 s
 # (motion, 128 captions) each on the H200 (the gaps between its epoch lines around an evaluation), up to about 15
-# of them when it catches up with a GRPO run of three minutes
+# of them when it catches up with a GRPO run of three minutes. A fresh camera run now evaluates tiny_gpu's 128
+# held-out conditions (one forward batch of eval.batch_size 256, where 32 were): not yet timed on a GPU.
 PLACEBO_MARGIN_S = 40
 # the entry holds one dict per run, under its domain's name (NAMES), and bundle_bytes; a run that ran holds these
 KEYS = ("samples_per_update", "epochs", "seconds", "base", "final", "gain", "ci95", "curve", "plot",
