@@ -25,7 +25,7 @@ device_check = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(device_check)  # puts the repository on sys.path, for the stage modules below
 
 from recam.infra.stats import paired_change  # noqa: E402
-from scripts.device_stages import bundle, learning  # noqa: E402
+from scripts.device_stages import bundle, learning, report  # noqa: E402
 
 KEYS = {
     "recam": ("sampling_step_s", "trained_step_s", "peak_memory_gib", "mfu", "first_step_ratio_dev_bf16",
@@ -198,6 +198,11 @@ def test_a_placebo_catches_up_with_its_grpo_run_and_both_continue_together(tmp_p
                                   evals["grpo"][1]["rows/eval/r_precision_top3"])
     assert (vs["difference"], vs["ci95"], vs["conditions"]) == pytest.approx((mean, half, n)) and n == 32
     assert math.isfinite(vs["beside"]["difference"]) and vs["at_ends"]["placebo_step"] == placebo["epochs"]
+    # each arm's guard events, read from its run folder (motion's tiny size runs health.action=warn: never a stop)
+    for arm, entry in (("grpo", grpo), ("placebo", placebo)):
+        assert vs["events"][arm] == {k: entry["events"][k] for k in learning.EVENT_KEYS}
+        assert entry["events"]["guard_stop"] is None and entry["events"]["rollbacks"] == 0
+    assert vs["events"]["differ"] == (vs["events"]["grpo"] != vs["events"]["placebo"])
     assert placebo["plot"] == grpo["plot"] and (second / grpo["plot"]).stat().st_size > 0  # one plot, both curves
     assert "### GRPO minus placebo" in (second / "device_check.md").read_text()
     assert r2["learning"]["bundle_bytes"] == grpo["bundle"]["bytes"] + placebo["bundle"]["bytes"]
@@ -227,6 +232,42 @@ def test_grpo_minus_placebo_pairs_the_last_update_both_evaluated():
     vs = learning.versus_placebo(grpo, placebo[:4], "eval/s", "eval/b", 8)  # the placebo only got to update 3
     assert vs["step"] == 0 and vs["difference"] is None and "nothing but the base" in vs["note"]
     assert "placebo run" in learning.versus_placebo(grpo, placebo[1:], "eval/s", "eval/b", 8)["error"]
+
+
+def test_grpo_minus_placebo_reports_each_arm_s_guard_events():
+    """The guard's rollbacks and stops act on the rewards, so they can differ between the arms: vs_placebo repeats
+    each run's, says whether they differ, and the report's table shows them, beside an error too."""
+    def ev(step):
+        return {"type": "eval", "step": step, "train_seconds": step, "eval/s": 0.1, "rows/eval/s": [0.1, 0.2],
+                "eval/b": 0.0, "rows/eval/b": [0.0, 0.0]}
+    quiet = {"rollbacks": 0, "guard_stop": None, "critical": 0, "warning": 2, "info": 0, "critical_steps": 0,
+             "rules": {"clip_saturation": 2}}
+    rolled = {**quiet, "rollbacks": 1, "critical": 5, "critical_steps": 1, "rules": {"ratio_explosion": 5}}
+    vs = learning.versus_placebo([ev(0), ev(1)], [ev(0), ev(1)], "eval/s", "eval/b", 8, quiet, rolled)
+    assert vs["events"] == {"grpo": {"rollbacks": 0, "guard_stop": None, "critical": 0, "warning": 2},
+                            "placebo": {"rollbacks": 1, "guard_stop": None, "critical": 5, "warning": 2},
+                            "differ": True}
+    assert learning.versus_placebo([ev(0)], [ev(0)], "eval/s", "eval/b", 8, quiet, quiet)["events"]["differ"] is False
+    unknown = learning.versus_placebo([ev(1)], [ev(0)], "eval/s", "eval/b", 8, quiet, None)
+    assert "error" in unknown and unknown["events"]["placebo"] is None and unknown["events"]["differ"] is None
+    stopped = {**rolled, "guard_stop": "health guard, ratio_explosion at step 2"}
+    table = "\n".join(report.placebo_table({
+        "camera": {"vs_placebo": vs}, "camera_placebo": {}, "motion": {"vs_placebo": {
+            "error": "no evaluations to compare", "events": learning.arm_events(stopped, quiet)}}}))
+    assert "guard events, GRPO / placebo" in table
+    assert "| 0 rollbacks, 0 critical / 1 rollbacks, 5 critical (the arms differ) |" in table
+    assert "1 rollbacks, 5 critical, stopped: health guard, ratio_explosion at step 2 / 0 rollbacks, 0 critical" in (
+        table)
+
+
+def test_a_continued_run_and_its_placebo_keep_the_held_out_count_the_run_began_with(tmp_path):
+    """The committed camera run began at 32 held-out conditions, before the presets' 128: continuing it with the
+    preset's count would be refused, and a placebo at 128 would not pair with it condition by condition."""
+    committed = ROOT / "docs" / "learning_gpu" / "runs" / "tiny_gpu"
+    began = json.loads((committed / "config.json").read_text())["data"]["num_heldout_conditions"]
+    assert learning.kept_heldout(committed, ()) == (f"--config.data.num_heldout_conditions={began}",)
+    assert learning.kept_heldout(committed, ("--config.data.num_heldout_conditions=4",)) == ()  # the size's own
+    assert learning.kept_heldout(tmp_path, ()) == ()  # no config.json: the trainer's resume check says what lacks
 
 
 def test_the_placebo_arm_gets_its_catch_up_in_the_stage_cap(monkeypatch):

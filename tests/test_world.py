@@ -40,6 +40,30 @@ def test_splits_have_disjoint_scene_ids():
         W.SyntheticWorld("test", 4)
 
 
+def test_the_measuring_camera_presets_evaluate_128_held_out_conditions_of_scenes_no_other_split_has():
+    """Issue 61, item 6: every synthetic camera preset but the smoke check evaluates at least 128 held-out conditions,
+    and the world builds them (32 scenes at 4 each), from scenes that neither training nor validation uses."""
+    from config import grpo
+
+    presets = [n for n in grpo.PRESETS if n != "smoke" and grpo.get_config(n).domain == "camera"
+               and grpo.get_config(n).data.source == "synthetic"]
+    assert {"tiny_cpu", "tiny_cpu_long", "tiny_gpu", "recam_8npu", "ema", "balanced"} <= set(presets)
+    assert not {"toy", "motion_tiny_cpu", "recam_wan_1_3b_8npu"} & set(presets)
+    for name in presets:
+        d = grpo.get_config(name).data
+        assert d.num_heldout_conditions >= 128, name
+        splits = {split: W.SyntheticWorld(split, n, d.seed, d.num_frames, d.size, d.conditions_per_scene)
+                  for split, n in (("train", d.num_train_conditions), ("heldout", d.num_heldout_conditions),
+                                   ("val", d.num_val_conditions))}
+        scenes = {split: {w.scene_id(i) for i in range(len(w))} for split, w in splits.items()}
+        assert len(scenes["heldout"]) == d.num_heldout_conditions // d.conditions_per_scene, name
+        assert not scenes["heldout"] & (scenes["train"] | scenes["val"]) and not scenes["train"] & scenes["val"]
+    d = grpo.get_config("tiny_cpu").data
+    held = W.SyntheticWorld("heldout", d.num_heldout_conditions, d.seed, d.num_frames, d.size, d.conditions_per_scene)
+    built = [held[i] for i in range(len(held))]  # every one renders (no scene the world cannot place)
+    assert len({c.condition_id for c in built}) == 128 and all(c.split == "heldout" for c in built)
+
+
 def test_condition_shapes_range_and_identity_source_start():
     world = W.SyntheticWorld("train", 6, num_frames=8, size=32, conditions_per_scene=3)
     for i in range(len(world)):

@@ -7,15 +7,17 @@ an optimizer step (recam.infra.runlog writes the records while training).
 from __future__ import annotations
 
 import errno
+import json
 import math
 import re
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from recam.infra.checkpoint import DiskFull, is_disk_full
-from recam.infra.runlog import no_space, write_whole
+from recam.infra.runlog import LOG_FILE, no_space, read_records, write_whole
 from recam.infra.stats import paired_change
 
 
@@ -201,3 +203,121 @@ def write_comparison_videos(out_dir: Path, batch: dict, videos: torch.Tensor, n:
         write_whole(path, iio.imwrite("<bytes>", frames, extension=".gif", duration=0.25, loop=0))
         paths.append(path)
     return paths
+
+
+# ---------------------------------------------------------------- the guard's events of a finished run
+
+# A health record's severities (recam.engine.health.SEVERITIES; infra does not import the engine) and the names a
+# report gives them.
+_SEVERITY_NAMES = {"critical": "critical", "warn": "warning", "info": "info"}
+# what the trainer writes on a rollback (the archived records' "rolled_back") and at the end of a run (summary.md)
+_ROLLBACK = re.compile(r"rollback (\d+): (\S+)")
+_SUMMARY_GUARD = re.compile(r"^health guard: (.*); rollbacks: (\d+)\s*$", re.MULTILINE)
+_GUARD_STOP_PREFIX = "stopped early: health guard, "
+
+
+def _guard_stop_in_run_log(path: Path) -> str | None:
+    """The guard's stop as run.log says it, for a run that wrote no summary.md (killed before its end): the rules of
+    the last guard decision before a "stopped; weights restored" line, unless a later resume went on training."""
+    if not path.is_file():
+        return None
+    rules, stop = None, None
+    for line in path.read_text(errors="replace").splitlines():
+        _, _, message = line.partition(" recam.run: ")
+        if message.startswith("health guard: "):
+            rules = message.removeprefix("health guard: ").split(" (")[0]
+        elif message.startswith("stopped; weights restored from the last healthy checkpoint"):
+            stop = f"health guard, {rules or 'rule not logged'} (from {LOG_FILE}: the run wrote no summary.md)"
+        elif message.startswith("resumed from "):
+            stop = None
+    return stop
+
+
+def run_events(run_dir: Path) -> dict:
+    """What the health guard did in a run folder, for reading beside its results: the guard acts on the rewards, so
+    two arms of a comparison (GRPO and its placebo) can be rolled back or stopped differently.
+
+    Returns {"rollbacks": int, "guard_stop": the stop's reason or None, "critical", "warning", "info": findings
+    counted by severity, "critical_steps": optimizer steps with a critical finding (each one a guard decision:
+    rollback, stop, or carry on under health.action=warn), "rules": {rule: findings of it that were critical or
+    warnings}, most frequent first (the engine lists a step's findings most severe first; ties keep that order)}.
+
+    Read from metrics.jsonl's health records and those a rollback moved to rolled_back.jsonl (the step that
+    triggered a rollback is among them), the rollbacks' reasons there, and summary.md's "health guard" line; run.log
+    stands in for summary.md in a run killed before its end. rollbacks is the larger of the archived rollbacks and
+    summary.md's count, since summary.md is written at an end only and a window killed later has more. A folder
+    from before a file existed counts nothing from it; a folder without metrics.jsonl is not a run: FileNotFoundError
+    names the file."""
+    log = run_dir / "metrics.jsonl"
+    if not log.is_file():
+        raise FileNotFoundError(f"{log} is missing: {run_dir} is not a run folder (or its log was packed or moved)")
+    archived = read_records(run_dir / "rolled_back.jsonl")
+    health = [r for r in (*read_records(log), *archived) if r.get("type") == "health"]
+    counts = Counter({name: 0 for name in _SEVERITY_NAMES.values()})
+    rules: Counter = Counter()
+    critical_steps = 0
+    for record in health:
+        findings = [f for f in record.get("findings") or [] if isinstance(f, dict)]
+        critical_steps += any(f.get("severity") == "critical" for f in findings)
+        for f in findings:
+            severity = _SEVERITY_NAMES.get(f.get("severity"), str(f.get("severity")))
+            counts[severity] += 1
+            if severity in ("critical", "warning"):
+                rules[str(f.get("rule"))] += 1
+    archived_rollbacks = {m.group(1) for r in archived
+                          if (m := _ROLLBACK.match(str(r.get("rolled_back", ""))))}
+    summary = run_dir / "summary.md"
+    said = _SUMMARY_GUARD.findall(summary.read_text(errors="replace")) if summary.is_file() else []
+    if said:
+        note, count = said[-1]
+        stop = note.removeprefix("stopped early: ") if note.startswith(_GUARD_STOP_PREFIX) else None
+        rollbacks = max(len(archived_rollbacks), int(count))
+    else:
+        stop, rollbacks = _guard_stop_in_run_log(run_dir / LOG_FILE), len(archived_rollbacks)
+    return {"rollbacks": rollbacks, "guard_stop": stop, **counts, "critical_steps": critical_steps,
+            "rules": dict(sorted(rules.items(), key=lambda kv: -kv[1]))}  # ties: first seen first
+
+
+def _run_seed(run_dir: Path):
+    """The seed config.json records, or None (no config.json, or one without a seed)."""
+    try:
+        seed = json.loads((run_dir / "config.json").read_text()).get("seed")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
+
+
+def events_table(grpo_runs: list[Path], placebo_runs: list[Path], top: int = 3) -> str:
+    """A markdown table of each run's guard events (`run_events`), one row per run, GRPO's first, and a line that
+    says whether the two arms differ in them: rollbacks, guard stops, critical findings and warnings, added up per
+    arm. top: how many of a run's most frequent rules its row names."""
+    lines = ["| arm | run | seed | rollbacks | guard stop | critical findings | warnings | top rules |",
+             "|---|---|---|---|---|---|---|---|"]
+    totals = {}
+    for arm, runs in (("GRPO", grpo_runs), ("placebo", placebo_runs)):
+        total = Counter(runs=0, rollbacks=0, stops=0, critical=0, warning=0)
+        for run in runs:
+            e = run_events(Path(run))
+            seed = _run_seed(Path(run))
+            named = ", ".join(f"{rule} ×{n}" for rule, n in list(e["rules"].items())[:top]) or "none"
+            stop = (e["guard_stop"] or "none").replace("|", "\\|")
+            lines.append(f"| {arm} | {run} | {'n/a' if seed is None else seed} | {e['rollbacks']} | {stop} | "
+                         f"{e['critical']} | {e['warning']} | {named} |")
+            total.update(runs=1, rollbacks=e["rollbacks"], stops=e["guard_stop"] is not None,
+                         critical=e["critical"], warning=e["warning"])
+        totals[arm] = total
+
+    def said(t):
+        return (f"{t['rollbacks']} rollback(s), {t['stops']} guard stop(s), {t['critical']} critical finding(s), "
+                f"{t['warning']} warning(s) over {t['runs']} run(s)")
+    g, p = totals["GRPO"], totals["placebo"]
+    keys = ("rollbacks", "stops", "critical", "warning")
+    if all(g[k] == p[k] == 0 for k in keys):
+        verdict = (f"The arms do not differ in the guard's events: neither had a rollback, a guard stop, a critical "
+                   f"finding or a warning ({g['runs']} GRPO run(s), {p['runs']} placebo run(s)).")
+    elif all(g[k] == p[k] for k in keys):
+        verdict = f"The arms do not differ in the guard's events in total: each arm had {said(g)}."
+    else:
+        verdict = (f"The arms differ in the guard's events: GRPO {said(g)}; placebo {said(p)}. The guard acts on "
+                   "the rewards, so its rollbacks and stops are part of what each arm's result measures.")
+    return "\n".join([*lines, "", verdict])

@@ -12,11 +12,14 @@ DIR/runs/<preset>_placebo, reported as learning.<domain>_placebo, from the same 
 held-out conditions. Its budget is the GRPO run's: it trains until its cumulative training seconds reach the
 GRPO run's (a placebo that starts after GRPO's earlier windows catches up in one), and it evaluates after every update,
 so that each of GRPO's evaluations has a placebo twin at the same update. learning.<domain>.vs_placebo is GRPO minus
-placebo at the last update both evaluated, paired over the held-out conditions, and at each run's end.
+placebo at the last update both evaluated, paired over the held-out conditions, and at each run's end, with each
+arm's health-guard events beside it (rollbacks, critical findings, a guard stop: recam.infra.reports.run_events of
+each run folder, read before it is packed); each run's entry holds its own under "events".
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import shutil
@@ -28,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from recam.infra.reports import eval_change
+from recam.infra.reports import eval_change, run_events
 from recam.infra.stats import paired_change
 from scripts.device_stages import Context
 from scripts.device_stages.bundle import carry_over, pack, trained_seconds
@@ -66,11 +69,13 @@ CAP = {"full": 170, "tiny": 200}
 LEARNING_MARGIN_S = 90
 # a placebo run's further margin: it evaluates after every update, about 2.5 s (camera, 32 conditions) and 4 s
 # (motion, 128 captions) each on the H200 (the gaps between its epoch lines around an evaluation), up to about 15
-# of them when it catches up with a GRPO run of three minutes
+# of them when it catches up with a GRPO run of three minutes. A fresh camera run now evaluates tiny_gpu's 128
+# held-out conditions (one forward batch of eval.batch_size 256, where 32 were): not yet timed on a GPU.
 PLACEBO_MARGIN_S = 40
 # the entry holds one dict per run, under its domain's name (NAMES), and bundle_bytes; a run that ran holds these
 KEYS = ("samples_per_update", "epochs", "seconds", "base", "final", "gain", "ci95", "curve", "plot",
-        "seconds_per_update", "seconds_device", "seconds_host", "device_share", "bundle", "max_train_seconds")
+        "seconds_per_update", "seconds_device", "seconds_host", "device_share", "bundle", "max_train_seconds",
+        "events")
 # with the placebo arm: learning.<domain>_placebo holds KEYS too (and "placebo": True), and learning.<domain> adds
 # PLACEBO_KEYS, the comparison (versus_placebo)
 ARMS = ("grpo", "placebo")
@@ -179,7 +184,7 @@ def learning_result(preset: str, run_dir: Path, prior_evals: list[dict], resumed
     epochs = [r for r in records if r.get("type") == "epoch"]
     evals = [r for r in records if r.get("type") == "eval"]
     score, beside = SCORES[preset]
-    out = {"score": score, "epochs": len(epochs), **update_timing(epochs),
+    out = {"score": score, "epochs": len(epochs), "events": run_events(run_dir), **update_timing(epochs),
            "samples_per_update": epochs[0]["samples_per_epoch"] / max(1, len(epochs[0]["optimizer_steps"]))
            if epochs else None}
     if not evals:
@@ -227,20 +232,39 @@ def draw(preset: str, out: dict, out_dir: Path, placebo: dict | None = None) -> 
             del placebo["plot_error"]
 
 
+# what vs_placebo repeats of each arm's run_events: the guard acts on the rewards, so it can roll back or stop the
+# two arms differently, and a difference in scores is read beside that
+EVENT_KEYS = ("rollbacks", "guard_stop", "critical", "warning")
+
+
+def arm_events(grpo: dict | None, placebo: dict | None) -> dict:
+    """Each arm's guard events (recam.infra.reports.run_events of its run folder; None: its folder held no log) and
+    whether the arms differ in them (None when either is not known)."""
+    def keep(e):
+        return None if e is None else {k: e.get(k) for k in EVENT_KEYS}
+    g, p = keep(grpo), keep(placebo)
+    return {"grpo": g, "placebo": p, "differ": None if g is None or p is None else g != p}
+
+
 def versus_placebo(grpo: list[dict], placebo: list[dict], score: str, beside: str,
-                   samples_per_update: float | None) -> dict:
+                   samples_per_update: float | None, grpo_events: dict | None = None,
+                   placebo_events: dict | None = None) -> dict:
     """GRPO minus placebo from the two runs' evaluations (each over every window, with per-condition rows): at the
     last update both evaluated (the same samples trained on; the placebo evaluates after every update, so that is
     GRPO's last evaluation whenever the placebo got as far), and at each run's end (the same training seconds).
     Both are paired over the held-out conditions: the runs start from the same base and evaluate the same
-    conditions with the same fixed noise. base_difference checks that: the placebo's base minus GRPO's."""
+    conditions with the same fixed noise. base_difference checks that: the placebo's base minus GRPO's.
+    grpo_events, placebo_events: each run's guard events (learning_result's "events"), repeated under "events"
+    (`arm_events`), also beside an error."""
+    events = arm_events(grpo_events, placebo_events)
+
     def by_step(evals):  # a periodic and a final evaluation of one update evaluate the same weights: the later kept
         return {r["step"]: r for r in evals if isinstance(r.get("step"), int) and not isinstance(r.get("step"), bool)}
 
     g, p = by_step(grpo), by_step(placebo)
     if 0 not in g or 0 not in p:
         return {"error": "no evaluation of the base in " + " and ".join(
-            name for name, arm in (("the GRPO run", g), ("the placebo run", p)) if 0 not in arm)}
+            name for name, arm in (("the GRPO run", g), ("the placebo run", p)) if 0 not in arm), "events": events}
     common = sorted(set(g) & set(p))
     last = common[-1]
 
@@ -248,7 +272,8 @@ def versus_placebo(grpo: list[dict], placebo: list[dict], score: str, beside: st
         mean, half, n = eval_change(before, after, key)
         return {"difference": mean, "ci95": half, "conditions": n}
 
-    out = {"score": score, "base_difference": eval_change(g[0], p[0], score)[0], "steps_in_common": common,
+    out = {"score": score, "events": events, "base_difference": eval_change(g[0], p[0], score)[0],
+           "steps_in_common": common,
            "step": last, "samples": None if samples_per_update is None else last * samples_per_update,
            "grpo_train_seconds": g[last].get("train_seconds"), "placebo_train_seconds": p[last].get("train_seconds")}
     if last == 0:
@@ -271,6 +296,20 @@ def verification(run_dir: Path) -> str | None:
     report = run_dir / "grpo_verification.md"
     found = re.search(r"\*\*Result: (\w+)\*\*", report.read_text(errors="replace")) if report.is_file() else None
     return found.group(1) if found else None
+
+
+def kept_heldout(run_dir: Path, overrides) -> tuple[str, ...]:
+    """The override that sets the held-out count run_dir's config.json records, unless `overrides` set one: the
+    count is fixed for a run's life (a resume that changes it is refused), so a run begun before the camera presets
+    went from 32 held-out conditions to 128 (issue 61, item 6) goes on with its 32, and its placebo evaluates the
+    same conditions."""
+    if any(o.startswith("--config.data.num_heldout_conditions=") for o in overrides):
+        return ()
+    try:
+        count = json.loads((run_dir / "config.json").read_text())["data"]["num_heldout_conditions"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return ()  # the trainer's resume check then names what it lacks
+    return (f"--config.data.num_heldout_conditions={count}",)
 
 
 def run_preset(preset: str, size: dict, out_dir: Path, cap: float, prior: Path | None, placebo: bool = False,
@@ -298,6 +337,11 @@ def run_preset(preset: str, size: dict, out_dir: Path, cap: float, prior: Path |
         prior_evals = [r for r in read_records(run_dir / "metrics.jsonl") if r.get("type") == "eval"]
     out["max_train_seconds"] = earlier + size["seconds"] if target is None else target
     overrides = size["overrides"].get(preset, ()) if isinstance(size["overrides"], dict) else ()
+    # a continued run keeps the held-out count it began with, a placebo takes its GRPO run's: the arms are paired
+    # condition by condition
+    began = out_dir / "runs" / preset if placebo else run_dir if prior is not None else None
+    if began is not None:
+        overrides = (*overrides, *kept_heldout(began, overrides))
     eval_freq = size["placebo_eval_freq"] if placebo else size["eval_freq"]
     cmd = [sys.executable, str(ROOT / "scripts" / "train_recam.py"), f"--config={ROOT / 'config' / 'grpo.py'}:{preset}",
            f"--config.run_dir={run_dir}", "--config.logging.wandb_mode=disabled", *overrides,
@@ -420,12 +464,13 @@ def run(device: torch.device, size: dict, ctx: Context) -> dict:
         if evals.get(name) and placebo_evals:
             score, beside = SCORES[preset]
             out[name]["vs_placebo"] = versus_placebo(evals[name], placebo_evals, score, beside,
-                                                     out[name].get("samples_per_update"))
+                                                     out[name].get("samples_per_update"), out[name].get("events"),
+                                                     entry.get("events"))
             draw(preset, out[name], out_dir, placebo=entry)
         else:
             out[name]["vs_placebo"] = {"error": "no evaluations to compare in " + " and ".join(
                 f"the {arm_name} run" for arm_name, e in (("GRPO", evals.get(name)), ("placebo", placebo_evals))
-                if not e)}
+                if not e), "events": arm_events(out[name].get("events"), entry.get("events"))}
     # what the next window needs brought back: out_dir/runs (the plots and device_check.json besides are small)
     out["bundle_bytes"] = sum(r["bundle"]["bytes"] for r in out.values() if "bundle" in r)
     return out

@@ -63,23 +63,38 @@ def pm(pair) -> str:
         f" ± {half:.4f}" if isinstance(half, (int, float)) and math.isfinite(half) else "")
 
 
+def guard_events(events: dict | None) -> str:
+    """One arm's health-guard events (learning.<domain>.vs_placebo.events.<arm>) in a few words."""
+    if not events:
+        return "n/a"
+    stop = events.get("guard_stop")
+    return (f"{fmt(events.get('rollbacks'))} rollbacks, {fmt(events.get('critical'))} critical"
+            + (f", stopped: {stop}" if stop else ""))
+
+
 def placebo_table(learning: dict) -> list[str]:
-    """GRPO against its placebo, one row per domain whose placebo ran (learning.<domain>.vs_placebo)."""
+    """GRPO against its placebo, one row per domain whose placebo ran (learning.<domain>.vs_placebo), with each
+    arm's health-guard events: the guard acts on the rewards, so the arms' rollbacks and stops can differ."""
     rows = [(name, r["vs_placebo"]) for name, r in learning.items() if isinstance(r, dict) and "vs_placebo" in r]
     if not rows:
         return []
     lines = ["### GRPO minus placebo (paired over the held-out conditions; ± a 95% interval)", "",
              "| domain | score | at update (GRPO / placebo seconds) | GRPO gain | placebo gain | GRPO minus placebo | "
-             "at the ends (updates, GRPO / placebo) |", "|---|---|---|---|---|---|---|"]
+             "at the ends (updates, GRPO / placebo) | guard events, GRPO / placebo |",
+             "|---|---|---|---|---|---|---|---|"]
     for name, v in rows:
+        ev = v.get("events") or {}
+        events = f"{guard_events(ev.get('grpo'))} / {guard_events(ev.get('placebo'))}".replace("|", "\\|")
+        if ev.get("differ"):
+            events += " (the arms differ)"
         if "error" in v:
-            lines.append(f"| {name} | n/a | {v['error']} | | | | |")
+            lines.append(f"| {name} | n/a | {v['error']} | | | | | {events} |")
             continue
         ends = v["at_ends"]
         lines.append(f"| {name} | {v['score']} | {v['step']} ({fmt(v['grpo_train_seconds'])} / "
                      f"{fmt(v['placebo_train_seconds'])} s) | {pm(v.get('grpo_gain'))} | {pm(v.get('placebo_gain'))} | "
                      f"{pm((v['difference'], v['ci95']))} | {pm((ends['difference'], ends['ci95']))} "
-                     f"({ends['grpo_step']} / {ends['placebo_step']}) |")
+                     f"({ends['grpo_step']} / {ends['placebo_step']}) | {events} |")
     return [*lines, ""]
 
 
