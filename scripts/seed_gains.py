@@ -42,6 +42,9 @@ difference is paired over that epoch's conditions. Neighbouring epochs share the
 blocks of consecutive epochs (batch means, blocks of at least recam.infra.stats.MIN_BLOCK epochs); one seed's is
 conditional on that run pair, and over seeds it is the seeds x blocks interval.
 
+Beside them: GRPO's consecutive-update gradient cosine against the placebo's (recam.engine.diagnosis.
+cosine_difference), where the runs logged it.
+
 `--power EFFECT`: from the runs given, the primary endpoint's seed, condition and residual variances, the power of
 the runs' design for a true difference EFFECT, and the seed pairs and conditions that give 80%.
 """
@@ -60,7 +63,8 @@ sys.path.insert(0, str(ROOT))
 
 from scipy import stats  # noqa: E402
 
-from recam.infra.reports import eval_change  # noqa: E402
+from recam.engine.diagnosis import cosine_difference, step_cosines  # noqa: E402
+from recam.infra.reports import eval_change, events_table  # noqa: E402
 from recam.infra.runlog import read_records  # noqa: E402
 from recam.infra.stats import (  # noqa: E402
     Crossed,
@@ -586,6 +590,28 @@ def train_reward_table(gap: dict, looks: Looks | None = None) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# the updates' direction: consecutive steps' gradient cosine, GRPO against its placebo
+
+
+def cosine_gap(grpo: list[Path], placebo: list[Path]) -> Estimate | None:
+    """GRPO's mean step cosine (grad_cosine_prev) minus the placebo's: a reward signal that repeats from update to
+    update makes consecutive gradients agree; the placebo's updates have none to repeat, only the KL pull's.
+    recam.engine.diagnosis.cosine_difference (Welch over block means, or over seeds' means). None when no run
+    logged step cosines."""
+    series = [[step_cosines(read_records(r / "metrics.jsonl")) for r in runs] for runs in (grpo, placebo)]
+    if not any(s for arm in series for s in arm):
+        return None
+    d = cosine_difference(*series)
+    p = math.nan
+    if math.isfinite(d["half"]) and d["half"] > 0:
+        se = d["half"] / float(stats.t.ppf(0.975, d["df"]))
+        p = float(2 * stats.t.sf(abs(d["difference"]) / se, d["df"]))
+    how = (f"GRPO {d['grpo_mean']:+.4f} over {d['grpo_n']} {d['grpo_unit']}, placebo {d['placebo_mean']:+.4f} over "
+           f"{d['placebo_n']} {d['placebo_unit']}; Welch")
+    return Estimate(d["difference"], d["half"], p, how)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # power: how many seed pairs and conditions an effect needs
 
 
@@ -669,6 +695,9 @@ def main(argv: list[str] | None = None) -> str:
         gaps = [train_reward_gap(args.runs, args.placebo, name) for name in args.train_reward]
         for gap in gaps:
             looks.add((f"train/{gap['name']}", "all epochs"), gap["estimate"])
+        cosine = cosine_gap(args.runs, args.placebo)
+        if cosine is not None:
+            looks.add(("step cosine", "all steps"), cosine)
         text = endpoint_summary(looks, "GRPO minus placebo") + "\n" + text + "\n" + placebo_table(rows, metrics, looks)
         if args.curve is not None:
             args.curve.mkdir(parents=True, exist_ok=True)
@@ -678,6 +707,11 @@ def main(argv: list[str] | None = None) -> str:
                                 f"{len(args.runs)} GRPO run(s) beside {len(args.placebo)} placebo run(s)")
         for gap in gaps:
             text += "\n" + train_reward_table(gap, looks)
+        text += "\n**Consecutive updates' gradient cosine, GRPO minus placebo** (grad_cosine_prev)\n\n"
+        text += (f"{cosine.text()} (p / adjusted {looks.cell(('step cosine', 'all steps'))}; {cosine.how})\n"
+                 if cosine is not None else "No run logged step cosines (train.log_gradient_cosine).\n")
+        text += "\n**Guard events per arm** (the guard acts on the rewards, so the arms can differ)\n\n"
+        text += events_table(args.runs, args.placebo) + "\n"
     else:
         text = endpoint_summary(looks, "change from the base") + "\n" + text
     if args.power is not None:

@@ -319,3 +319,29 @@ def test_runs_that_name_different_endpoints_are_refused(tmp_path):
         seed_gains.main([str(c)])
     text = seed_gains.main([str(c), "--primary", "eval/cam_score:reported"])  # older runs: named on the command
     assert "**eval/cam_score at the reported checkpoint**" in text
+
+
+def test_the_arms_guard_events_and_step_cosines_are_compared(tmp_path):
+    """Beside GRPO minus placebo: each arm's guard events (the placebo was rolled back once here) and GRPO's step
+    cosine against the placebo's, as recam.engine.diagnosis.cosine_difference computes it, in the Holm family."""
+    from recam.engine.diagnosis import cosine_difference
+
+    rng = np.random.default_rng(9)
+    cos = {}
+    runs = {}
+    for arm, placebo in (("g", False), ("p", True)):
+        run = _config(_run(tmp_path, arm, [0.1, 0.2, 0.3], [0.1, 0.2, 0.3], [0.2, 0.2, 0.4], None), 0, placebo)
+        cos[arm] = (rng.normal(0.02 if arm == "g" else 0.0, 0.01, 40)).tolist()
+        steps = [json.dumps({"type": "step", "step": i + 1, "grad_cosine_prev": c}) for i, c in enumerate(cos[arm])]
+        with (run / "metrics.jsonl").open("a") as f:
+            f.write("\n".join(steps) + "\n")
+        runs[arm] = run
+    (runs["p"] / "rolled_back.jsonl").write_text(json.dumps({
+        "type": "health", "step": 3, "epoch": 1, "rolled_back": "rollback 1: ratio_explosion",
+        "findings": [{"rule": "ratio_explosion", "severity": "critical", "numbers": {}}]}) + "\n")
+    text = seed_gains.main([str(runs["g"]), "--placebo", str(runs["p"]), "--metric", "eval/cam_score"])
+    d = cosine_difference([cos["g"]], [cos["p"]])
+    assert f"{d['difference']:+.4f} ± {d['half']:.4f} (p / adjusted" in text
+    assert "**Guard events per arm**" in text and "ratio_explosion" in text
+    rows = [line for line in text.splitlines() if line.startswith("| placebo |")]
+    assert len(rows) == 1 and "| 1 |" in rows[0]  # the placebo's one rollback
