@@ -64,7 +64,7 @@ sys.path.insert(0, str(ROOT))
 from scipy import stats  # noqa: E402
 
 from recam.engine.diagnosis import cosine_difference, step_cosines  # noqa: E402
-from recam.infra.reports import eval_change, events_table  # noqa: E402
+from recam.infra.reports import eval_change, events_table, per_condition_change  # noqa: E402
 from recam.infra.runlog import read_records  # noqa: E402
 from recam.infra.stats import (  # noqa: E402
     Crossed,
@@ -239,19 +239,9 @@ def run_endpoints(runs: list[Path]) -> tuple[tuple[str, str] | None, list[str]]:
     return (primary, time), list(secondary)
 
 
-def metric_values(before: dict, after: dict, metric: str) -> list[float | None]:
-    """after - before per held-out condition (rows/<metric>), or the one difference of the means for a metric over
-    the whole split (no per-condition values)."""
-    b, a = before.get(f"rows/{metric}"), after.get(f"rows/{metric}")
-    if b and a and len(a) == len(b):
-        return [None if x is None or y is None else float(y) - float(x) for x, y in zip(b, a, strict=True)]
-    x, y = after.get(metric), before.get(metric)
-    return [x - y if isinstance(x, (int, float)) and isinstance(y, (int, float)) else None]
-
-
 def table_of(pairs: list[tuple[dict, dict]], metric: str) -> list[list[float | None]]:
     """A seeds x conditions table of after - before, one row per (before, after) pair of evaluation records."""
-    rows = [metric_values(b, a, metric) for b, a in pairs]
+    rows = [per_condition_change(b, a, metric) for b, a in pairs]
     if len({len(r) for r in rows}) > 1:
         raise SystemExit(f"{metric}: the runs' evaluations hold different numbers of conditions "
                          f"({sorted({len(r) for r in rows})}): they were not evaluated on the same held-out set")
@@ -606,8 +596,8 @@ def cosine_gap(grpo: list[Path], placebo: list[Path]) -> Estimate | None:
     if math.isfinite(d["half"]) and d["half"] > 0:
         se = d["half"] / float(stats.t.ppf(0.975, d["df"]))
         p = float(2 * stats.t.sf(abs(d["difference"]) / se, d["df"]))
-    how = (f"GRPO {d['grpo_mean']:+.4f} over {d['grpo_n']} {d['grpo_unit']}, placebo {d['placebo_mean']:+.4f} over "
-           f"{d['placebo_n']} {d['placebo_unit']}; Welch")
+    how = (f"GRPO {d['grpo_mean']:+.4f} over {d['grpo_unit']}, placebo {d['placebo_mean']:+.4f} over "
+           f"{d['placebo_unit']}; Welch")
     return Estimate(d["difference"], d["half"], p, how)
 
 

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from scipy import stats
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("device_check", ROOT / "scripts" / "device_check.py")
@@ -229,6 +230,12 @@ def test_grpo_minus_placebo_pairs_the_last_update_both_evaluated():
     assert (vs["difference"], vs["conditions"]) == (pytest.approx(statistics.fmean([0.5 - 0.7, 0.1, 0.3])), 3)
     assert vs["base_difference"] == 0 and vs["at_ends"]["grpo_step"] == 7 and vs["at_ends"]["placebo_step"] == 8
     assert vs["at_ends"]["difference"] == pytest.approx(statistics.fmean([0.5 - 0.8, 0.1, 0.3]))
+    # one seed pair: paired over the conditions, its p from that t, and said to be conditional on the seed
+    d = [0.5 - 0.7, 0.1, 0.3]
+    se = statistics.stdev(d) / 3 ** 0.5
+    assert vs["ci95"] == pytest.approx(4.302652729911275 * se)
+    assert vs["p"] == pytest.approx(2 * stats.t.sf(abs(statistics.fmean(d)) / se, 2))
+    assert "conditional on this seed" in vs["interval"]
     vs = learning.versus_placebo(grpo, placebo[:4], "eval/s", "eval/b", 8)  # the placebo only got to update 3
     assert vs["step"] == 0 and vs["difference"] is None and "nothing but the base" in vs["note"]
     assert "placebo run" in learning.versus_placebo(grpo, placebo[1:], "eval/s", "eval/b", 8)["error"]

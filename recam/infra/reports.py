@@ -159,6 +159,16 @@ def eval_change(before: dict, after: dict, key: str) -> tuple[float, float, int]
     return (x - y if x is not None and y is not None else math.nan), math.nan, 0
 
 
+def per_condition_change(before: dict, after: dict, key: str) -> list[float | None]:
+    """after - before per held-out condition (rows/<key>; None where either has no value), or the one difference of
+    the means for a metric over the whole split (no per-condition values): a row of a seeds x conditions table."""
+    b, a = before.get(f"rows/{key}"), after.get(f"rows/{key}")
+    if b and a and len(a) == len(b):
+        return [None if x is None or y is None else float(y) - float(x) for x, y in zip(b, a, strict=True)]
+    x, y = after.get(key), before.get(key)
+    return [x - y if isinstance(x, (int, float)) and isinstance(y, (int, float)) else None]
+
+
 def summarise_eval(rows: list[dict], prefix: str = "eval") -> dict:
     """Mean metrics (<prefix>/<name>, eval/ for held-out, val/ for validation) from per-condition rows, and each
     metric's per-condition values as rows/<prefix>/<name> (paired intervals between two evaluations).

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 
-from recam.infra.reports import eval_change, run_events
-from recam.infra.stats import paired_change
+from recam.infra.reports import eval_change, per_condition_change, run_events
+from recam.infra.stats import crossed_interval, paired_change
 from scripts.device_stages import Context
 from scripts.device_stages.bundle import carry_over, pack, trained_seconds
 
@@ -269,8 +269,11 @@ def versus_placebo(grpo: list[dict], placebo: list[dict], score: str, beside: st
     last = common[-1]
 
     def change(before, after, key):
-        mean, half, n = eval_change(before, after, key)
-        return {"difference": mean, "ci95": half, "conditions": n}
+        # one seed pair: the seeds x conditions interval of seed_gains reduces to the pairing over the conditions,
+        # which says nothing of another seed's draw (recam.infra.stats.crossed_interval)
+        c = crossed_interval([per_condition_change(before, after, key)])
+        return {"difference": c.mean, "ci95": c.half, "conditions": c.conditions, "p": c.p,
+                "interval": "one seed pair, paired over the held-out conditions: conditional on this seed"}
 
     out = {"score": score, "events": events, "base_difference": eval_change(g[0], p[0], score)[0],
            "steps_in_common": common,
