@@ -154,6 +154,38 @@ def test_time_eval_tags():
     assert time_eval_tag(0.5) == "time_00000.500s"
 
 
+def test_a_wall_clock_stepped_back_mid_run_leaves_epoch_times_and_the_budget_alone(tmp_path, monkeypatch, one_thread):
+    """Issue 64, item 6: NTP or a VM restore steps the wall clock back an hour in the middle of the first epoch's
+    sampling; durations come from a monotonic clock, so every epoch's time stays positive and the budget stops the
+    run as it would have."""
+    import time
+
+    from tests.toy_trainer import toy_trainer
+
+    wall, wall_ns, offset = time.time, time.time_ns, [0.0]
+    monkeypatch.setattr(time, "time", lambda: wall() + offset[0])
+    monkeypatch.setattr(time, "time_ns", lambda: wall_ns() + int(offset[0] * 1e9))
+    budget = 0.15
+    trainer = toy_trainer(tmp_path, "toy", {"num_epochs": 200, "max_train_seconds": budget, "eval.freq": 100,
+                                            "train.beta": 0.0})
+    score = trainer.score
+
+    def score_after_the_step():
+        offset[0] = -3600.0
+        return score()
+
+    monkeypatch.setattr(trainer, "score", score_after_the_step)
+    with contextlib.redirect_stdout(open(os.devnull, "w")):  # noqa: SIM115 - the report prints its table
+        trainer.train()
+    assert offset[0] == -3600.0  # the step happened
+    epochs = _of([json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()], "epoch")
+    assert 1 <= len(epochs) < 200
+    for e in epochs:
+        assert 0 < e["epoch_seconds"] < 60
+        assert min(e["seconds_sampling"], e["seconds_rewards"], e["seconds_training"]) >= 0
+    assert epochs[-1]["train_seconds"] >= budget and all(e["train_seconds"] < budget for e in epochs[:-1])
+
+
 # ---------------------------------------------------------------- an objective without log-probs or ratios
 
 

@@ -120,10 +120,12 @@ class GRPOTrainer:
                                    f"({budget.train_seconds:.1f} s of training)")
                 self.log.info(self.stopped_by)
                 break
-            epoch_t0 = time.time()
+            # durations and the budget come from a monotonic clock: a wall clock stepped back (NTP, a VM
+            # restore) would give negative epochs and a budget that never runs out
+            epoch_t0 = time.perf_counter()
             budget.new_epoch()
             rollouts = self.sample(self.epoch)                       # 1. k copies per condition, with log-probs
-            t_sampled = time.time()
+            t_sampled = time.perf_counter()
             try:
                 scores = self.score()                                # 2. rewards (scored while sampling went on)
             except RewardServerDown as e:
@@ -131,20 +133,20 @@ class GRPOTrainer:
                 self.log.info(f"{self.stopped_by}; checkpoint {latest_checkpoint(self.checkpoints.root)} is intact")
                 self.evaluator.skip_served_rewards()
                 break
-            t_scored = time.time()
+            t_scored = time.perf_counter()
             groups = self.advantages(rollouts, scores)               # 3. gather, group-relative advantages
             record = self.epoch_record(rollouts, scores, groups)
             signal = reward_signal(record)                           # the guard's reward rules compare epochs
-            t_update = time.time()
+            t_update = time.perf_counter()
             result = self.update(rollouts, groups, signal)          # 4. clipped-ratio policy updates with KL
             record["old_policy_decay"] = self.objective.after_epoch(self.global_step)
-            t_updated = time.time()
+            t_updated = time.perf_counter()
             record |= {"optimizer_steps": [st.metrics for st in result.steps], **self.noise.record()}
             # every objective's ratio is against the weights that sampled: its first step's ratio is 1
             record["first_step_ratio_deviation"] = result.first_step_ratio_deviation
             record.update(budget.epoch_record(rollouts.start, t_sampled - epoch_t0, t_scored - t_sampled,
                                               t_updated - t_update))
-            record.update(budget.add_epoch(time.time() - epoch_t0))  # evaluations and checkpoints never count
+            record.update(budget.add_epoch(time.perf_counter() - epoch_t0))  # evaluations and checkpoints never count
             self.log.epoch_record(record)
             self.log.info(records.epoch_line(record))
             critical = result.critical or self.nonfinite_state()
