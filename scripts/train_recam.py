@@ -8,13 +8,15 @@ reference -> health guard -> checkpoint -> evaluate held-out conditions with det
 (recam/engine/trainer.py). Exit status: 0 when the run ends, 3 when it stopped early (reward server down, at
 start or mid-run, the health guard, or a full disk: one line, `latest` then names the last intact checkpoint and
 the same command resumes), 2 for an invalid config or a run_dir that cannot hold a run (an entry of it that is not
-what the run keeps there included), 4 when a resume finds no checkpoint it can trust (every one corrupt, or its
-state disagreeing with the metrics log); nothing is changed then. resume=False in a folder that holds a run moves
-that run's checkpoints and records to <run_dir>/archive/<UTC time>/ first (runlog.archive_run).
+what the run keeps there, or one no run writes, included), 4 when a resume finds no checkpoint it can trust (every
+one corrupt, or its state disagreeing with the metrics log), 5 when another run holds the run_dir (one run per
+folder: runlog.hold_run_dir); nothing is changed then. resume=False in a folder that holds a run moves that run's
+checkpoints and records to <run_dir>/archive/<UTC time>/ first (runlog.archive_run).
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import gc
 import json
@@ -35,7 +37,7 @@ from ml_collections import config_flags  # noqa: E402
 from config import resume  # noqa: E402
 from config.plugins import add_loss_settings, import_plugins  # noqa: E402
 from config.validate import ConfigError, eval_report_rewards, validate, validate_files  # noqa: E402
-from recam.domains import build_domain, domain_class  # noqa: E402
+from recam.domains import build_domain, domain_class, known_domains  # noqa: E402
 from recam.engine.reward_runner import RewardServerDown  # noqa: E402
 from recam.engine.trainer import GRPOTrainer  # noqa: E402
 from recam.infra import runlog  # noqa: E402
@@ -233,6 +235,44 @@ def resume_changes(config, requested: dict) -> tuple[list[tuple], list[dict]]:
     return allowed, history + [change] if allowed else history
 
 
+def folder_examples(config) -> tuple[str, ...]:
+    """The examples folders (Domain.examples_dir) the run folder may hold: this run's domain's, and that of the
+    earlier run the folder's config.json records (resume=False after a run of another domain archives its examples)."""
+    names = [config.domain]
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # no earlier run, or a config.json it garbled
+        earlier = json.loads((Path(config.run_dir) / "config.json").read_text()).get("domain")
+        if isinstance(earlier, str) and earlier != config.domain and earlier in known_domains():
+            names.append(earlier)
+    found = []
+    for name in names:
+        with contextlib.suppress(Exception):  # an earlier domain that no longer loads: its folder is named foreign
+            found.append(domain_class(name).examples_dir)
+    return tuple(dict.fromkeys(d for d in found if d))
+
+
+def hold_run_dir(accelerator, run_dir: Path) -> str | None:
+    """One run per folder: the main process takes the folder's lock (runlog.hold_run_dir) for the launch, whose
+    ranks are one holder, and every rank learns whether it got it. A folder another run holds ends this start on
+    every rank with exit status 5 and one line naming the folder and the holder's process, before anything is read
+    for a resume or written. Returns the line to log when the file system cannot lock."""
+    refusal = unlocked = None
+    if accelerator.is_main_process:
+        try:
+            unlocked = runlog.hold_run_dir(run_dir)
+        except runlog.RunDirBusy as e:
+            refusal = str(e)
+    busy = torch.tensor([refusal is not None], dtype=torch.long, device=accelerator.device)
+    if accelerator.num_processes > 1:  # a flag, not the message: what crosses processes is a tensor
+        busy = accelerator.gather(busy).max()
+    if int(busy):
+        if refusal:
+            print(f"[recam] {refusal}", file=sys.stderr, flush=True)
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        sys.exit(5)
+    return unlocked
+
+
 def main(_):
     config = FLAGS.config
     try:
@@ -257,11 +297,10 @@ def train(config) -> None:
         config_error(str(e))
     # a plugin loss's settings are the run's config like any other field: sealed with it, and compared on resume
     requested["train"].update(json.loads(json.dumps({field: config.train[field] for field in added})))
-    examples_dir = getattr(domain_class(config.domain), "examples_dir", None)  # validated: the domain exists
-    problem = runlog.run_dir_problem(config.run_dir, examples_dir)  # before anything is created or computed
+    examples_dirs = folder_examples(config)
+    problem = runlog.run_dir_problem(config.run_dir, examples_dirs)  # before anything is created or computed
     if problem:
         config_error(problem)
-    changes, history = resume_changes(config, requested)
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     use_cpu_if_no_accelerator()
@@ -271,12 +310,16 @@ def train(config) -> None:
             derived = validate(config, accelerator.num_processes)
         except ConfigError as e:
             config_error(str(e))
+    unlocked = hold_run_dir(accelerator, Path(config.run_dir))  # before the folder is read for a resume or archived
+    changes, history = resume_changes(config, requested)
     archived = None
     if not config.resume and accelerator.is_main_process:
-        archived = runlog.archive_run(Path(config.run_dir), examples_dir)
+        archived = runlog.archive_run(Path(config.run_dir), examples_dirs)
     accelerator.wait_for_everyone()  # no process opens its log in the folder before the earlier run is out of it
     log = runlog.RunLog(Path(config.run_dir), config, enabled=accelerator.is_main_process)
     log.capture_logs(accelerator.process_index)
+    if unlocked:
+        log.info(unlocked)
     if archived:
         log.info(archived)
     log.detail(f"derived numbers: {json.dumps(derived.record())}")

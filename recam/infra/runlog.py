@@ -16,29 +16,76 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
+import fnmatch
 import json
 import logging
 import os
+import re
+import socket
 import sys
 import traceback
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import NoReturn
+from typing import NamedTuple, NoReturn
 
 from tqdm.auto import tqdm
 
-from recam.infra.checkpoint import LATEST, NO_CHECKPOINT_YET, SELECTED, DiskFull, is_disk_full, read_pointer
+from recam.infra.checkpoint import (
+    DISPLACED,
+    LATEST,
+    NO_CHECKPOINT_YET,
+    SELECTED,
+    DiskFull,
+    is_disk_full,
+    read_pointer,
+)
 
-LOG_FILE = "run.log"  # everything logged at INFO and above: the run's own lines, per-batch reward timings, retries
 _file_log = logging.getLogger("recam.run")
 
-# What a run keeps in its folder, by kind: `run_dir_problem` refuses a folder where one of these files belongs (or a
-# file where a folder does) before anything is written, and a start with resume=False moves them into ARCHIVE.
-RUN_FILES = ("config.json", "metrics.jsonl", LOG_FILE, "rolled_back.jsonl", "metrics.unreadable", "summary.md",
-             "grpo_verification.md", "diagnosis.md")
-RUN_FOLDERS = ("checkpoints", "wandb")  # and the domain's examples folder (Domain.examples_dir)
-RUN_FILE_PATTERNS = ("run.rank*.log", "grpo_verification_*.png", ".*.tmp", "metrics.tmp")  # rank logs, plots, temps
+# Every entry a recam run writes at the top of its folder (a name, or a glob pattern for names that vary): the one
+# list a folder is held against. `run_dir_problem` refuses, before anything is written, a folder holding an entry of
+# the wrong kind (a file where the run keeps a folder, or the reverse) or any entry the list does not name (another
+# tool's output, a checkout: the run would overwrite or, with resume=False, move what it did not write), and
+# `archive_run` moves into ARCHIVE what the list marks archived. The domain's examples folder (Domain.examples_dir)
+# is the caller's to add, since this layer knows no domain.
+
+
+class RunEntry(NamedTuple):
+    pattern: str  # a name, or a glob pattern (fnmatch)
+    folder: bool
+    archived: bool = True  # moved into ARCHIVE by a start with resume=False
+    kept: str = ""  # what the run keeps there, in a refusal's words (default: "its <name> file/folder")
+
+
+LOG_FILE = "run.log"  # everything logged at INFO and above: the run's own lines, per-batch reward timings, retries
 ARCHIVE = "archive"  # <run_dir>/archive/<UTC time>/: earlier runs of this folder, moved there by resume=False
+LOCK_FILE = ".recam.lock"  # the running run's lock on its folder (`hold_run_dir`), naming its process
+PROBE = ".write-probe-"  # + pid: run_dir_problem's test that the folder can be written, removed at once
+_RUN_FILES = ("config.json", "metrics.jsonl", LOG_FILE, "rolled_back.jsonl", "metrics.unreadable", "summary.md",
+              "grpo_verification.md", "diagnosis.md")
+_REPLACED = ("config.json", "metrics.jsonl", "summary.md", "grpo_verification.md", "diagnosis.md")  # write_whole's
+RUN_ENTRIES = (
+    *(RunEntry(name, False) for name in _RUN_FILES),
+    RunEntry("run.rank*.log", False),
+    RunEntry("grpo_verification_*.png", False),
+    RunEntry("checkpoints", True),
+    RunEntry("wandb", True),
+    RunEntry(ARCHIVE, True, archived=False),
+    # write_whole's temporary names (a file written beside its final name and renamed over it): a folder there
+    # would stop the run at its first such write, after its work began; and an older version's temporary log
+    *(RunEntry(f".{name}.tmp", False, kept=f"the temporary file it writes {name} through") for name in _REPLACED),
+    RunEntry("metrics.tmp", False, kept="an older version's temporary metrics file"),
+    RunEntry(LOCK_FILE, False, archived=False, kept="its lock file"),
+    RunEntry(f"{PROBE}*", False, archived=False, kept="the write test of a run starting"),
+    # the file system's own (NFS keeps a removed file that is still open as .nfsXXXX) and a file browser's
+    RunEntry(".nfs*", False, archived=False, kept="a file NFS keeps for a removed one"),
+    RunEntry(".DS_Store", False, archived=False, kept="a file browser's"),
+)
+# What the run writes in checkpoints/ (recam.infra.checkpoint): its epoch_NNNN folders, the two pointer files, a
+# save's folder before its rename (.tmp-epoch_NNNN), one renamed aside to be replaced, and a pointer's temporary
+CHECKPOINT_ENTRIES = ("epoch_*", LATEST, SELECTED, ".tmp-*", f"{DISPLACED}*", f".{LATEST}.tmp", f".{SELECTED}.tmp")
+ARCHIVED_RUN = re.compile(r"\d{8}T\d{6}Z(-\d+)?")  # archive/<UTC time>[-n]/, as archive_run names them
 
 
 def no_space(path: Path, error: BaseException) -> DiskFull:
@@ -101,7 +148,10 @@ def write_whole(path: Path, data: str | bytes) -> None:
     new ones, never a part. On a full disk nothing is left beside it and DiskFull names the file."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        # a file or link left at the temporary name is removed, not written through: a link's target is not the run's
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             _write_all(fd, data.encode("utf-8") if isinstance(data, str) else data)
             os.fsync(fd)
@@ -384,13 +434,30 @@ class RunLog:
             raise full
 
 
-def run_dir_problem(run_dir: str, examples_dir: str | None = None) -> str | None:
+def _examples(examples_dirs: str | tuple[str, ...] | None) -> tuple[str, ...]:
+    if not examples_dirs:
+        return ()
+    return (examples_dirs,) if isinstance(examples_dirs, str) else tuple(examples_dirs)
+
+
+def _run_entries_of(examples_dirs: str | tuple[str, ...] | None) -> tuple[RunEntry, ...]:
+    """RUN_ENTRIES with the examples folders of the domains whose runs the folder may hold."""
+    return (*RUN_ENTRIES, *(RunEntry(name, True) for name in _examples(examples_dirs)))
+
+
+def _listed(name: str, entries: tuple[RunEntry, ...]) -> RunEntry | None:
+    return next((e for e in entries if fnmatch.fnmatchcase(name, e.pattern)), None)
+
+
+def run_dir_problem(run_dir: str, examples_dirs: str | tuple[str, ...] | None = None) -> str | None:
     """Why `run_dir` cannot hold a run (one line naming the path and the problem), or None. Checked before the
     folder is created, so a name that cannot be used leaves nothing behind, and before anything is computed: an
     entry of the folder that is not what the run keeps there (a file named `checkpoints`, a folder named
-    metrics.jsonl, a link to nothing, one this user cannot write) would otherwise fail the run after its work
-    began. examples_dir: the domain's examples folder (Domain.examples_dir). A full disk is raised as itself (the
-    run stops on it with exit status 3, not as a config error)."""
+    metrics.jsonl or .summary.md.tmp, a link to nothing, one this user cannot write) would otherwise fail the run
+    after its work began, and one that no run writes (a checkout, another tool's output) is not the run's to
+    overwrite or archive. examples_dirs: the examples folders (Domain.examples_dir) of this run's domain and of the
+    one an earlier run in the folder had. A full disk is raised as itself (the run stops on it with exit status 3,
+    not as a config error)."""
     try:
         str(run_dir).encode("utf-8")
     except UnicodeEncodeError:
@@ -399,12 +466,18 @@ def run_dir_problem(run_dir: str, examples_dir: str | None = None) -> str | None
     path = Path(run_dir)
     if path.exists() and not path.is_dir():
         return f"run_dir {path} exists and is not a folder; choose another run_dir"
-    problem = _entry_problem(path, examples_dir) if path.is_dir() else None
+    problem = _entry_problem(path, examples_dirs) if path.is_dir() else None
     if problem:
         return f"run_dir {problem}: move it aside or choose another run_dir"
+    foreign = _foreign_entries(path, examples_dirs) if path.is_dir() else []
+    if foreign:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        return (f"run_dir {path} holds {foreign[0]}{more}, which no recam run writes: a run's folder holds only what "
+                "the run writes (not a checkout or another tool's output, which a run would overwrite or archive); "
+                "choose an empty folder or an earlier run's")
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".write-probe-{os.getpid()}"
+        probe = path / f"{PROBE}{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
@@ -414,13 +487,26 @@ def run_dir_problem(run_dir: str, examples_dir: str | None = None) -> str | None
     return None
 
 
-def _entry_problem(path: Path, examples_dir: str | None) -> str | None:
-    files = [path / name for name in RUN_FILES] + sorted(path.glob("run.rank*.log")) \
-        + sorted(path.glob("grpo_verification_*.png"))
-    folders = [path / name for name in (*RUN_FOLDERS, ARCHIVE, *([examples_dir] if examples_dir else []))]
-    for entry, folder in [(f, False) for f in files] + [(d, True) for d in folders]:
-        if problem := _kind_problem(entry, folder, f"its {entry.name} {'folder' if folder else 'file'}"):
-            return problem
+def _foreign_entries(path: Path, examples_dirs: str | tuple[str, ...] | None) -> list[Path]:
+    """The entries of the folder (and of its checkpoints and archive folders) that no recam run writes."""
+    entries = _run_entries_of(examples_dirs)
+    foreign = [e for e in sorted(path.iterdir()) if _listed(e.name, entries) is None]
+    checkpoints, archive = path / "checkpoints", path / ARCHIVE
+    if checkpoints.is_dir() and not foreign:
+        foreign = [e for e in sorted(checkpoints.iterdir())
+                   if not any(fnmatch.fnmatchcase(e.name, pattern) for pattern in CHECKPOINT_ENTRIES)]
+    if archive.is_dir() and not foreign:
+        foreign = [e for e in sorted(archive.iterdir()) if not (ARCHIVED_RUN.fullmatch(e.name) and e.is_dir())]
+    return foreign
+
+
+def _entry_problem(path: Path, examples_dirs: str | tuple[str, ...] | None) -> str | None:
+    names = sorted(p.name for p in path.iterdir())
+    for entry in _run_entries_of(examples_dirs):
+        for name in fnmatch.filter(names, entry.pattern):
+            kept = entry.kept or f"its {name} {'folder' if entry.folder else 'file'}"
+            if problem := _kind_problem(path / name, entry.folder, kept):
+                return problem
     # A pointer may be a link (the save replaces it, and what a dangling one leaves to resume from is resume's to
     # say), but one that is a folder can be neither read nor replaced: the run would stop on it after its log began.
     for pointer in (path / "checkpoints" / LATEST, path / "checkpoints" / SELECTED):
@@ -428,13 +514,13 @@ def _entry_problem(path: Path, examples_dir: str | None) -> str | None:
             return f"entry {pointer} is a folder where the run keeps its {pointer.name} pointer file"
     # the examples folder holds one folder per evaluation (its tag), each holding that evaluation's files: a
     # mismatch there stops the run at its first evaluation, after the base was evaluated and its checkpoint saved
-    examples = path / examples_dir if examples_dir else None
-    for tag in sorted(examples.iterdir()) if examples is not None and examples.is_dir() else []:
-        if problem := _kind_problem(tag, True, "one folder per evaluation"):
-            return problem
-        for entry in sorted(tag.iterdir()) if tag.is_dir() else []:
-            if problem := _kind_problem(entry, False, "an evaluation's example files"):
+    for examples in (path / name for name in _examples(examples_dirs)):
+        for tag in sorted(examples.iterdir()) if examples.is_dir() else []:
+            if problem := _kind_problem(tag, True, "one folder per evaluation"):
                 return problem
+            for entry in sorted(tag.iterdir()) if tag.is_dir() else []:
+                if problem := _kind_problem(entry, False, "an evaluation's example files"):
+                    return problem
     return None
 
 
@@ -451,27 +537,27 @@ def _kind_problem(entry: Path, folder: bool, kept: str) -> str | None:
     return None
 
 
-def run_entries(run_dir: Path, examples_dir: str | None = None) -> list[Path]:
-    """The entries of `run_dir` that belong to a run: its checkpoints and records, its logs, reports and examples."""
-    names = [*RUN_FILES, *RUN_FOLDERS, *([examples_dir] if examples_dir else [])]
-    found = {run_dir / n for n in names if (run_dir / n).exists() or (run_dir / n).is_symlink()}
-    found |= {p for pattern in RUN_FILE_PATTERNS for p in run_dir.glob(pattern)}
-    return sorted(found)
+def run_entries(run_dir: Path, examples_dirs: str | tuple[str, ...] | None = None) -> list[Path]:
+    """The entries of `run_dir` that a run wrote and resume=False archives: its checkpoints and records, its logs,
+    reports and examples (not the archive itself, nor the lock the starting run holds)."""
+    entries = _run_entries_of(examples_dirs)
+    return [p for p in sorted(run_dir.iterdir()) if (e := _listed(p.name, entries)) is not None and e.archived]
 
 
-def archive_run(run_dir: Path, examples_dir: str | None = None) -> str | None:
+def archive_run(run_dir: Path, examples_dirs: str | tuple[str, ...] | None = None) -> str | None:
     """A start with resume=False in a folder that holds a run: that run's entries (`run_entries`) are moved into
     <run_dir>/archive/<UTC time>/, so that this run's checkpoints never sit beside the earlier run's (a later resume
     would take theirs) and its log starts empty. Returns the one line that says so, or None when there was nothing
     to move. Renames only, so it needs no space for the data; a rename that fails puts back the ones made before
-    it, and the folder is as it was."""
-    entries = run_entries(run_dir, examples_dir)
+    it, and the folder is as it was. Called with the folder's lock held (`hold_run_dir`), after run_dir_problem
+    found nothing there that a run did not write."""
+    entries = run_entries(run_dir, examples_dirs)
     if not entries:
         return None
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")  # a name for people: wall-clock time
     dest = run_dir / ARCHIVE / stamp
     n = 1
-    while dest.exists():  # two starts within one second
+    while dest.exists():  # two starts within one second, or a clock set back
         n += 1
         dest = run_dir / ARCHIVE / f"{stamp}-{n}"
     moved: list[Path] = []
@@ -490,6 +576,54 @@ def archive_run(run_dir: Path, examples_dir: str | None = None) -> str | None:
         raise
     names = ", ".join(e.name for e in entries)
     return f"resume=False: moved the earlier run in {run_dir} ({names}) to {dest}; this run starts afresh"
+
+
+class RunDirBusy(Exception):
+    """Another process holds the run folder's lock: one line naming the folder and the holder."""
+
+
+_held: dict[Path, int] = {}  # folder -> the open lock file whose flock this process holds until it exits
+
+
+def hold_run_dir(run_dir: Path) -> str | None:
+    """Take this run's exclusive lock on its folder, held until the process ends: an flock on <run_dir>/LOCK_FILE,
+    which the kernel releases when the process dies however it dies (a kill, a crash, os._exit), so a stale lock
+    never outlives its run and is never removed by hand. The holder writes its process id and host into the file
+    for the refusal to name. Raises RunDirBusy when another process holds it; returns a line to log when the file
+    system cannot lock (the run goes on unguarded rather than not at all), else None. Under a multi-process launch
+    only the main process calls this: the launch's ranks are one holder."""
+    key = run_dir.resolve()
+    if key in _held:  # this process holds it already (a second start within one process, as the tests make)
+        return None
+    lock = run_dir / LOCK_FILE
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        if is_disk_full(e):
+            raise no_space(lock, e) from e
+        raise
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            try:
+                holder = " ".join(lock.read_text(errors="replace").split()) or "a process that has not named itself yet"
+            except OSError:
+                holder = "a process that cannot be named"
+            raise RunDirBusy(f"run_dir {run_dir} is in use by another run ({holder}, holding {lock}): one run per "
+                             "folder; wait for it to end or choose another run_dir") from None
+        return f"{lock} cannot be locked ({e.strerror or e}): this file system does not refuse a second run here"
+    try:
+        os.ftruncate(fd, 0)
+        _write_all(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+    except OSError as e:
+        os.close(fd)
+        if is_disk_full(e):
+            raise no_space(lock, e) from e
+        raise
+    _held[key] = fd
+    return None
 
 
 def _chain(error: BaseException | None):
