@@ -6,7 +6,9 @@ names, is refused at start (exit 2); resume=False archives only what a run wrote
 from __future__ import annotations
 
 import fcntl
+import fnmatch
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -188,6 +190,16 @@ def test_a_folder_at_a_temporary_name_is_refused_at_start(tmp_path, name):
                     f"{written} through: move it aside or choose another run_dir")
 
 
+def test_every_name_the_project_puts_in_a_run_folder_is_in_the_one_list():
+    """The list a folder is held against must grow with the code: a name written under a run_dir (the trainer's,
+    the reports', the launchers' console captures) that the list lacks would refuse the next start in that folder."""
+    written = {m for path in [*ROOT.glob("recam/**/*.py"), *ROOT.glob("scripts/**/*.py")]
+               for m in re.findall(r"\brun_dir\)? / \"([^\"/]+)\"", path.read_text())}
+    assert {"metrics.jsonl", "summary.md", "console.log", "bench.log"} <= written  # the search finds them
+    entries = [*runlog.RUN_ENTRIES, runlog.RunEntry("videos", True)]  # the camera domain's examples (the caller's)
+    assert [name for name in sorted(written) if not any(fnmatch.fnmatchcase(name, e.pattern) for e in entries)] == []
+
+
 def test_a_link_at_a_temporary_name_is_replaced_not_written_through(tmp_path):
     elsewhere = tmp_path / "elsewhere.md"
     elsewhere.write_text("not the run's")
@@ -197,10 +209,11 @@ def test_a_link_at_a_temporary_name_is_replaced_not_written_through(tmp_path):
     assert not (tmp_path / ".summary.md.tmp").is_symlink()
 
 
-def test_resume_false_archives_what_a_run_wrote_and_leaves_the_lock(tmp_path):
+def test_resume_false_archives_what_a_run_wrote_and_leaves_the_lock_and_a_launcher_s_log(tmp_path):
     run = _earlier_run(tmp_path / "run")
     (run / LOCK_FILE).write_text("pid 1 on x\n")
     (run / f"{runlog.PROBE}123").write_text("")
+    (run / "console.log").write_text("a launcher's capture, open while the run runs\n")
     assert [p.name for p in run_entries(run, "plots")] == [
         ".metrics.jsonl.tmp", "checkpoints", "config.json", "diagnosis.md", "grpo_verification.md",
         "grpo_verification_rewards.png", "metrics.jsonl", "plots", "rolled_back.jsonl", "run.log", "run.rank1.log",

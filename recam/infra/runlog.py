@@ -76,6 +76,12 @@ RUN_ENTRIES = (
     # would stop the run at its first such write, after its work began; and an older version's temporary log
     *(RunEntry(f".{name}.tmp", False, kept=f"the temporary file it writes {name} through") for name in _REPLACED),
     RunEntry("metrics.tmp", False, kept="an older version's temporary metrics file"),
+    # what the project's own tools keep in a run's folder: a device check's packed log (scripts/device_stages/
+    # bundle.py), and the launchers' capture of the run's console beside it (scripts/placebo_runs.py,
+    # scripts/measure/ablate.py and noise_sweep.py, scripts/bench/bench_time_to_reward.py), which the launcher holds
+    # open across the run and so is never archived
+    RunEntry("metrics.jsonl.gz", False),
+    *(RunEntry(name, False, archived=False) for name in ("console.log", "stdout.log", "bench.log", "command.txt")),
     RunEntry(LOCK_FILE, False, archived=False, kept="its lock file"),
     RunEntry(f"{PROBE}*", False, archived=False, kept="the write test of a run starting"),
     # the file system's own (NFS keeps a removed file that is still open as .nfsXXXX) and a file browser's
