@@ -200,6 +200,17 @@ def test_every_name_the_project_puts_in_a_run_folder_is_in_the_one_list():
     assert [name for name in sorted(written) if not any(fnmatch.fnmatchcase(name, e.pattern) for e in entries)] == []
 
 
+def test_a_lock_file_that_is_a_folder_or_a_link_is_refused_at_start(tmp_path):
+    (tmp_path / "a" / LOCK_FILE).mkdir(parents=True)
+    assert run_dir_problem(str(tmp_path / "a")) == (f"run_dir entry {tmp_path / 'a' / LOCK_FILE} is a folder where the "
+                                                    "run keeps its lock file: move it aside or choose another run_dir")
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / LOCK_FILE).symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "elsewhere").write_text("not the run's")
+    assert run_dir_problem(str(tmp_path / "b")) == (f"run_dir entry {tmp_path / 'b' / LOCK_FILE} is a link where the "
+                                                    "run keeps its lock file: move it aside or choose another run_dir")
+
+
 def test_a_link_at_a_temporary_name_is_replaced_not_written_through(tmp_path):
     elsewhere = tmp_path / "elsewhere.md"
     elsewhere.write_text("not the run's")

@@ -513,6 +513,8 @@ def _entry_problem(path: Path, examples_dirs: str | tuple[str, ...] | None) -> s
             kept = entry.kept or f"its {name} {'folder' if entry.folder else 'file'}"
             if problem := _kind_problem(path / name, entry.folder, kept):
                 return problem
+    if (path / LOCK_FILE).is_symlink():  # taking the lock writes the holder into the file, so through a link
+        return f"entry {path / LOCK_FILE} is a link where the run keeps its lock file"
     # A pointer may be a link (the save replaces it, and what a dangling one leaves to resume from is resume's to
     # say), but one that is a folder can be neither read nor replaced: the run would stop on it after its log began.
     for pointer in (path / "checkpoints" / LATEST, path / "checkpoints" / SELECTED):
@@ -603,7 +605,7 @@ def hold_run_dir(run_dir: Path) -> str | None:
         return None
     lock = run_dir / LOCK_FILE
     try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as e:
         if is_disk_full(e):
             raise no_space(lock, e) from e
