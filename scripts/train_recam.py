@@ -5,7 +5,8 @@
 Per epoch: sample k copies of each condition with log-probs -> score with the rewards -> gather across
 processes -> group-relative advantages -> clipped-ratio policy updates with a KL pull toward the frozen
 reference -> health guard -> checkpoint -> evaluate held-out conditions with deterministic sampling
-(recam/engine/trainer.py). Exit status: 0 when the run ends, 3 when it stopped early (reward server down, at
+(recam/engine/trainer.py). Exit status: 0 when the run ends, 143 / 130 when SIGTERM / SIGINT stopped it (one line
+naming the last intact checkpoint; the same command resumes), 3 when it stopped early (reward server down, at
 start or mid-run, the health guard, or a full disk: one line, `latest` then names the last intact checkpoint and
 the same command resumes), 2 for an invalid config or a run_dir that cannot hold a run (an entry of it that is not
 what the run keeps there included), 4 when a resume finds no checkpoint it can trust (every one corrupt, or its
@@ -25,6 +26,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from recam.infra import stop_signals  # noqa: E402
+
+stop_signals.install()  # before the heavy imports: a Ctrl-C during them is one line too
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -233,10 +238,29 @@ def resume_changes(config, requested: dict) -> tuple[list[tuple], list[dict]]:
     return allowed, history + [change] if allowed else history
 
 
+def stopped_by_signal(stop: stop_signals.StopSignal, run_dir: Path) -> None:
+    """SIGTERM or SIGINT: one line naming the signal and the checkpoint a resume starts from, exit 128 + its number.
+    The process ends at once (os._exit): reward requests still in flight and a process group's teardown could
+    otherwise hold it past a scheduler's grace period, and every file a resume reads is whole (stop_signals)."""
+    try:
+        newest = pointed_checkpoint(run_dir / "checkpoints")
+    except (CheckpointCorrupt, OSError):
+        newest = None
+    where = (f"the last intact checkpoint is {newest}; the same command resumes from it" if newest else
+             "no checkpoint was written yet; the same command starts the run again")
+    if int(os.environ.get("RANK", "0") or 0) == 0:
+        print(f"[recam] stopped by {stop.name}: {where}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(stop.exit_code)
+
+
 def main(_):
     config = FLAGS.config
+    stop_signals.arm()
     try:
         train(config)
+    except stop_signals.StopSignal as stop:
+        stopped_by_signal(stop, Path(config.run_dir))
     except Exception as e:  # every write that finds the disk full ends here: one line, exit status 3
         if not is_disk_full(e):
             raise

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from recam.engine.health import SAMPLE_RULES
-from recam.infra import runlog
+from recam.infra import runlog, stop_signals
 from recam.infra.checkpoint import (
     BASE_EVAL,
     RUN_CONFIG,
@@ -170,9 +170,10 @@ class RunCheckpoints:
             # a sharded gradient is one shard per process, and only this one writes: such a run starts it afresh
             cos = self.cosine
             gradient = cos.previous if cos is not None and cos.reduce is None else None
-            save_checkpoint(self.root, f"epoch_{state['epoch']:04d}", self.model, self.optimizer, self.ema, state,
-                            keep=self.keep, protect=protect, side_files=side_files, optimizer_state=optimizer_state,
-                            extra={"gradient": gradient})
+            with stop_signals.deferred():  # a SIGTERM mid-write would cost the epoch's checkpoint
+                save_checkpoint(self.root, f"epoch_{state['epoch']:04d}", self.model, self.optimizer, self.ema,
+                                state, keep=self.keep, protect=protect, side_files=side_files,
+                                optimizer_state=optimizer_state, extra={"gradient": gradient})
 
     def load(self, newest: Path, lr: float | None = None) -> Checkpoint:
         """Restore weights, optimizer, EMA, RNG, hook and objective state from checkpoint `newest`, or, when it fails
