@@ -396,6 +396,7 @@ def get_config() -> ml_collections.ConfigDict:
 
     # ---- logging ----
     c.logging = ml_collections.ConfigDict()
-    c.logging.wandb_mode = "offline"  # "offline" | "online" | "disabled"; offline needs no account
+    # "offline" | "online" | "disabled"; offline needs no account, online refuses to start without one (exit 2)
+    c.logging.wandb_mode = "offline"
     c.logging.wandb_project = "recam"  # wandb project name
     return c

@@ -143,7 +143,7 @@ def test_sigint_and_sigterm_stop_in_one_line_and_the_same_command_resumes_identi
         assert code == 128 + sig, err[-2000:]
         assert "Traceback" not in err and "KeyboardInterrupt" not in err
         line = [x for x in err.splitlines() if x.startswith("[recam] stopped by")]
-        assert len(line) == 1 and sig.name in line[0] and "the same command resumes from it" in line[0]
+        assert len(line) == 1 and sig.name in line[0] and line[0].endswith("; the same command resumes")
         named = re.search(r"the last intact checkpoint is (\S+);", line[0]).group(1)
         assert named == str(run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip())
     run(run_dir, *RESUMED)
