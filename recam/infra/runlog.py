@@ -27,6 +27,7 @@ from typing import NoReturn
 
 from tqdm.auto import tqdm
 
+from recam.infra import stop_signals
 from recam.infra.checkpoint import LATEST, NO_CHECKPOINT_YET, SELECTED, DiskFull, is_disk_full, read_pointer
 
 LOG_FILE = "run.log"  # everything logged at INFO and above: the run's own lines, per-batch reward timings, retries
@@ -260,7 +261,8 @@ class RunLog:
 
     def _append(self, obj: dict) -> None:
         self.check_space()
-        append_whole(self.path, (json.dumps(obj) + "\n").encode("utf-8"))
+        with stop_signals.deferred():  # a record is in the log whole or not at all
+            append_whole(self.path, (json.dumps(obj) + "\n").encode("utf-8"))
 
     def step_record(self, step: int, epoch: int, metrics: dict) -> None:
         if not self.enabled:
