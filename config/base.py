@@ -272,7 +272,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.reward.unified.num_frames = 4  # frames sent per video
     c.reward.unified.frame_size = 64  # longer side of each frame sent, in pixels
     c.reward.unified.max_concurrency = 8  # requests in flight
-    c.reward.unified.timeout_s = 30.0  # per request
+    c.reward.unified.timeout_s = 30.0  # one attempt as a whole: connect, send, the whole answer (not per read)
     c.reward.unified.max_retries = 3  # retries per request (timeouts, 5xx, 429, dropped connections)
     c.reward.unified.check_model = False  # also require the model name in /v1/models at start
     c.reward.cam = ml_collections.ConfigDict()  # camera accuracy (reward "cam_score", rewards/cam_score.py)
@@ -301,7 +301,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.reward.cam.sfm.max_features = 4096  # SIFT features per frame
     c.reward.cam.served = ml_collections.ConfigDict()  # estimator "served" (rewards/pose/served.py: the protocol)
     c.reward.cam.served.base_url = "http://127.0.0.1:30100"
-    c.reward.cam.served.timeout_s = 60.0  # per request
+    c.reward.cam.served.timeout_s = 60.0  # one attempt as a whole: connect, send, the whole answer
     c.reward.cam.served.max_retries = 3  # timeouts, 5xx, 429 and dropped connections, with exponential backoff
     c.reward.cam.served.backoff_s = 1.0
     c.reward.cam.served.max_concurrency = 4  # requests in flight
@@ -396,6 +396,7 @@ def get_config() -> ml_collections.ConfigDict:
 
     # ---- logging ----
     c.logging = ml_collections.ConfigDict()
-    c.logging.wandb_mode = "offline"  # "offline" | "online" | "disabled"; offline needs no account
+    # "offline" | "online" | "disabled"; offline needs no account, online refuses to start without one (exit 2)
+    c.logging.wandb_mode = "offline"
     c.logging.wandb_project = "recam"  # wandb project name
     return c

@@ -8,6 +8,9 @@ domain checks its own fields and files in its `check_config` / `check_files` (re
 from __future__ import annotations
 
 import math
+import netrc
+import os
+from urllib.parse import urlparse
 
 import ml_collections
 
@@ -27,13 +30,34 @@ from recam.infra.config_checks import (  # noqa: F401  (ConfigError, eval_report
     eval_report_rewards,
 )
 
+MAX_THREADS = 1024
+
+
+def wandb_account_problem() -> str | None:
+    """Why wandb's online mode cannot log in from here, or None. Looked up where wandb looks (WANDB_API_KEY, then
+    the netrc entry of its host), without the network: online without an account stalls at wandb.init, asking for a
+    key no one is there to type."""
+    if os.environ.get("WANDB_API_KEY", "").strip():
+        return None
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+    try:
+        if netrc.netrc(os.environ.get("NETRC") or None).authenticators(host):
+            return None
+    except (OSError, netrc.NetrcParseError):
+        pass
+    return (f"logging.wandb_mode='online' needs a wandb account, and none is set up here (no WANDB_API_KEY, no "
+            f"netrc entry for {host}): run `wandb login` or set WANDB_API_KEY, or use 'offline' (needs none, "
+            "`wandb sync` uploads it later) or 'disabled'")
+
+
 # (field, low, high, why): integers every domain reads (config/base.py states each range).
 INT_FIELDS = (
     ("seed", 0, 2**32 - 1, "numpy seeds are 0 .. 2**32 - 1"),
     ("expected_num_processes", 0, None, "0 = accept whatever is launched"),
     ("save_freq", 1, None, "a checkpoint every N epochs"),
     ("keep_checkpoints", 0, None, "0 = keep every epoch checkpoint"),
-    ("num_threads", 0, None, "0 = torch's default"),
+    # 100000 threads crashed the process (libgomp's allocation per thread); no CPU gains past a few per core
+    ("num_threads", 0, MAX_THREADS, f"0 = torch's default; this machine has {os.cpu_count()} cores"),
     ("data.num_train_conditions", 0, None, ""),
     ("data.num_heldout_conditions", 0, None, ""),
     ("data.num_val_conditions", 0, None, ""),
@@ -387,6 +411,9 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> RunNumber
              f"mixed_precision must be 'no', 'fp16' or 'bf16', got {config.mixed_precision!r}")
     _require(config.logging.wandb_mode in ("offline", "online", "disabled"),
              f"logging.wandb_mode must be offline/online/disabled, got {config.logging.wandb_mode!r}")
+    if config.logging.wandb_mode == "online":
+        problem = wandb_account_problem()
+        _require(problem is None, problem or "")
     _require(config.health.action in ("warn", "stop", "rollback"),
              f"health.action must be 'warn', 'stop' or 'rollback', got {config.health.action!r}")
     weights = dict(config.reward.weights)

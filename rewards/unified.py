@@ -27,6 +27,11 @@ a 0 would enter the group statistics as the worst possible video. Parse failures
 at temperature 0 the judge would give the same answer again; the AsyncRewardRunner's "wait" policy re-scores
 failed samples (its max_retries rounds) before it excludes them.
 
+Deadline: timeout_s bounds each attempt as a whole (connecting, sending the request and receiving the whole
+answer), not each read, so a judge that trickles its answer byte by byte fails the attempt at timeout_s like one
+that never answers (rewards/bounded_http.py). Waiting for one of the client's max_concurrency connections is not
+counted.
+
 Retries: timeouts, connection errors (including a server closing the socket without answering), HTTP 5xx
 and 429 are retried up to `max_retries` times with exponential backoff backoff_s * 2**(attempt - 1)
 (a numeric Retry-After header on 429 is honoured, capped at timeout_s). Other 4xx mean the request itself is
@@ -64,7 +69,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from recam.engine.reward_runner import RewardServerDown
-from rewards import register_reward
+from rewards import bounded_http, register_reward
 
 PROMPT_FORMATS = ("final_score", "alignment_physics_style")
 APS_KEYS = ("alignment", "physics", "style")
@@ -94,7 +99,8 @@ class UnifiedConfig:
     api_key_env: environment variable holding the API key; unset or empty means no Authorization header.
     prompt_format: "final_score" or "alignment_physics_style".
     num_frames / frame_size: frames sent per video and the length of their longer side in pixels.
-    max_concurrency: requests in flight at once; timeout_s: per request; max_retries: retries after the
+    max_concurrency: requests in flight at once; timeout_s: the overall deadline of one attempt (connect, send,
+    whole answer; the wait for a free connection excluded); max_retries: retries after the
     first try; backoff_s: first retry delay, doubled each retry.
     image_format: "png" (lossless) or "jpeg" (smaller requests); max_tokens: answer length cap.
     """
@@ -395,40 +401,12 @@ def _short(text: str, n: int = 200) -> str:
     return text if len(text) <= n else text[:n] + "..."
 
 
-def _request_timeout(config: UnifiedConfig) -> httpx.Timeout:
-    """timeout_s for connecting, sending and reading, but no limit on waiting for a free pooled connection:
-    concurrent batches sharing one client queue for its max_concurrency connections, and a wait in that queue
-    says nothing about the judge, so it must not count as a timed-out (and retried) attempt."""
-    return httpx.Timeout(config.timeout_s, pool=None)
-
-
-def _read_capped(resp: httpx.Response, cap: int) -> tuple[bytes, str | None]:
-    """(body, None), or (b"", why) when the body is over `cap` bytes: refused from its Content-Length unread, or
-    as soon as more than `cap` bytes have arrived, so that a runaway server costs at most `cap` bytes of memory."""
-    encoding = resp.headers.get("content-encoding", "identity").strip().lower()
-    if encoding not in ("", "identity"):
-        # the cap counts decoded bytes, and one compressed chunk decodes whole: 60 KB of gzip is 60 MB in memory
-        # before any count, nested encodings far more. The request asks for none (_post); one sent anyway is refused
-        return b"", f"answer body sent with Content-Encoding {encoding!r}, which was not asked for; not read"
-    declared = resp.headers.get("content-length", "").strip()
-    if declared.isdigit() and int(declared) > cap:
-        return b"", f"answer body of {int(declared)} bytes (its Content-Length) is over the {cap}-byte cap; not read"
-    body = bytearray()
-    for chunk in resp.iter_bytes():
-        body += chunk
-        if len(body) > cap:
-            return b"", (f"answer body over the {cap}-byte cap: {len(body)} bytes had arrived when reading stopped"
-                         f"{'' if declared else ' (no Content-Length)'}")
-    return bytes(body), None
-
-
 def _post(client: httpx.Client, payload: dict, config: UnifiedConfig) -> tuple[int, httpx.Headers, bytes, str | None]:
-    """(status, headers, body, why the body was not read) of one POST, its body read up to MAX_BODY_BYTES."""
-    headers = {**config.headers(), "Accept-Encoding": "identity"}  # see _read_capped
-    with client.stream("POST", config.chat_url, json=payload, headers=headers,
-                       timeout=_request_timeout(config)) as resp:
-        body, too_large = _read_capped(resp, MAX_BODY_BYTES)
-        return resp.status_code, resp.headers, body, too_large
+    """(status, headers, body, why the body was not read) of one POST, within timeout_s overall and its body read up
+    to MAX_BODY_BYTES (rewards/bounded_http.py)."""
+    answer = bounded_http.request(client, "POST", config.chat_url, json=payload, headers=config.headers(),
+                                  timeout_s=config.timeout_s, max_bytes=MAX_BODY_BYTES)
+    return answer.status, answer.headers, answer.body, answer.not_read
 
 
 def request_score(client: httpx.Client, payload: dict, config: UnifiedConfig) -> SampleResult:
@@ -451,7 +429,7 @@ def request_score(client: httpx.Client, payload: dict, config: UnifiedConfig) ->
         try:
             status, headers, body, too_large = _post(client, payload, config)
         except httpx.TimeoutException as e:
-            last_error = f"timeout after {config.timeout_s}s ({type(e).__name__})"
+            last_error = f"timeout: no complete answer within {config.timeout_s}s ({type(e).__name__})"
             continue
         except httpx.TransportError as e:  # refused, reset, or closed without a response
             last_error = f"connection error ({type(e).__name__}: {e})"
@@ -479,7 +457,7 @@ def request_score(client: httpx.Client, payload: dict, config: UnifiedConfig) ->
         except UnifiedParseError as e:
             return done(f"unparseable answer: {e}")
         return done()
-    return done(f"gave up after {result.attempts} attempts: {last_error}")
+    return done(f"gave up after {result.attempts} attempts at {config.chat_url}: {last_error}")
 
 
 def _caption(condition) -> str:
@@ -496,8 +474,7 @@ class UnifiedClient:
         self.config = config
         # httpx logs every request at INFO (hundreds of lines in a small run); failures reach the run log anyway
         logging.getLogger("httpx").setLevel(max(logging.getLogger("httpx").level, logging.WARNING))
-        limits = httpx.Limits(max_connections=config.max_concurrency, max_keepalive_connections=config.max_concurrency)
-        self._http = httpx.Client(limits=limits, timeout=config.timeout_s)
+        self._http = bounded_http.make_client(config.max_concurrency)
 
     def close(self) -> None:
         self._http.close()
@@ -558,20 +535,22 @@ def health_check(config: UnifiedConfig, check_model: bool = True) -> list[str]:
     url = config.models_url
     hint = "; start the judge or fix config.reward.unified.base_url"
     try:
-        resp = httpx.get(url, headers=config.headers(), timeout=min(config.timeout_s, 10.0))
+        resp = bounded_http.get(url, headers=config.headers(), timeout_s=min(config.timeout_s, 10.0),
+                                max_bytes=MAX_BODY_BYTES)
     except httpx.TimeoutException as e:
         raise UnifiedServerError(f"UnifiedReward server at {url} did not answer in time ({type(e).__name__})"
                                  f"{hint}") from e
     except httpx.TransportError as e:
         raise UnifiedServerError(f"UnifiedReward server at {url} is unreachable ({type(e).__name__}: "
                                  f"{_short(str(e))}){hint}") from e
-    if resp.status_code != 200:
-        raise UnifiedServerError(f"UnifiedReward server at {url} answered HTTP {resp.status_code}: {_short(resp.text)}")
+    if resp.status != 200:
+        raise UnifiedServerError(f"UnifiedReward server at {url} answered HTTP {resp.status}: "
+                                 f"{_short(resp.not_read or resp.text)}")
     try:
-        served = [m["id"] for m in resp.json()["data"]]
-    except (ValueError, KeyError, TypeError) as e:
+        served = [m["id"] for m in json.loads(resp.body)["data"]]
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
         raise UnifiedServerError(f"UnifiedReward server at {url} sent an unexpected model list: "
-                                 f"{_short(resp.text)}") from e
+                                 f"{_short(resp.not_read or resp.text)}") from e
     if check_model and config.model not in served:
         raise UnifiedServerError(f"model {config.model!r} is not served at {url}; served: {served}")
     return served

@@ -10,7 +10,9 @@ metrics.jsonl, a file of noise), or nothing readable is critical but some lines 
 failed the schema (recam.infra.schema: a step record without an integer step, a field of the wrong type such as
 a string of advantages, a negative or repeated step or epoch number, per-sample fields of different lengths), or
 the step records do not cover the optimizer steps the epoch records store (none at all, or some epochs' missing),
-or some carry an epoch that has no epoch record (other than the one still in progress). What those held was not
+or some carry an epoch that has no epoch record (other than the one still in progress; a log of step records of
+several epochs and no epoch record at all included), or are numbered other than their epoch record says (step+1 ..
+step+n), or an epoch record lacks its advantages. What those held was not
 diagnosed, so the run is not called healthy; the report says how many were skipped and why, one line per kind. A
 record glued onto noise (bytes written before it with no newline of their own) is recovered and said so.
 """
@@ -89,7 +91,8 @@ def verdict(findings: list, unreadable: list, skipped: int = 0, counted: int = 1
     return "HEALTHY", 0
 
 
-def _why_incomplete(counted: int, unreadable: list, skipped: int, gaps: list | None = None) -> str:
+def _why_incomplete(counted: int, unreadable: list, skipped: int, gaps: list | None = None,
+                    unread: list | None = None) -> str:
     if not counted:
         return "no step or epoch record to diagnose"
     lost = [f"{len(unreadable)} line(s) could not be read"] if unreadable else []
@@ -97,6 +100,7 @@ def _why_incomplete(counted: int, unreadable: list, skipped: int, gaps: list | N
     why = [f"{' and '.join(lost)}: what they held was not diagnosed"] if lost else []
     why += ["the step records do not match the optimizer steps the epoch records store: steps without a record "
             "were never judged by the step rules"] if gaps else []
+    why += ["some epoch records lack what the rules read (above)"] if unread else []
     return f"nothing critical in the records diagnosed, but {'; and '.join(why)}"
 
 
@@ -145,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     n_steps = sum(1 for r in records if r.get("type", "step") == "step")
     n_epochs = sum(1 for r in records if r.get("type") == "epoch")
     gaps = diagnosis.step_record_gaps(records)
-    word, status = verdict(findings, unreadable, n_skipped, n_steps + n_epochs, gaps)
+    unread = diagnosis.epochs_without(records)
+    word, status = verdict(findings, unreadable, n_skipped, n_steps + n_epochs, gaps + unread)
     others = diagnosis.unknown_types(records)
     rollbacks = _rollbacks(source)
     noise_line = diagnosis.noise_scale_line(records)
@@ -153,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"source": str(source), "verdict": word, "unreadable_lines": [u.line for u in unreadable],
                           "recovered_lines": [u.line for u in recovered], "skipped_records": skipped,
                           "step_records": n_steps, "epoch_records": n_epochs, "step_record_gaps": gaps,
+                          "not_judged": unread,
                           "unknown_types": others,
                           "rollbacks": rollbacks, "excluded_samples": excluded, "samples": samples,
                           "noise_scale": noise_line,
@@ -174,13 +180,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"skipped {n} {kind} (recam.infra.schema); not diagnosed")
     for gap in gaps:
         print(f"step records: {gap}")
+    for line in unread:
+        print(line)
     for kind, n in others.items():
         print(f"ignored {n} record(s) of unknown type {kind!r}")
     if rollbacks:
         # the guard's history restarts at each rollback; these records are compared with every epoch kept
         print(f"the run's guard rolled back {rollbacks} time(s) (rolled_back.jsonl) and compared each epoch only with "
               "those since its last rollback; this diagnosis compares it with every epoch metrics.jsonl keeps")
-    why = (_why_incomplete(n_steps + n_epochs, unreadable, n_skipped, gaps) if word == "INCOMPLETE"
+    why = (_why_incomplete(n_steps + n_epochs, unreadable, n_skipped, gaps, unread) if word == "INCOMPLETE"
            else f"worst: {diagnosis.worst_severity(findings) or 'none'}")
     print(f"\nverdict: {word} ({why})\n")
     if not n_steps + n_epochs:

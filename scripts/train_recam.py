@@ -5,19 +5,22 @@
 Per epoch: sample k copies of each condition with log-probs -> score with the rewards -> gather across
 processes -> group-relative advantages -> clipped-ratio policy updates with a KL pull toward the frozen
 reference -> health guard -> checkpoint -> evaluate held-out conditions with deterministic sampling
-(recam/engine/trainer.py). Exit status: 0 when the run ends, 3 when it stopped early (reward server down, at
-start or mid-run, the health guard, or a full disk: one line, `latest` then names the last intact checkpoint and
-the same command resumes), 2 for an invalid config or a run_dir that cannot hold a run (an entry of it that is not
-what the run keeps there, or one no run writes, included), 4 when a resume finds no checkpoint it can trust (every
-one corrupt, or its state disagreeing with the metrics log), 5 when another run holds the run_dir (one run per
-folder: runlog.hold_run_dir); nothing is changed then. resume=False in a folder that holds a run moves that run's
-checkpoints and records to <run_dir>/archive/<UTC time>/ first (runlog.archive_run).
+(recam/engine/trainer.py). Exit status: 0 when the run ends, 143 / 130 when SIGTERM / SIGINT stopped it (one line
+naming the last intact checkpoint; the same command resumes), 3 when it stopped early (reward server down, at
+start or mid-run, the health guard, a full disk, or write permission lost mid-run: one line, `latest` then names
+the last intact checkpoint and the same command resumes), 2 for an invalid config (a --config file that does not
+load, a wandb_mode 'online' without an account included) or a run_dir that cannot hold a run (an entry of it that
+is not what the run keeps there, or one no run writes, included), 4 when a resume finds no checkpoint it can trust
+(every one corrupt, or its state disagreeing with the metrics log), 5 when another run holds the run_dir (one run
+per folder: runlog.hold_run_dir); nothing is changed then. resume=False in a folder that holds a run moves
+that run's checkpoints and records to <run_dir>/archive/<UTC time>/ first (runlog.archive_run).
 """
 
 from __future__ import annotations
 
 import contextlib
 import difflib
+import errno
 import gc
 import json
 import os
@@ -27,6 +30,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from recam.infra import stop_signals  # noqa: E402
+
+stop_signals.install()  # before the heavy imports: a Ctrl-C during them is one line too
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -92,7 +99,9 @@ def load_preset(argv: list[str]):
         elif re.match(r"^--?config$", arg) and i + 1 < len(argv):
             preset = argv[i + 1]
     try:
-        return preset, flag.parser.parse(preset) if isinstance(preset, str) else preset
+        config = flag.parser.parse(preset) if isinstance(preset, str) else preset
+        "train" in config  # noqa: B015 - ml_collections defers a file that does not load to the first look inside
+        return preset, config
     except Exception as e:  # noqa: BLE001 - the caller says the preset does not load, or the flag parser does
         return preset, e
 
@@ -162,11 +171,30 @@ def weigh_rewards(config, weights: dict[str, str]) -> None:
             config.reward.weights[name] = value
 
 
+# No config field is nested deeper than a few sections; ml_collections parses an override's path recursively, and a
+# path of thousands of parts ended in a RecursionError.
+MAX_OVERRIDE_PARTS = 32
+
+
+def check_override_paths(argv: list[str]) -> None:
+    for arg in argv:
+        match = re.match(r"^--?config\.([^=]*)", arg)
+        if match and match.group(1).count(".") + 1 > MAX_OVERRIDE_PARTS:
+            parts = match.group(1).split(".")
+            config_error(f"--config.{'.'.join(parts[:3])}...: an override path of {len(parts)} parts; no config "
+                         f"field is deeper than {MAX_OVERRIDE_PARTS}")
+
+
 def parse_flags(argv: list[str]) -> list[str]:
     """absl's parsing, with a bad --config override reported by `config_error` instead of a traceback."""
+    check_override_paths(argv)
     argv, weights = split_reward_weights(argv)
     if not any(re.match(r"^--?config(=|$)", arg) for arg in argv):  # so that the preset is parsed with CONFIG_ARGV
         argv = [argv[0], f"--config={DEFAULT_PRESET}", *argv[1:]]
+    preset = load_preset(argv)[0]
+    file = preset.split(":", 1)[0] if isinstance(preset, str) else None
+    if file and not Path(file).is_file():
+        config_error(f"--config={preset}: there is no preset file {file} (looked for from {os.getcwd()})")
     argv, settings = split_loss_settings(argv)
     LOSS_SETTINGS.clear()
     LOSS_SETTINGS.update(settings)
@@ -177,6 +205,8 @@ def parse_flags(argv: list[str]) -> list[str]:
         config_error(str(e))
     except (AttributeError, KeyError):  # ml_collections: an override of a field the preset does not have
         config_error(unknown_override(argv))
+    except RecursionError:  # a value nested thousands deep ("[[[[...") that its parser recursed into
+        config_error("an override's value is nested too deeply to parse")
     weigh_rewards(FLAGS.config, weights)
     return rest
 
@@ -273,14 +303,56 @@ def hold_run_dir(accelerator, run_dir: Path) -> str | None:
     return unlocked
 
 
+def write_denied(error: BaseException | None) -> OSError | None:
+    """The OSError in `error`'s cause chain that is a write refused (permission taken away, a file system remounted
+    read-only mid-run), or None."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def stop_line(what: str, code: int, run_dir: Path, resume: str) -> None:
+    """One line: what stopped the run, the checkpoint a resume starts from (`latest`, moved only once a checkpoint is
+    whole) and `resume`; then exit `code` at once (os._exit): reward requests still in flight and a process group's
+    teardown could otherwise hold the process past a scheduler's grace period, and every file a resume reads is
+    whole (stop_signals, runlog's whole-line appends)."""
+    try:
+        newest = pointed_checkpoint(run_dir / "checkpoints")
+    except (CheckpointCorrupt, OSError):
+        newest = None
+    where = f"the last intact checkpoint is {newest}" if newest else "no checkpoint was written yet"
+    if int(os.environ.get("RANK", "0") or 0) == 0:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        print(f"[recam] {what}: {where}; {resume}", file=sys.stderr, flush=True)
+    os._exit(code)
+
+
+def stopped_by_signal(stop: stop_signals.StopSignal, run_dir: Path) -> None:
+    """SIGTERM or SIGINT: one line naming the signal and the checkpoint a resume starts from, exit 128 + its
+    number."""
+    stop_line(f"stopped by {stop.name}", stop.exit_code, run_dir, "the same command resumes")
+
+
 def main(_):
     config = FLAGS.config
+    stop_signals.arm()
     try:
         train(config)
+    except stop_signals.StopSignal as stop:
+        stopped_by_signal(stop, Path(config.run_dir))
     except Exception as e:  # every write that finds the disk full ends here: one line, exit status 3
-        if not is_disk_full(e):
+        if is_disk_full(e):
+            runlog.stop_on_full_disk(e, Path(config.run_dir))
+        denied = write_denied(e)
+        if denied is None:
             raise
-        runlog.stop_on_full_disk(e, Path(config.run_dir))
+        stop_line(f"stopped: cannot write {denied.filename or config.run_dir} ({denied.strerror})", 3,
+                  Path(config.run_dir), "restore write permission and run the same command to resume")
 
 
 def train(config) -> None:

@@ -648,3 +648,42 @@ def test_the_smoke_run_repeats_its_committed_numbers(finished):
     committed = ROOT / "tests" / "fingerprints" / "smoke.json"
     assert json.loads(committed.read_text())["command"] == ["scripts/train_recam.py", *TRAIN[2:]]
     assert check(finished, committed) is None
+
+
+def _refit(ckpt, change):
+    """Rewrite the checkpoint's weights through `change` (name -> tensor dict, in place) and reseal it: a checkpoint
+    whose files agree with their checksums but whose tensors do not fit the model."""
+    tensors = load_file(ckpt / WEIGHTS)
+    change(tensors)
+    save_file(tensors, ckpt / WEIGHTS)
+    _reseal(ckpt)
+
+
+def _reshape_first(tensors):
+    name = sorted(tensors)[0]
+    tensors[name] = torch.zeros(tensors[name].numel() + 1)
+
+
+@needs_base
+def test_a_checkpoint_whose_tensors_do_not_fit_the_model_is_skipped_like_a_corrupt_one(finished, tmp_path):
+    """A sealed checkpoint holding a tensor of another shape, lacking one and holding an extra one: skipped in one
+    line naming each, as a corrupt one is; the run resumes from the one below it and ends where the uninterrupted run
+    ended."""
+    run = _copy(finished, tmp_path)
+    ckpts = run / "checkpoints"
+
+    def misfit(tensors):
+        first, last = sorted(tensors)[0], sorted(tensors)[-1]
+        tensors[first] = torch.zeros(tensors[first].numel() + 1)
+        del tensors[last]
+        tensors["extra.weight"] = torch.zeros(2)
+
+    _refit(ckpts / "epoch_0002", misfit)
+    p = _run(run)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "Traceback" not in p.stderr
+    (line,) = [x for x in p.stdout.splitlines() if "skipping corrupt checkpoint" in x]
+    assert "epoch_0002" in line and "does not fit this run's model" in line
+    assert "size mismatch" in line and "Missing key" in line and "Unexpected key" in line and "extra.weight" in line
+    assert f"resumed from {ckpts / 'epoch_0001'} at epoch 1" in p.stdout
+    assert _sha(ckpts / "epoch_0002" / WEIGHTS) == _sha(finished / "checkpoints" / "epoch_0002" / WEIGHTS)

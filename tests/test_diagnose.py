@@ -36,7 +36,7 @@ def epoch_record(e, step, cam, *, steps=2, constraint_weight=None, fidelity=FIDE
            "rewards/cam_score": list(cam), "rewards/fidelity": list(fidelity),
            "reward_avg": sum(avg) / len(avg), "reward_cam_score": sum(cam) / len(cam),
            "reward_fidelity": sum(fidelity) / len(fidelity), "zero_std_ratio": 0.0, "reward_std_mean": 0.05,
-           "first_step_ratio_deviation": 1e-5, "excluded": [False] * len(cam),
+           "first_step_ratio_deviation": 1e-5, "excluded": [False] * len(cam), "advantages": [[0.0, 0.0]] * len(cam),
            "optimizer_steps": [{} for _ in range(steps)]}
     if constraint_weight is not None:
         rec["constraint_weight"] = constraint_weight
@@ -268,7 +268,7 @@ def full_run():
     for r in records:
         if r["type"] == "epoch":
             r["dataset_indices"] = [i // 2 for i in range(8)]
-            r["advantages"] = [[(-1) ** i] * 2 for i in range(8)]
+            r["advantages"] = [[(-1) ** (i + 1)] * 2 for i in range(8)]  # each pair's second reward is higher
     return records
 
 
@@ -310,7 +310,18 @@ DAMAGE = {
                                            for r in rs], 1, "skipped 1 step record(s) with a negative step"),
     "advantages cut short": (lambda rs: _epochs(rs, lambda r: r.update({"advantages": r["advantages"][:5]})), 1,
                              "with per-sample fields of different lengths (rewards/avg 8, rewards/cam_score 8, "
-                             "rewards/fidelity 8, excluded 8, dataset_indices 8, advantages 5)"),
+                             "rewards/fidelity 8, excluded 8, advantages 5, dataset_indices 8)"),
+    "every epoch record removed": (lambda rs: [r for r in rs if r["type"] != "epoch"], 1,
+                                   "step records of 2 epochs (0..1) but no epoch record at all"),
+    "a step numbered 10**18": (lambda rs: [{**r, "step": 10**18} if r["type"] == "step" and r["step"] == 4 else r
+                                           for r in rs], 1,
+                               "epoch 1's step records are numbered 3, 1000000000000000000 where its record (step 2, "
+                               "2 optimizer step(s)) says 3..4"),
+    "an epoch record without advantages": (lambda rs: _epochs(rs, lambda r: r.pop("advantages")), 1,
+                                           "epoch record(s) 0, 1 without advantages"),
+    "advantages with their sign flipped": (
+        lambda rs: _epochs(rs, lambda r: r.update({"advantages": [[-a for a in row] for row in r["advantages"]]})),
+        2, "`advantage_sign`: 8 of 8 samples have an advantage whose sign is the opposite"),
     "an epoch record of another type": (lambda rs: [{**r, "type": "epoc"} if r["type"] == "epoch" and r["epoch"] == 0
                                                     else r for r in rs], 1,
                                         "step records of epoch(s) 0 but no epoch record of theirs"),

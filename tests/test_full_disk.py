@@ -379,3 +379,36 @@ def test_the_motion_domain_s_gifs_on_a_full_disk_leave_nothing_half_written_inje
 def test_the_motion_domain_s_gifs_on_a_full_disk_leave_nothing_half_written(small_disk):
     (small_disk / "motions").mkdir()
     _check_stick_figures(small_disk / "motions", lambda: fill(small_disk, 0))
+
+
+# write permission taken away mid-run (a quota's read-only switch, a remount, a chmod by a cleanup job): the second
+# checkpoint's weights are refused. As root a real chmod does not stop a write, so the refusal is injected.
+DENIED_AT_SECOND_SAVE = """
+import errno, runpy, sys
+import recam.infra.checkpoint as c
+write, calls = c.write_model, []
+def denied(model, directory):
+    calls.append(directory)
+    if len(calls) == 2:
+        raise PermissionError(errno.EACCES, "Permission denied", str(directory))
+    return write(model, directory)
+c.write_model = denied
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_write_permission_lost_mid_run_ends_in_one_line_naming_what_resumes_injected(tmp_path):
+    run_dir = tmp_path / "run"
+    p = _train(run_dir, "--config.logging.wandb_mode=disabled", prefix=("-c", DENIED_AT_SECOND_SAVE))
+    assert p.returncode == 3, p.stderr[-3000:]
+    lines = _stderr_after_progress_bars(p.stderr)
+    ckpts = run_dir / "checkpoints"
+    assert lines == [f"[recam] stopped: cannot write {ckpts / '.tmp-epoch_0001' / 'model'} (Permission denied): the "
+                     f"last intact checkpoint is {ckpts / 'epoch_0000'}; restore write permission and run the same "
+                     "command to resume"], p.stderr[-3000:]
+    # what the same command resumes from is whole: `latest` names it, nothing half-written beside it, every record
+    # whole (a resume from an intact `latest` is the full disk's test above)
+    assert (ckpts / "latest").read_text() == "epoch_0000" and not list(ckpts.glob(".tmp-*"))
+    unreadable: list[bytes] = []
+    assert read_records(run_dir / "metrics.jsonl", unreadable) and unreadable == []

@@ -196,7 +196,8 @@ def test_diagnose_run_reward_drop_over_epochs():
 def test_diagnose_script_exit_codes_and_torn_file(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
-    lines = [json.dumps({"type": "step", "step": s, **healthy(s)}) for s in range(1, 6)]
+    # one epoch in progress: step records of several epochs and no epoch record at all are a gutted log
+    lines = [json.dumps({"type": "step", "step": s, **healthy(s, epoch=0)}) for s in range(1, 6)]
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     assert diagnose_script.main([str(run)]) == 0
     assert "HEALTHY" in capsys.readouterr().out
@@ -315,6 +316,15 @@ def _flaky_epoch(e, step, failed=(), all_excluded=False):
            "first_step_ratio_deviation": None if all_excluded else 1e-5, "excluded": excluded,
            "excluded_samples": sum(excluded), "failed_samples": len(failed),
            "excluded_groups": 2 if all_excluded else 0, "affected_groups": len({i // 4 for i in failed})}
+    advantages = [0.0] * 8  # group-normalised over the kept samples; an excluded one's is 0
+    for g in range(2):
+        kept = [i for i in range(4 * g, 4 * g + 4) if not excluded[i]]
+        if kept:
+            mean = sum(avg[i] for i in kept) / len(kept)
+            std = (sum((avg[i] - mean) ** 2 for i in kept) / len(kept)) ** 0.5
+            advantages[kept[0]:kept[-1] + 1] = [(avg[i] - mean) / (std + 1e-4) if i in kept else 0.0
+                                                for i in range(kept[0], kept[-1] + 1)]
+    rec["advantages"] = [[a, a] for a in advantages]
     return rec
 
 

@@ -4,14 +4,17 @@ test_train_e2e_variants.py."""
 
 import json
 import math
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 
-from tests.smoke_runs import ROOT, SHORT, cpu_2proc, needs_base, records, run
+from tests.smoke_runs import ROOT, SHORT, TRAIN, cpu_2proc, needs_base, records, run
 
 pytestmark = needs_base
 
@@ -82,20 +85,69 @@ def test_a_run_started_outside_the_repository_finds_its_preset_and_base(tmp_path
     assert p.stderr.strip().startswith("config error: data.size=48") and "size 32" in p.stderr
 
 
-def test_sigkill_mid_epoch_then_resume_matches_uninterrupted(tmp_path):
-    common = ("--config.num_epochs=3", "--config.train.batch_size=4", "--config.eval.freq=100", *SHORT)
-    run(tmp_path / "a", *common)
-    killed = run(tmp_path / "b", *common, "--config.debug.sigkill_at_step=3", check=False)
-    assert killed.returncode != 0  # died mid epoch 1 (steps 3-4), after checkpoint epoch_0001
-    assert (tmp_path / "b" / "checkpoints" / "latest").read_text() == "epoch_0001"
-    run(tmp_path / "b", *common)
-    a, b = records(tmp_path / "a", "step"), records(tmp_path / "b", "step")
-    assert [s["step"] for s in b] == [1, 2, 3, 4, 5, 6]
-    for sa, sb in zip(a, b, strict=True):
+RESUMED = ("--config.num_epochs=3", "--config.train.batch_size=4", "--config.eval.freq=100", *SHORT)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The run the interrupted-and-resumed ones are held against, made once for them."""
+    path = tmp_path_factory.mktemp("uninterrupted")
+    run(path, *RESUMED)
+    return path
+
+
+def assert_same_training(a, b):
+    sa_all, sb_all = records(a, "step"), records(b, "step")
+    assert [s["step"] for s in sb_all] == [1, 2, 3, 4, 5, 6]
+    for sa, sb in zip(sa_all, sb_all, strict=True):
         for key in ("loss", "mean_ratio", "kl_penalty", "mean_log_prob_current"):
             assert sa[key] == pytest.approx(sb[key], rel=1e-5, abs=1e-9), (sa["step"], key)
-    ea, eb = records(tmp_path / "a", "epoch"), records(tmp_path / "b", "epoch")
+    ea, eb = records(a, "epoch"), records(b, "epoch")
     assert [e["rewards/avg"] for e in ea] == [e["rewards/avg"] for e in eb]
+
+
+def test_sigkill_mid_epoch_then_resume_matches_uninterrupted(tmp_path, uninterrupted):
+    killed = run(tmp_path / "b", *RESUMED, "--config.debug.sigkill_at_step=3", check=False)
+    assert killed.returncode != 0  # died mid epoch 1 (steps 3-4), after checkpoint epoch_0001
+    assert (tmp_path / "b" / "checkpoints" / "latest").read_text() == "epoch_0001"
+    run(tmp_path / "b", *RESUMED)
+    assert_same_training(uninterrupted, tmp_path / "b")
+
+
+def signal_when(run_dir, sig, checkpoint):
+    """Start the run, send `sig` once checkpoints/latest names `checkpoint`; (exit status, stderr)."""
+    latest = run_dir / "checkpoints" / "latest"
+    p = subprocess.Popen(TRAIN + [f"--config.run_dir={run_dir}", *RESUMED], cwd=ROOT, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 300
+        while p.poll() is None and time.monotonic() < deadline:
+            if latest.exists() and latest.read_text().strip() == checkpoint:
+                p.send_signal(sig)
+                break
+            time.sleep(0.02)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    return p.returncode, err
+
+
+def test_sigint_and_sigterm_stop_in_one_line_and_the_same_command_resumes_identically(tmp_path, uninterrupted):
+    """Ctrl-C, then a scheduler's SIGTERM, each after a checkpoint: one line naming the signal and the checkpoint,
+    the documented status (128 + the signal's number), no traceback; the same command then finishes the run as if
+    it had never stopped."""
+    run_dir = tmp_path / "b"
+    for sig, checkpoint in ((signal.SIGINT, "epoch_0000"), (signal.SIGTERM, "epoch_0001")):
+        code, err = signal_when(run_dir, sig, checkpoint)
+        assert code == 128 + sig, err[-2000:]
+        assert "Traceback" not in err and "KeyboardInterrupt" not in err
+        line = [x for x in err.splitlines() if x.startswith("[recam] stopped by")]
+        assert len(line) == 1 and sig.name in line[0] and line[0].endswith("; the same command resumes")
+        named = re.search(r"the last intact checkpoint is (\S+);", line[0]).group(1)
+        assert named == str(run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip())
+    run(run_dir, *RESUMED)
+    assert_same_training(uninterrupted, run_dir)
 
 
 def test_two_processes_gather_the_same_groups_and_advantages_as_one(tmp_path):

@@ -28,6 +28,7 @@ BAD = [
     ({"save_freq": 0}, "save_freq"),
     ({"seed": -1}, "seed"),
     ({"num_threads": -2}, "num_threads"),
+    ({"num_threads": 100000}, "num_threads"),  # a segmentation fault in libgomp, unchecked
     ({"keep_checkpoints": -1}, "keep_checkpoints"),
     ({"expected_num_processes": -1}, "expected_num_processes"),
     ({"eval.batch_size": 0}, "eval.batch_size"),
@@ -190,6 +191,25 @@ def test_a_plugin_loss_gets_its_settings_added_with_their_defaults_then_set_from
         POLICY_LOSSES.pop("test_sharp")
 
 
+def test_wandb_online_without_an_account_is_refused_in_one_line_without_the_network(monkeypatch, tmp_path):
+    from config.validate import wandb_account_problem
+
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine example.org login u password p\n")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_BASE_URL", raising=False)
+    monkeypatch.setenv("NETRC", str(netrc))
+    config = grpo.get_config("smoke")
+    config.logging.wandb_mode = "online"
+    with pytest.raises(ConfigError, match=r"logging.wandb_mode='online' needs a wandb account.*wandb login"):
+        validate(config, 1)
+    netrc.write_text("machine api.wandb.ai login user password key\n")
+    assert wandb_account_problem() is None
+    netrc.write_text("")
+    monkeypatch.setenv("WANDB_API_KEY", "key")
+    assert wandb_account_problem() is None
+
+
 def test_advantage_eps_message_says_why():
     c = grpo.get_config("smoke")
     c.advantage.eps = -1.0
@@ -241,6 +261,8 @@ CLI = [
     ("--config.reward.weights.motion_physics=1.0", "reward.weights.motion_physics"),  # another domain's reward
     ("--config.seed=-1.5", "config.seed"),
     ("--config.data.size=30", "data.size"),
+    ("--config=config/grpo_typo.py:smoke", "there is no preset file config/grpo_typo.py"),
+    ("--config." + ".".join(["a"] * 5000) + "=1", "an override path of 5000 parts"),  # a RecursionError, unchecked
 ]
 
 

@@ -1,5 +1,6 @@
 import importlib.util
 import json
+import math
 from collections import Counter
 from pathlib import Path
 
@@ -322,6 +323,16 @@ def test_a_step_metric_that_is_not_a_number_fails_step_records():
     assert c.status == verify.FAIL
     assert "2 step record field(s) not a number: step 2 loss, step 2 grad_norm" in c.detail
     assert "epoch(s) 1 store optimizer_steps that are not a list" in c.detail
+
+
+def test_a_non_finite_step_loss_fails_step_records(tmp_path, capsys):
+    # this passed: NaN is a float, so the step's fields were all numbers (diagnose called it CRITICAL)
+    records = make_records()
+    next(r for r in records if r["type"] == "step" and r["step"] == 3).update(loss=math.nan)
+    run = write_run(tmp_path, records)
+    assert verify_script.main([str(run), "--out", str(tmp_path / "r.md"), "--no-plots"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL step_records [run]: 1 step record value(s) NaN or infinite: step 3 loss" in out
 
 
 def test_a_run_without_step_records_fails(tmp_path, capsys):

@@ -163,7 +163,13 @@ def step_record_gaps(records: list[dict]) -> list[str]:
     epochs = [r for r in records if r.get("type") == "epoch"]
     steps = [r for r in records if r.get("type", "step") == "step"]
     if not epochs:
-        return []  # a log of step records alone (a documented input): its epochs say nothing to compare with
+        # Untyped metric dicts (a documented input) carry no epoch to compare with. Typed step records of more than
+        # one epoch are a run's log whose epoch records are gone: only the last epoch can still be in progress.
+        stepped = sorted({r["epoch"] for r in steps if r.get("type") == "step" and isinstance(r.get("epoch"), int)})
+        if len(stepped) < 2:
+            return []
+        return [f"step records of {len(stepped)} epochs ({stepped[0]}..{stepped[-1]}) but no epoch record at all: no "
+                "reward or advantage rule judged what epochs before the last trained on"]
     # The trainer writes an epoch's step records before its epoch record: steps of the one epoch after the last epoch
     # record are a running (or killed) run's epoch in progress; steps of any other epoch without a record were
     # trained on samples no reward rule judged. (Untyped metric dicts carry no epoch to match.)
@@ -184,7 +190,90 @@ def step_record_gaps(records: list[dict]) -> list[str]:
     per_epoch = Counter(r.get("epoch") for r in steps)
     gaps = orphaned + [f"epoch {e} stores {n} optimizer step(s) but {per_epoch.get(e, 0)} step record(s) carry its "
                        "number" for e, n in taken if n is not None and per_epoch.get(e, 0) != n]
+    gaps += _misnumbered(epochs, steps)
     return gaps if len(gaps) <= 6 else gaps[:5] + [f"... and {len(gaps) - 5} more epoch(s) like these"]
+
+
+def _misnumbered(epochs: list[dict], steps: list[dict]) -> list[str]:
+    """An epoch record's step is the optimizer steps taken before it, so its own step records are numbered step+1 ..
+    step+n; those of the epoch in progress continue from the last epoch's. A step record numbered otherwise (10**18
+    amid 1..4) is not where the run's steps are, and what it says cannot be placed."""
+    numbers: dict[int, list[int]] = {}
+    for r in steps:
+        if r.get("type") == "step":
+            numbers.setdefault(r["epoch"], []).append(r["step"])
+    out, after = [], None
+    for r in sorted(epochs, key=lambda r: r["epoch"]):
+        n = len(r["optimizer_steps"]) if isinstance(r.get("optimizer_steps"), list) else None
+        if not isinstance(r.get("step"), int) or n is None:
+            after = None
+            continue
+        want = list(range(r["step"] + 1, r["step"] + n + 1))
+        got = sorted(numbers.get(r["epoch"], []))
+        if got and got != want:
+            out.append(f"epoch {r['epoch']}'s step records are numbered {_span(got)} where its record (step "
+                       f"{r['step']}, {n} optimizer step(s)) says {_span(want)}")
+        after = (r["epoch"], r["step"] + n)
+    if after is not None:
+        later = {e: sorted(v) for e, v in numbers.items() if e > after[0]}
+        if len(later) == 1:
+            (e, got), = later.items()
+            want = list(range(after[1] + 1, after[1] + len(got) + 1))
+            if got != want:
+                out.append(f"epoch {e}'s step records (in progress) are numbered {_span(got)} where they follow step "
+                           f"{after[1]}: {_span(want)}")
+    return out
+
+
+def _span(numbers: list[int]) -> str:
+    if not numbers:
+        return "none"
+    if all(b == a + 1 for a, b in zip(numbers, numbers[1:], strict=False)):
+        return f"{numbers[0]}..{numbers[-1]}"
+    shown = ", ".join(map(str, numbers[:6]))
+    return shown + (", ..." if len(numbers) > 6 else "")
+
+
+def epochs_without(records: list[dict], field: str = "advantages") -> list[str]:
+    """One line when epoch records lack `field`: every record the trainer writes has it, and the rules that read it
+    (non-finite advantages, their sign against the rewards) never judged those epochs; [] when none lacks it."""
+    missing = [r["epoch"] for r in records if r.get("type") == "epoch" and field not in r]
+    if not missing:
+        return []
+    shown = ", ".join(map(str, missing[:6])) + (", ..." if len(missing) > 6 else "")
+    return [f"epoch record(s) {shown} without {field}: the rules that read them never judged those epochs"]
+
+
+def advantage_sign_errors(record: dict) -> tuple[int, int] | None:
+    """(samples whose advantage has the opposite sign of their reward's deviation from their group's mean, samples
+    compared) of a non-placebo epoch record, from its rewards/avg, advantages, dataset_indices and excluded. Every
+    std_mode divides the centred reward by a positive number, so the signs agree whatever the run's settings; a
+    placebo epoch permutes advantages within groups on purpose and is not compared. None when it cannot say."""
+    if record.get("placebo") is True:
+        return None
+    rewards, advantages = _per_sample(record, "rewards/avg"), _per_sample(record, "advantages")
+    groups, excluded = record.get("dataset_indices"), record.get("excluded")
+    if rewards is None or advantages is None or not isinstance(groups, list) or len(groups) != len(rewards):
+        return None
+    if len(advantages) != len(rewards):
+        return None
+    kept = [not (isinstance(excluded, list) and i < len(excluded) and excluded[i] is True)
+            and math.isfinite(rewards[i]) and math.isfinite(advantages[i]) for i in range(len(rewards))]
+    by_group: dict[Any, list[int]] = {}
+    for i, g in enumerate(groups):
+        if kept[i] and isinstance(g, int):
+            by_group.setdefault(g, []).append(i)
+    wrong = compared = 0
+    for members in by_group.values():
+        mean = sum(rewards[i] for i in members) / len(members)
+        scale = max(abs(rewards[i]) for i in members) + 1.0
+        for i in members:
+            # float32 round-off leaves a deviation of ~1e-7 with either sign; only a clear one has a sign to keep
+            if abs(rewards[i] - mean) <= 1e-5 * scale or abs(advantages[i]) <= 1e-6:
+                continue
+            compared += 1
+            wrong += (rewards[i] > mean) != (advantages[i] > 0)
+    return wrong, compared
 
 
 def unknown_types(records: list[dict]) -> dict[str, int]:
@@ -290,6 +379,9 @@ def epoch_metrics(record: dict) -> dict:
     bad = non_finite_samples(record)
     if bad:
         m["non_finite_samples"] = bad
+    signs = advantage_sign_errors(record)
+    if signs is not None and signs[0]:
+        m["advantage_sign_errors"], m["advantage_sign_compared"] = signs
     counts = excluded_count(record)
     if counts is not None:
         m["excluded_samples"], m["samples"] = counts
@@ -333,6 +425,21 @@ def rule_non_finite_samples(m: dict, history, th: Thresholds, run_dir: str) -> l
                      _rollback(run_dir)])]
 
 
+def rule_advantage_sign(m: dict, history, th: Thresholds, run_dir: str) -> list[Finding]:
+    """Advantages whose sign disagrees with their reward's place in its group: the update then pushes toward the
+    worse samples of each group. The trainer never writes such an epoch; a sign flipped in the code or the log does."""
+    wrong = m.get("advantage_sign_errors")
+    if not wrong:
+        return []
+    n = m["advantage_sign_compared"]
+    return [Finding("advantage_sign", "critical", {**_where(m), "samples": int(wrong), "compared": int(n)},
+                    f"{int(wrong)} of {int(n)} samples have an advantage whose sign is the opposite of their reward's "
+                    "deviation from their group's mean: the update favours the worse samples (a sign error in the "
+                    "advantages or a damaged log).",
+                    ["run scripts/verify_grpo_log.py on the run: it recomputes every advantage from the rewards",
+                     _rollback(run_dir)])]
+
+
 def diagnose_epoch(record: dict, earlier_epochs=(), *, thresholds: Thresholds | None = None,
                    run_dir: str = "<run_dir>") -> list[Finding]:
     """Findings for one epoch record (rewards, advantage signal, first on-policy ratio, NaN in its scalars)."""
@@ -340,8 +447,8 @@ def diagnose_epoch(record: dict, earlier_epochs=(), *, thresholds: Thresholds | 
     m = epoch_metrics(record)
     history = [epoch_metrics(r) for r in earlier_epochs]
     out = []
-    for rule in (rule_non_finite, rule_non_finite_samples, rule_advantage_signal, rule_reward, rule_reward_term,
-                 rule_first_step_ratio, rule_exclusions):
+    for rule in (rule_non_finite, rule_non_finite_samples, rule_advantage_sign, rule_advantage_signal, rule_reward,
+                 rule_reward_term, rule_first_step_ratio, rule_exclusions):
         out += rule(m, history, th, run_dir)
     return _sorted(out)
 
@@ -354,6 +461,7 @@ GUARD_CANNOT_JUDGE = {
     "excluded_samples": "the trainer excludes failed rewards itself; they are not a fault to stop for",
     "update_noise": "it is a statistic over the whole run's steps",
     "non_finite_samples": "it reads each reward's epoch mean, not the per-sample rewards and advantages",
+    "advantage_sign": "it reads the advantages' summary, not each sample's advantage against its reward",
     "update_below_noise_scale": "it reads the gradient noise scale's running means, an epoch statistic",
 }
 _GUARD_EPOCH_KEYS = frozenset({"zero_std_ratio", "mean_reward", "epoch", "step"})

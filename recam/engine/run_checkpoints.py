@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Protocol
 
 from recam.engine.health import SAMPLE_RULES
-from recam.infra import runlog
+from recam.infra import runlog, stop_signals
 from recam.infra.checkpoint import (
     BASE_EVAL,
     RUN_CONFIG,
     Checkpoint,
+    CheckpointCorrupt,
     ResumeMismatch,
     apply_model_weights,
     check_pointers,
@@ -26,6 +27,7 @@ from recam.infra.checkpoint import (
     convert_legacy_folders,
     epoch_of,
     latest_checkpoint,
+    older_checkpoint,
     point_latest,
     pointed_checkpoint,
     read_intact,
@@ -170,24 +172,37 @@ class RunCheckpoints:
             # a sharded gradient is one shard per process, and only this one writes: such a run starts it afresh
             cos = self.cosine
             gradient = cos.previous if cos is not None and cos.reduce is None else None
-            save_checkpoint(self.root, f"epoch_{state['epoch']:04d}", self.model, self.optimizer, self.ema, state,
-                            keep=self.keep, protect=protect, side_files=side_files, optimizer_state=optimizer_state,
-                            extra={"gradient": gradient})
+            with stop_signals.deferred():  # a SIGTERM mid-write would cost the epoch's checkpoint
+                save_checkpoint(self.root, f"epoch_{state['epoch']:04d}", self.model, self.optimizer, self.ema,
+                                state, keep=self.keep, protect=protect, side_files=side_files,
+                                optimizer_state=optimizer_state, extra={"gradient": gradient})
 
     def load(self, newest: Path, lr: float | None = None) -> Checkpoint:
         """Restore weights, optimizer, EMA, RNG, hook and objective state from checkpoint `newest`, or, when it fails
         its checks, from the newest intact one below it (`latest` then points there); returns the checkpoint read.
         lr: the learning rate from here on (a rollback's: the rate before it times the factor, whichever checkpoint
         is restored, so that each rollback lowers it once), else the checkpoint's."""
-        ckpt = read_intact(self.root, newest, self.model, self.log.info, self.trust_legacy)
+        while True:
+            ckpt = read_intact(self.root, newest, self.model, self.log.info, self.trust_legacy)
+            try:
+                with whole_weights(self.net, write=True):
+                    apply_model_weights(self.model, ckpt.weights, ckpt.weights_path)
+                break
+            except ValueError as e:
+                # sealed, intact, but its tensors do not fit this model (a shape, a tensor missing or extra): as
+                # unusable as a corrupt one, and the one below it is tried the same way. What the failed load
+                # copied in is overwritten whole by the next.
+                self.log.info(f"skipping corrupt checkpoint {ckpt.path.name}: {' '.join(str(e).split())}")
+                newest = older_checkpoint(self.root, ckpt.path)
+                if newest is None:
+                    raise CheckpointCorrupt(f"no intact checkpoint under {self.root}: {ckpt.path.name}: "
+                                            f"{' '.join(str(e).split())}") from e
         if read_pointer(self.root) != ckpt.path.name and self.accelerator.is_main_process:
             point_latest(self.root, ckpt.path.name)  # a crash from here on resumes from the intact one
         state, trainer = ckpt.state, ckpt.trainer
         for h in self.hooks:
             if h.state_key and h.state_key in state:
                 h.load_state_dict(state[h.state_key])
-        with whole_weights(self.net, write=True):
-            apply_model_weights(self.model, ckpt.weights, ckpt.weights_path)
         load_optimizer_state(self.net, self.optimizer, trainer["optimizer"])
         for group in self.optimizer.param_groups:
             group["lr"] = state["learning_rate"] if lr is None else lr

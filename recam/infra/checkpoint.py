@@ -140,8 +140,11 @@ def apply_model_weights(model, tensors: dict[str, torch.Tensor], path: Path) -> 
     else:
         try:
             model.load_state_dict(tensors)
-        except RuntimeError as e:
-            raise ValueError(f"{path} does not fit this run's model: {str(e).splitlines()[0]}") from e
+        except RuntimeError as e:  # torch's first line only names the model; what does not fit is on the next ones
+            lines = [line.strip() for line in str(e).splitlines()[1:] if line.strip()] or [str(e).strip()]
+            why = "; ".join(lines)
+            raise ValueError(f"{path} does not fit this run's model: {why[:400]}{'...' if len(why) > 400 else ''}") \
+                from e
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -880,6 +883,11 @@ def read_intact(ckpt_root: Path, newest: Path, model, say: Callable[[str], None]
             say(f"{ckpt} has no {MANIFEST} (written before checkpoints were checksummed): loaded unverified")
         return found
     raise CheckpointCorrupt(f"no intact checkpoint under {ckpt_root}: " + "; ".join(reasons))
+
+
+def older_checkpoint(ckpt_root: Path, ckpt: Path) -> Path | None:
+    """The epoch_NNNN folder a resume tries after `ckpt`, or None when there is none below it."""
+    return next(iter(_newest_first(ckpt_root, ckpt)[1:]), None)
 
 
 def resumable_checkpoint(ckpt_root: Path, newest: Path) -> Path:

@@ -31,6 +31,7 @@ from typing import NamedTuple, NoReturn
 
 from tqdm.auto import tqdm
 
+from recam.infra import stop_signals
 from recam.infra.checkpoint import (
     DISPLACED,
     LATEST,
@@ -316,7 +317,8 @@ class RunLog:
 
     def _append(self, obj: dict) -> None:
         self.check_space()
-        append_whole(self.path, (json.dumps(obj) + "\n").encode("utf-8"))
+        with stop_signals.deferred():  # a record is in the log whole or not at all
+            append_whole(self.path, (json.dumps(obj) + "\n").encode("utf-8"))
 
     def step_record(self, step: int, epoch: int, metrics: dict) -> None:
         if not self.enabled:

@@ -695,6 +695,13 @@ def check_step_records(epochs: list[dict], steps: list[dict]) -> Check:
     if wrong:
         problems.append(f"{len(wrong)} step record field(s) not a number: "
                         + _short([f"step {s} {k}" for s, k in wrong], 6))
+    # the trainer's guard stops a run at a non-finite step metric (recam.engine.health.rule_non_finite), so one in
+    # the log is an update that overflowed, or damage: the weights after it are not what the checks below vouch for
+    non_finite = [(r.get("step"), k) for r in steps for k, v in r.items()
+                  if isinstance(v, float) and not math.isfinite(v)]
+    if non_finite:
+        problems.append(f"{len(non_finite)} step record value(s) NaN or infinite: "
+                        + _short([f"step {s} {k}" for s, k in non_finite], 6))
     vals = [x for x in values if x is not None]
     backwards = [(a, b) for a, b in zip(vals, vals[1:], strict=False) if b <= a]
     if backwards:

@@ -59,6 +59,9 @@ reason "not_sent" (rewards.pose.NOT_SENT): the client never invents poses betwee
 frames out of its per-frame mean rather than count them as failed ones.
 
 Failures are explicit and never become poses (no zeros, no identity):
+  - each attempt is bounded as a whole by timeout_s (connect, send, the whole answer; not per read) and by
+    MAX_ANSWER_BYTES of answer: a server that trickles its answer fails the attempt at timeout_s, and a larger
+    answer is cut off there, unread ("malformed_answer: answer body over the ...-byte cap").
   - timeouts, connection errors (refused, reset, closed without an answer), HTTP 5xx and 429 are retried up to
     max_retries times with exponential backoff backoff_s * 2**(attempt - 1); a numeric Retry-After header on 429
     is honoured, capped at timeout_s. Once the retries are spent, the video is `PoseEstimate.failed(...,
@@ -68,9 +71,11 @@ Failures are explicit and never become poses (no zeros, no identity):
   - other non-2xx statuses (a request the server rejects, e.g. 400 or 413) are not retried: "http_error: HTTP 400
     (not retried): ...", unavailable.
   - a malformed answer (not JSON, not an object, no "poses", a wrong number of poses, a pose that is not 3x4
-    numbers, non-finite numbers, a rotation block that is not a rotation, "reasons" or "confidence" of the wrong
-    form) is not retried, since the estimator would answer the same again: "malformed_answer: <what>",
-    unavailable, because the video was not judged and must not be scored as a wrong camera.
+    numbers, non-finite numbers, a translation beyond MAX_TRANSLATION, JSON nested too deep to read, a
+    scene_depth that makes the parallax non-finite, a rotation block that is not a rotation, "reasons" or
+    "confidence" of the wrong form) is not retried, since the estimator would answer the same again:
+    "malformed_answer: <what>", unavailable, because the video was not judged and must not be scored as a wrong
+    camera.
   - a video the client cannot send (not (F, H, W, 3) uint8, intrinsics not a finite 3x3 matrix) is
     "bad_input: <what>", unavailable, and no request is made for it.
 Unavailable videos get NaN from cam_score and are retried by the reward runner; a batch where every video is
@@ -84,6 +89,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import logging
 import math
 import os
@@ -100,6 +106,7 @@ import numpy as np
 from PIL import Image
 
 from recam.engine.reward_runner import RewardServerDown
+from rewards import bounded_http
 from rewards.pose.estimator import NOT_SENT, PoseEstimate, centre_parallax, register_estimator
 
 METHOD = "served"
@@ -108,6 +115,12 @@ POSES_PATH = "/v1/camera_poses"
 HEALTH_PATH = "/health"
 ROTATION_TOL = 1e-3
 CONFIG_PATH = "reward.cam.served"
+# An answer is a few kilobytes (12 numbers a frame, max_frames frames, a few confidences); a body past this is a
+# server gone wrong, and reading it whole could exhaust memory.
+MAX_ANSWER_BYTES = 4 << 20
+# Poses are scale-free (cam_score normalises the trajectory), so any unit up to this is as good as another; a
+# translation beyond it is a broken server, and beyond ~1e154 squared distances overflow to inf.
+MAX_TRANSLATION = 1e12
 JPEG_QUALITY = 95  # the estimator matches features; heavier compression would cost it accuracy, not us bandwidth
 
 
@@ -120,8 +133,9 @@ class PoseServerError(RewardServerDown):
 class ServedPoseConfig:
     """Where the estimator lives and how to talk to it (config.reward.cam.served).
 
-    base_url: server root, e.g. "http://127.0.0.1:30100". timeout_s: limit for connecting, sending and waiting for
-    the answer of one request (waiting for a free pooled connection does not count). max_retries: retries after the
+    base_url: server root, e.g. "http://127.0.0.1:30100". timeout_s: the overall deadline of one attempt:
+    connecting, sending the request and receiving the whole answer, not each read (waiting for a free pooled
+    connection does not count). max_retries: retries after the
     first try; backoff_s: first retry delay, doubled each retry. max_concurrency: requests in flight at once.
     max_frames: frames sent per video, at least 2 (see the module docstring). image_format: "png" (lossless) or "jpeg"
     (smaller requests). api_key_env: environment variable holding a bearer token; "" or unset means none.
@@ -261,20 +275,18 @@ def _short(text: str, n: int = 160) -> str:
     return text if len(text) <= n else text[:n] + "..."
 
 
-def _retry_after(resp: httpx.Response, cap: float) -> float:
+def _retry_after(headers: httpx.Headers, cap: float) -> float:
     # Only the seconds form; an HTTP-date falls back to the client's own backoff.
     try:
-        value = float(resp.headers.get("retry-after", "0"))
+        value = float(headers.get("retry-after", "0"))
     except ValueError:
         return 0.0
     return min(max(value, 0.0), cap) if math.isfinite(value) else 0.0
 
 
-def post_with_retries(client: httpx.Client, body: dict, config: ServedPoseConfig) -> httpx.Response | str:
-    """The server's 2xx response, or the failure reason once retrying cannot help."""
-    # No limit on the wait for a pooled connection: with several estimate() calls sharing the client, queueing
-    # says nothing about the server and must not count as a timed-out attempt.
-    timeout = httpx.Timeout(config.timeout_s, pool=None)
+def post_with_retries(client: httpx.Client, body: dict, config: ServedPoseConfig) -> bounded_http.Answer | str:
+    """The server's 2xx answer, or the failure reason once retrying cannot help. Each attempt is bounded by
+    timeout_s as a whole and MAX_ANSWER_BYTES of answer (rewards/bounded_http.py)."""
     last, detail = "no attempt made", ""
     extra_wait = 0.0
     attempts = 0
@@ -284,23 +296,24 @@ def post_with_retries(client: httpx.Client, body: dict, config: ServedPoseConfig
         extra_wait = 0.0
         attempts = attempt + 1
         try:
-            resp = client.post(config.poses_url, json=body, headers=config.headers(), timeout=timeout)
+            resp = bounded_http.request(client, "POST", config.poses_url, json=body, headers=config.headers(),
+                                        timeout_s=config.timeout_s, max_bytes=MAX_ANSWER_BYTES)
         except httpx.TimeoutException:
             last, detail = f"timeout: no answer within {config.timeout_s}s", ""
             continue
         except httpx.RequestError as e:  # refused, reset, closed without a response
             last, detail = f"connection_error: {type(e).__name__}", _short(e, 100)
             continue
-        if resp.status_code == 429:
-            last, detail = "rate_limited: HTTP 429", _short(resp.text)
-            extra_wait = _retry_after(resp, config.timeout_s)
+        shown = resp.not_read or _short(resp.text)
+        if resp.status == 429:
+            last, detail = "rate_limited: HTTP 429", shown
+            extra_wait = _retry_after(resp.headers, config.timeout_s)
             continue
-        if resp.status_code >= 500:
-            last, detail = f"server_error: HTTP {resp.status_code}", _short(resp.text)
+        if resp.status >= 500:
+            last, detail = f"server_error: HTTP {resp.status}", shown
             continue
-        if not 200 <= resp.status_code < 300:
-            detail = _short(resp.text)
-            return f"http_error: HTTP {resp.status_code} (not retried)" + (f": {detail}" if detail else "")
+        if not 200 <= resp.status < 300:
+            return f"http_error: HTTP {resp.status} (not retried)" + (f": {shown}" if shown else "")
         return resp
     return f"{last} ({attempts} attempts)" + (f": {detail}" if detail else "")
 
@@ -335,6 +348,8 @@ def parse_pose(pose: Any, where: str) -> np.ndarray:
     P = np.array(pose, dtype=np.float64)
     if not np.isfinite(P).all():
         raise MalformedAnswer(f"{where} has non-finite values")
+    if np.abs(P[:, 3]).max() > MAX_TRANSLATION:
+        raise MalformedAnswer(f"{where} translation {np.abs(P[:, 3]).max():.3g} is beyond {MAX_TRANSLATION:g}")
     R = P[:, :3]
     err = float(np.abs(R.T @ R - np.eye(3)).max())
     if err > ROTATION_TOL:
@@ -346,13 +361,17 @@ def parse_pose(pose: Any, where: str) -> np.ndarray:
     return P
 
 
-def parse_answer(resp: httpx.Response, indices: list[int], num_frames: int,
+def parse_answer(resp: bounded_http.Answer, indices: list[int], num_frames: int,
                  seconds: dict[str, float]) -> PoseEstimate:
     """A 2xx response for the frames `indices` of a num_frames video -> PoseEstimate; MalformedAnswer if unusable."""
+    if resp.not_read:
+        raise MalformedAnswer(resp.not_read)
     try:
-        answer = resp.json()
+        answer = json.loads(resp.body)
     except ValueError as e:  # not JSON, or not UTF-8
         raise MalformedAnswer(f"not JSON ({_short(resp.text, 80)!r})") from e
+    except RecursionError as e:  # nested deeper than the decoder goes: no protocol answer is more than 4 deep
+        raise MalformedAnswer("JSON nested too deeply to read") from e
     if not isinstance(answer, dict):
         raise MalformedAnswer(f"not a JSON object (a {type(answer).__name__})")
     if "poses" not in answer:
@@ -387,14 +406,18 @@ def parse_answer(resp: httpx.Response, indices: list[int], num_frames: int,
         out[i] = parse_pose(pose, f"poses[{k}] (frame {i})")
         ok[i], reasons[i] = True, None
 
-    confidence = {str(k): float(v) for k, v in server_confidence.items() if _is_number(v)}
+    confidence = {str(k): float(v) for k, v in server_confidence.items() if _is_number(v) and math.isfinite(v)}
     confidence["frames_sent"] = float(n)
     video_reason = None
     if not ok.any():
         # The estimator looked and placed nothing: a judged video, scored at cam_score's floor.
         common = Counter(reasons[i] for i in indices).most_common(1)[0][0]
         video_reason = f"no frame placed: {common}"
-    parallax = math.nan if scene_depth is None else centre_parallax(out, ok, float(scene_depth))
+    with np.errstate(over="ignore"):  # an overflow is refused just below
+        parallax = math.nan if scene_depth is None else centre_parallax(out, ok, float(scene_depth))
+    if scene_depth is not None and not math.isfinite(parallax) and ok.sum() > 1:
+        # e.g. scene_depth 1e-300 against bounded poses
+        raise MalformedAnswer(f"'scene_depth' {scene_depth:.3g} gives a non-finite parallax")
     if scene_depth is not None:
         confidence["scene_depth"], confidence["parallax"] = float(scene_depth), parallax
     return PoseEstimate(poses=out, ok=ok, reasons=reasons, method=METHOD, has_translation=True,
@@ -411,16 +434,17 @@ def health_check(config: ServedPoseConfig) -> None:
     url = config.health_url
     hint = f"; start the pose server or fix {CONFIG_PATH}.base_url"
     try:
-        resp = httpx.get(url, headers=config.headers(), timeout=min(config.timeout_s, 10.0))
+        resp = bounded_http.get(url, headers=config.headers(), timeout_s=min(config.timeout_s, 10.0),
+                                max_bytes=MAX_ANSWER_BYTES)
     except httpx.TimeoutException as e:
         raise PoseServerError(f"pose estimator server at {url} did not answer in time ({type(e).__name__})"
                               f"{hint}") from e
     except httpx.RequestError as e:
         raise PoseServerError(f"pose estimator server at {url} is unreachable ({type(e).__name__}: "
                               f"{_short(e, 100)}){hint}") from e
-    if not 200 <= resp.status_code < 300:
-        detail = _short(resp.text, 100)
-        raise PoseServerError(f"pose estimator server at {url} answered HTTP {resp.status_code}"
+    if not 200 <= resp.status < 300:
+        detail = resp.not_read or _short(resp.text, 100)
+        raise PoseServerError(f"pose estimator server at {url} answered HTTP {resp.status}"
                               + (f": {detail}" if detail else "") + " (not ready)")
 
 
@@ -439,9 +463,7 @@ class ServedPoseEstimator:
         # httpx logs every request at INFO; failures reach the run log through the PoseEstimate reasons anyway
         logger = logging.getLogger("httpx")
         logger.setLevel(max(logger.level, logging.WARNING))
-        limits = httpx.Limits(max_connections=config.max_concurrency,
-                              max_keepalive_connections=config.max_concurrency)
-        self._http = httpx.Client(limits=limits, timeout=config.timeout_s)
+        self._http = bounded_http.make_client(config.max_concurrency)
         # Nothing at the end of a run closes estimators for sure; collection or interpreter exit then does.
         self._finalizer = weakref.finalize(self, self._http.close)
 
