@@ -58,7 +58,11 @@ class _Holder:
 
     def hold(self, run: Path) -> str:
         fd = os.open(run / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise
         holder = f"pid {os.getpid()} on {socket.gethostname()}"
         os.write(fd, f"{holder}\n".encode())
         self.fds.append(fd)
