@@ -279,6 +279,9 @@ def get_config() -> ml_collections.ConfigDict:
     # How poses are estimated on the generated frames: "landmarks" (PnP on the synthetic world's coloured spheres),
     # "sfm" (pycolmap structure-from-motion: real footage, textured worlds), "served" (a learned estimator over HTTP)
     c.reward.cam.estimator = "landmarks"
+    # How "landmarks" solves PnP: "torch", every frame of a batch at once where the samples are (the device);
+    # "opencv", OpenCV's SQPnP frame by frame on the host (the reference; rewards/pose/landmarks.py)
+    c.reward.cam.pnp = "torch"
     c.reward.cam.max_frames = 16  # frames scored per video, evenly spaced, first and last included
     c.reward.cam.rot_scale_deg = 10.0  # per-frame score exp(-RotErr / this) * exp(-TransErr / trans_scale)
     c.reward.cam.trans_scale = 0.25  # TransErr is between centres normalised by the trajectory's largest, in [0, 2]

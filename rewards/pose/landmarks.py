@@ -1,22 +1,24 @@
 """Landmark PnP: camera poses in the synthetic world, from its coloured landmarks of known 3D position.
 
-Per frame, each landmark of the condition's scene is found by its colour (a colour-closeness weighted centroid),
-and the camera pose is solved from the 2D-3D correspondences with OpenCV's PnP (SQPnP, then Levenberg-Marquardt
-refinement). The poses are in the scene's world frame, which is the first source camera's: the landmarks pin it,
-so unlike SfM this estimator sees an absolute trajectory (a mirrored move is a mirrored estimate). Real footage has
-no landmarks: every frame fails with reason "scene_has_too_few_landmarks".
+Per frame, each landmark of the condition's scene is found by its colour (a colour-closeness weighted centroid), and
+the camera pose is solved from the 2D-3D correspondences: by default for every frame of a batch at once in torch,
+where the landmarks were found (rewards/pose/pnp_torch.py: affine and DLT starts, Levenberg-Marquardt on the
+reprojection error), or with reward.cam.pnp="opencv" frame by frame with OpenCV's PnP on the host (SQPnP, then
+Levenberg-Marquardt refinement), the reference the torch solve is tested against. The poses are in the scene's world
+frame, which is the first source camera's: the landmarks pin it, so unlike SfM this estimator sees an absolute
+trajectory (a mirrored move is a mirrored estimate). Real footage has no landmarks: every frame fails with reason
+"scene_has_too_few_landmarks".
 
-The estimate's `parallax` is rewards.pose.centre_parallax of the PnP poses, with the scene's depth (the median
-depth of its landmarks in the first placed frame) as the scale: the landmarks fix the poses' unit, so translation
-relative to depth is measured directly, along the view axis too, where the landmarks' image shift at 32 px is
-under a pixel.
+The estimate's `parallax` is rewards.pose.centre_parallax of the PnP poses, with the scene's depth (the median depth
+of its landmarks in the first placed frame) as the scale: the landmarks fix the poses' unit, so translation relative
+to depth is measured directly, along the view axis too, where the landmarks' image shift at 32 px is under a pixel.
 
 The search runs two ways: find_landmarks, numpy on one video's frames on the host (the reference), and
 find_landmarks_torch, torch on a whole batch on the frames' device, which cam_score uses for videos on an
-accelerator (LandmarkEstimator.estimate_device_frames): only the landmarks' positions then cross to the host,
-where PnP runs on a pool of processes. On the frames cam_score hands over, both give the same numbers to the bit, since
-PnP's refinement turns a last-bit change of a centroid into a different pose, and so a different score
-(tests/test_cam_score.py compares both).
+accelerator (LandmarkEstimator.estimate_device_frames): PnP then runs there too and only the poses cross to the host
+(with reward.cam.pnp="opencv", the landmarks' positions cross and PnP runs on a pool of processes). On the frames
+cam_score hands over, both give the same numbers to the bit, since PnP's refinement turns a last-bit change of a
+centroid into a different pose, and so a different score (tests/test_cam_score.py compares both).
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ import cv2
 import numpy as np
 import torch
 
+from rewards.pose import pnp_torch
 from rewards.pose.estimator import PoseEstimate, centre_parallax, register_estimator
 
-MIN_LANDMARKS = 4
+MIN_LANDMARKS = pnp_torch.MIN_LANDMARKS  # one rule for both solves
 COLOUR_RADIUS = 0.6  # RGB distance (in [0, 1] units) within which a pixel votes for a landmark colour
 MIN_MASS = 0.3  # total vote weight a landmark needs to count as found
 MAX_SPREAD_FRACTION = 0.1  # votes spread wider than this fraction of the frame are not one blob (noise, tint)
@@ -295,6 +298,51 @@ def _solve(job: tuple) -> PoseEstimate:
     return poses_from_landmarks(*job)
 
 
+def poses_from_landmarks_torch(uvs: torch.Tensor, founds: torch.Tensor, intrinsics: Sequence[np.ndarray],
+                                landmarks: Sequence[np.ndarray], search_seconds: float = 0.0) -> list[PoseEstimate]:
+    """poses_from_landmarks for a batch of videos at once, PnP batched in torch (rewards/pose/pnp_torch.py) on the
+    device uvs are on: uvs (B, F, L, 2), founds (B, F, L) (find_landmarks_torch's, L >= every video's count, the
+    padding never found); intrinsics and landmarks per video. Only the poses (B, F, 3, 4) cross to the host.
+    search_seconds: the search's time for the whole batch, shared out as estimate_device_frames does."""
+    start = time.perf_counter()
+    B, F, L = founds.shape
+    device = uvs.device
+    out = []
+    if B == 0:
+        return out
+    points = np.zeros((B, L, 3))
+    for b, pts in enumerate(landmarks):
+        points[b, :len(pts)] = pts
+    points_t = torch.from_numpy(points).to(device)
+    K_t = torch.from_numpy(np.stack([np.asarray(K, np.float64) for K in intrinsics])).to(device)
+    poses_t, codes_t = pnp_torch.solve_pnp(uvs.reshape(B * F, L, 2), founds.reshape(B * F, L),
+                                           points_t[:, None].expand(B, F, L, 3).reshape(B * F, L, 3),
+                                           K_t[:, None].expand(B, F, 3, 3).reshape(B * F, 3, 3))
+    found_mean = founds.sum(-1).double().mean(-1)
+    poses = poses_t.reshape(B, F, 3, 4).cpu().numpy()
+    codes = codes_t.reshape(B, F).cpu().numpy()
+    found_mean = found_mean.cpu().numpy()
+    share = search_seconds / B + (time.perf_counter() - start) / B
+    for b in range(B):
+        ok = codes[b] == pnp_torch.PLACED
+        reasons = [PNP_REASONS[c] for c in codes[b].tolist()]
+        parallax = math.nan
+        if ok.any():
+            ref = poses[b, np.flatnonzero(ok)[0]]
+            pts = landmarks[b]
+            parallax = centre_parallax(poses[b], ok, float(np.median((pts @ ref[:, :3].T + ref[:, 3])[:, 2])))
+        out.append(PoseEstimate(poses=poses[b], ok=ok, reasons=reasons, method="landmarks",
+                                video_reason=None if ok.any() else "no_frame_estimated",
+                                confidence={"landmarks_found_mean": float(found_mean[b]),
+                                            "frames_ok": float(ok.sum()), "parallax": parallax},
+                                seconds={"pnp": share}, parallax=parallax))
+    return out
+
+
+PNP_REASONS = {pnp_torch.PLACED: None, pnp_torch.TOO_FEW: "too_few_landmarks", pnp_torch.FAILED: "pnp_failed"}
+PNP_METHODS = ("torch", "opencv")
+
+
 def _quiet_worker() -> None:
     # one pool process per core: the libraries' own thread pools would only contend
     cv2.setNumThreads(1)
@@ -308,6 +356,11 @@ def pnp_processes() -> int:
 
 class LandmarkEstimator:
     """PnP against each condition's landmarks (conditions need `landmarks` and `landmark_colors` tensors).
+
+    pnp: how the poses are solved from the found landmarks. "torch" (the default): every frame of every video of
+    a batch at once on the landmarks' device (poses_from_landmarks_torch), so with videos on an accelerator only
+    the poses cross to the host. "opencv": OpenCV's SQPnP and LM refinement frame by frame on the host, the
+    reference the torch solve is tested against (tests/test_pnp_torch.py), as described below.
 
     Two ways in, the same estimates: `estimate` takes each video's uint8 frames on the host and searches it with
     numpy; `estimate_device_frames` takes the batch as one uint8 tensor where it already is (an accelerator) and
@@ -323,7 +376,11 @@ class LandmarkEstimator:
 
     name = "landmarks"
 
-    def __init__(self, processes: int | None = None, chunk: int | None = None, torch_on_cpu: bool = False):
+    def __init__(self, processes: int | None = None, chunk: int | None = None, torch_on_cpu: bool = False,
+                 pnp: str = "torch"):
+        if pnp not in PNP_METHODS:
+            raise ValueError(f"reward.cam.pnp must be one of {PNP_METHODS}, got {pnp!r}")
+        self.pnp = pnp
         self.processes = pnp_processes() if processes is None else processes
         self.chunk = chunk  # videos per find_landmarks_torch chunk; None: its default
         self.torch_on_cpu = torch_on_cpu
@@ -334,9 +391,33 @@ class LandmarkEstimator:
         return self.torch_on_cpu or torch.device(device).type != "cpu"
 
     def estimate(self, videos, intrinsics, conditions) -> list[PoseEstimate]:
+        if self.pnp == "torch":
+            return self._estimate_host_torch(videos, intrinsics, conditions)
         return [estimate_video(v, np.asarray(K, np.float64), c.landmarks.double().cpu().numpy(),
                                c.landmark_colors.double().cpu().numpy())
                 for v, K, c in zip(videos, intrinsics, conditions, strict=True)]
+
+    def _estimate_host_torch(self, videos, intrinsics, conditions) -> list[PoseEstimate]:
+        """estimate's search (numpy, video by video), then one batched torch PnP on the CPU for all of them."""
+        start = time.perf_counter()
+        landmarks = [c.landmarks.double().cpu().numpy() for c in conditions]
+        out = [PoseEstimate.failed(len(v), "scene_has_too_few_landmarks", "landmarks") for v in videos]
+        searched = [b for b in range(len(videos)) if len(landmarks[b]) >= MIN_LANDMARKS]
+        if not searched:
+            return out
+        L = max(len(landmarks[b]) for b in searched)
+        F = len(videos[searched[0]])
+        uvs, founds = np.full((len(searched), F, L, 2), np.nan), np.zeros((len(searched), F, L), bool)
+        for row, b in enumerate(searched):
+            colors = conditions[b].landmark_colors.double().cpu().numpy()
+            uv, found = find_landmarks(np.asarray(videos[b], np.float64) / 255.0, colors)
+            uvs[row, :, :len(colors)], founds[row, :, :len(colors)] = uv, found
+        solved = poses_from_landmarks_torch(torch.from_numpy(uvs), torch.from_numpy(founds),
+                                            [intrinsics[b] for b in searched], [landmarks[b] for b in searched],
+                                            time.perf_counter() - start)
+        for b, estimate in zip(searched, solved, strict=True):
+            out[b] = estimate
+        return out
 
     def pool(self) -> ProcessPoolExecutor:
         """The PnP processes, started on first use. Spawned, not forked: the training process holds threads and
@@ -363,6 +444,13 @@ class LandmarkEstimator:
         searched = [b for b in range(B) if len(landmarks[b]) >= MIN_LANDMARKS]
         picked = frames if len(searched) == B else frames[torch.as_tensor(searched, device=frames.device)]
         uvs, founds = find_landmarks_torch(picked, [colors[b] for b in searched], self.chunk)
+        out = [PoseEstimate.failed(F, "scene_has_too_few_landmarks", "landmarks") for _ in range(B)]
+        if self.pnp == "torch":
+            solved = poses_from_landmarks_torch(uvs, founds, [np.asarray(intrinsics[b], np.float64) for b in searched],
+                                                [landmarks[b] for b in searched], time.perf_counter() - start)
+            for b, estimate in zip(searched, solved, strict=True):
+                out[b] = estimate
+            return out
         uvs, founds = uvs.cpu().numpy(), founds.cpu().numpy()
         share = (time.perf_counter() - start) / max(len(searched), 1)
         jobs = [(uvs[row, :, :len(landmarks[b])], founds[row, :, :len(landmarks[b])],
@@ -372,15 +460,15 @@ class LandmarkEstimator:
             solved = list(self.pool().map(_solve, jobs, chunksize=chunks))
         else:
             solved = [_solve(job) for job in jobs]
-        out = [PoseEstimate.failed(F, "scene_has_too_few_landmarks", "landmarks") for _ in range(B)]
         for b, estimate in zip(searched, solved, strict=True):
             out[b] = estimate
         return out
 
     def describe(self) -> str:
-        return "landmark PnP (synthetic world)"
+        return f"landmark PnP (synthetic world, {self.pnp})"
 
 
 @register_estimator("landmarks")
 def build_landmarks(cam_config=None) -> LandmarkEstimator:
-    return LandmarkEstimator()
+    pnp = "torch" if cam_config is None else cam_config.get("pnp", "torch")
+    return LandmarkEstimator(pnp=pnp)

@@ -1,0 +1,247 @@
+"""PnP for a whole batch of frames at once in torch, on the tensors' device: the landmark estimator's default solve.
+
+Per frame, from its found 2D-3D correspondences (at least MIN_LANDMARKS), two closed-form starts:
+  - affine: the least-squares affine camera x ~ A X + b on the normalised image points, read as a scaled
+    orthographic camera (the rows of A are the camera's x and y axes over the depth of the points' centroid);
+    it needs only 4 points not on a plane;
+  - DLT: the 3 x 4 projection matrix as the null vector of the 2n x 12 direct linear system (world points
+    centred and scaled first), its left 3 x 3 block projected onto the rotations; it needs 6 points.
+Each start is then refined by Levenberg-Marquardt on the pixel reprojection error (a rotation update exp([w]) R on
+the left, the translation added), and the frame keeps the refined start with the least error whose found points
+all lie in front of the camera. The rules for a placed frame are OpenCV's path's (landmarks.estimate_pose): at
+least MIN_LANDMARKS found, a finite pose, every found landmark at positive depth.
+
+Why two starts: the affine one is always available but biased where the depth range of the landmarks is a large
+share of their depth; DLT is unbiased but needs 6 points and is noisy with exactly 6. Refined, both land in the
+basin OpenCV's SQPnP-then-LM lands in on nearly every frame (tests/test_pnp_torch.py measures how nearly).
+Everything is float64: PnP's jitter at 32 px is what cam_score's static tolerance is set against.
+"""
+
+from __future__ import annotations
+
+import torch
+
+MIN_LANDMARKS = 4
+LM_ITERATIONS = 6
+# Levenberg-Marquardt's damping, relative to the normal matrix' diagonal: the first step and its bounds. A
+# rejected step multiplies it by LM_GROW, an accepted one divides it by LM_SHRINK.
+LM_DAMPING, LM_GROW, LM_SHRINK = 1e-3, 10.0, 10.0
+LM_DAMPING_MIN, LM_DAMPING_MAX = 1e-12, 1e8
+
+# reasons, as codes: a frame placed, one with too few landmarks, one the solve could not place
+PLACED, TOO_FEW, FAILED = 0, 1, 2
+
+
+def _skew(v: torch.Tensor) -> torch.Tensor:
+    """(..., 3) -> (..., 3, 3) with skew(v) @ x = v x x."""
+    z = torch.zeros_like(v[..., 0])
+    return torch.stack([torch.stack([z, -v[..., 2], v[..., 1]], -1),
+                        torch.stack([v[..., 2], z, -v[..., 0]], -1),
+                        torch.stack([-v[..., 1], v[..., 0], z], -1)], -2)
+
+
+def rodrigues(w: torch.Tensor) -> torch.Tensor:
+    """Rotation matrices exp([w]) (..., 3, 3) of axis-angle vectors w (..., 3)."""
+    theta2 = (w * w).sum(-1)
+    theta = theta2.sqrt()
+    small = theta2 < 1e-12
+    safe = torch.where(small, torch.ones_like(theta), theta)
+    # Taylor series below 1e-6 rad, where sin(t)/t and (1 - cos t)/t^2 lose their digits to cancellation
+    a = torch.where(small, 1.0 - theta2 / 6.0, torch.sin(safe) / safe)
+    b = torch.where(small, 0.5 - theta2 / 24.0, (1.0 - torch.cos(safe)) / (safe * safe))
+    W = _skew(w)
+    eye = torch.eye(3, dtype=w.dtype, device=w.device).expand(W.shape)
+    return eye + a[..., None, None] * W + b[..., None, None] * (W @ W)
+
+
+def _nearest_rotation(M: torch.Tensor) -> torch.Tensor:
+    """The rotation nearest M (..., 3, 3) in Frobenius norm (polar factor, a reflection turned into a rotation)."""
+    finite = torch.isfinite(M).flatten(-2).all(-1)
+    # a degenerate layout's start is garbage, not an error: it gets the identity and loses on its cost
+    M = torch.where(finite[..., None, None], M, torch.eye(3, dtype=M.dtype, device=M.device).expand(M.shape))
+    U, _, Vh = torch.linalg.svd(M)
+    d = torch.sign(torch.linalg.det(U @ Vh))
+    d = torch.where(d == 0, torch.ones_like(d), d)
+    U = torch.cat([U[..., :2], U[..., 2:] * d[..., None, None]], -1)
+    return U @ Vh
+
+
+def _affine_start(xn: torch.Tensor, X: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scaled orthographic pose from normalised points xn (N, L, 2), world X (N, L, 3), weights w (N, L) 0/1."""
+    n = w.sum(-1).clamp_min(1.0)[:, None]
+    cX = (w[..., None] * X).sum(1) / n
+    cx = (w[..., None] * xn).sum(1) / n
+    Xc = (X - cX[:, None]) * w[..., None]
+    xc = (xn - cx[:, None]) * w[..., None]
+    G = Xc.transpose(1, 2) @ Xc  # (N, 3, 3)
+    # a relative ridge keeps near-planar layouts solvable; refinement removes its small bias
+    ridge = 1e-9 * G.diagonal(dim1=1, dim2=2).sum(-1).clamp_min(1e-300)
+    G = G + ridge[:, None, None] * torch.eye(3, dtype=X.dtype, device=X.device)
+    A = torch.linalg.solve(G, Xc.transpose(1, 2) @ xc).transpose(1, 2)  # (N, 2, 3): x ~ A (X - cX)
+    scale = 0.5 * (A[:, 0].norm(dim=-1) + A[:, 1].norm(dim=-1))
+    R = _nearest_rotation(torch.cat([A, torch.linalg.cross(A[:, 0], A[:, 1])[:, None] / scale[:, None, None]], 1)
+                          / scale[:, None, None])
+    depth = 1.0 / scale
+    centre = torch.cat([cx * depth[:, None], depth[:, None]], -1)  # the world centroid in the camera
+    return R, centre - (R @ cX[..., None])[..., 0]
+
+
+def _dlt_start(xn: torch.Tensor, X: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pose from the direct linear transform on normalised points (see _affine_start for shapes)."""
+    n = w.sum(-1).clamp_min(1.0)[:, None]
+    cX = (w[..., None] * X).sum(1) / n
+    spread = ((w * ((X - cX[:, None]) ** 2).sum(-1)).sum(-1) / n[:, 0]).sqrt().clamp_min(1e-12)
+    Y = (X - cX[:, None]) / spread[:, None, None]  # centred, unit RMS distance: a conditioned system
+    Yh = torch.cat([Y, torch.ones_like(Y[..., :1])], -1)  # (N, L, 4)
+    zero = torch.zeros_like(Yh)
+    x, y = xn[..., 0:1], xn[..., 1:2]
+    rows = torch.stack([torch.cat([Yh, zero, -x * Yh], -1), torch.cat([zero, Yh, -y * Yh], -1)], 2)  # (N, L, 2, 12)
+    rows = (rows * w[..., None, None]).flatten(1, 2)
+    _, vecs = torch.linalg.eigh(torch.nan_to_num(rows.transpose(1, 2) @ rows))
+    P = vecs[..., 0].reshape(-1, 3, 4)  # the least eigenvalue's vector
+    M, p = P[..., :3], P[..., 3]
+    sign = torch.sign(torch.linalg.det(M))
+    sign = torch.where(sign == 0, torch.ones_like(sign), sign)
+    M, p = M * sign[:, None, None], p * sign[:, None]
+    lam = torch.linalg.svdvals(M).mean(-1).clamp_min(1e-300)
+    R = _nearest_rotation(M)
+    t_norm = p / lam[:, None]  # camera = R Y + t_norm, Y = (X - cX) / spread: scale by spread back to X's unit
+    return R, spread[:, None] * t_norm - (R @ cX[..., None])[..., 0]
+
+
+def _project(R, t, X, xn, w, fx, fy):
+    """Camera points (N, L, 3), their normalised image coordinates x, y (N, L), residuals in pixels ru, rv (N, L)
+    (zero where w is 0) and the cost (N,): the sum of squared pixel residuals. Pixels are fx, fy times normalised
+    coordinates (K's skew is folded into xn), so this is OpenCV's reprojection error."""
+    p = X @ R.transpose(1, 2) + t[:, None]
+    z = p[..., 2]
+    zs = torch.where(z.abs() > 1e-300, z, torch.ones_like(z))
+    x, y = p[..., 0] / zs, p[..., 1] / zs
+    ru = (x - xn[..., 0]) * fx * w
+    rv = (y - xn[..., 1]) * fy * w
+    return p, x, y, ru, rv, (ru * ru + rv * rv).sum(-1)
+
+
+def _solve_spd6(H: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """H^-1 g for symmetric positive definite H (N, 6, 6), g (N, 6), by Cholesky written out: on a CPU torch's
+    batched LU of a 6 x 6 costs more than the whole Jacobian."""
+    n = H.shape[-1]
+    Lm = [[None] * n for _ in range(n)]
+    for j in range(n):
+        d = H[:, j, j]
+        for k in range(j):
+            d = d - Lm[j][k] * Lm[j][k]
+        Lm[j][j] = d.clamp_min(1e-300).sqrt()
+        inv = 1.0 / Lm[j][j]
+        for i in range(j + 1, n):
+            e = H[:, i, j]
+            for k in range(j):
+                e = e - Lm[i][k] * Lm[j][k]
+            Lm[i][j] = e * inv
+    y = [None] * n
+    for i in range(n):
+        e = g[:, i]
+        for k in range(i):
+            e = e - Lm[i][k] * y[k]
+        y[i] = e / Lm[i][i]
+    x = [None] * n
+    for i in reversed(range(n)):
+        e = y[i]
+        for k in range(i + 1, n):
+            e = e - Lm[k][i] * x[k]
+        x[i] = e / Lm[i][i]
+    return torch.stack(x, -1)
+
+
+def _refine(R, t, X, xn, w, fx, fy, iterations: int):
+    """Levenberg-Marquardt on the pixel reprojection error, the pose updated on the left: p <- exp([a]) p + b for a
+    step (a, b), whose Jacobian in normalised coordinates is the textbook closed form (no per-point matrices).
+    Returns the refined R, t and their cost."""
+    N = R.shape[0]
+    mu = torch.full((N,), LM_DAMPING, dtype=R.dtype, device=R.device)
+    p, x, y, ru, rv, cost = _project(R, t, X, xn, w, fx, fy)
+    cost = torch.where(torch.isfinite(cost), cost, torch.full_like(cost, float("inf")))
+    for _ in range(iterations):
+        z = p[..., 2]
+        iz = w / torch.where(z.abs() > 1e-300, z, torch.ones_like(z))
+        fxw, fyw = fx * w, fy * w
+        zero = torch.zeros_like(z)
+        # d(u, v)/d(a, b), (N, L, 6) each
+        Ju = torch.stack([-x * y * fxw, (1 + x * x) * fxw, -y * fxw, fx * iz, zero, -x * fx * iz], -1)
+        Jv = torch.stack([-(1 + y * y) * fyw, x * y * fyw, x * fyw, zero, fy * iz, -y * fy * iz], -1)
+        J = torch.cat([Ju, Jv], 1)  # (N, 2L, 6)
+        H = J.transpose(1, 2) @ J
+        g = (J * torch.cat([ru, rv], 1)[..., None]).sum(1)
+        diag = H.diagonal(dim1=1, dim2=2)
+        damped = H + torch.diag_embed(mu[:, None] * diag.clamp_min(1e-12))
+        step = -_solve_spd6(damped, g)
+        rot = rodrigues(step[:, :3])
+        R_new = rot @ R
+        t_new = (rot @ t[..., None])[..., 0] + step[:, 3:]
+        p_new, x_new, y_new, ru_new, rv_new, cost_new = _project(R_new, t_new, X, xn, w, fx, fy)
+        better = torch.isfinite(cost_new) & (cost_new < cost)
+        b2, b3 = better[:, None], better[:, None, None]
+        R, t, p = torch.where(b3, R_new, R), torch.where(b2, t_new, t), torch.where(b3, p_new, p)
+        x, y = torch.where(b2, x_new, x), torch.where(b2, y_new, y)
+        ru, rv = torch.where(b2, ru_new, ru), torch.where(b2, rv_new, rv)
+        cost = torch.where(better, cost_new, cost)
+        mu = torch.where(better, mu / LM_SHRINK, mu * LM_GROW).clamp(LM_DAMPING_MIN, LM_DAMPING_MAX)
+    return R, t, p, cost
+
+
+def solve_pnp(uv: torch.Tensor, found: torch.Tensor, points: torch.Tensor, K: torch.Tensor,
+              iterations: int = LM_ITERATIONS) -> tuple[torch.Tensor, torch.Tensor]:
+    """World-to-camera poses of N frames at once, on their device.
+
+    uv (N, L, 2) pixel positions (u = column, v = row; anything where not found), found (N, L) bool, points
+    (N, L, 3) the landmarks' world positions, K (N, 3, 3) intrinsics (zero bottom row but the 1; skew allowed).
+    Returns poses (N, 3, 4) float64 (NaN where not placed) and codes (N,) int8: PLACED, TOO_FEW or FAILED.
+    """
+    dtype = torch.float64
+    N = uv.shape[0]
+    count = found.sum(-1)
+    enough = count >= MIN_LANDMARKS
+    poses = torch.full((N, 3, 4), float("nan"), dtype=dtype, device=uv.device)
+    codes = torch.where(enough, FAILED, TOO_FEW).to(torch.int8)
+    rows = torch.nonzero(enough)[:, 0]
+    if len(rows):
+        pose, placed = _solve_rows(uv[rows].to(dtype), found[rows], points[rows].to(dtype), K[rows].to(dtype),
+                                   iterations)
+        poses[rows] = pose
+        codes[rows] = torch.where(placed, PLACED, FAILED).to(torch.int8)
+    return poses, codes
+
+
+def _solve_rows(uv, found, points, K, iterations):
+    """solve_pnp on frames that all have enough landmarks: poses (N, 3, 4) (NaN where not placed), placed (N,)."""
+    dtype = uv.dtype
+    w = found.to(dtype)
+    uv = torch.where(found[..., None], uv, torch.zeros_like(uv))  # NaN times a zero weight is still NaN
+    X = torch.where(found[..., None], points, torch.zeros_like(points))
+    N = uv.shape[0]
+    count = found.sum(-1)
+    # normalised image coordinates: K^-1 [u, v, 1] (K upper triangular)
+    fx, s, cx, fy, cy = K[:, 0, 0], K[:, 0, 1], K[:, 0, 2], K[:, 1, 1], K[:, 1, 2]
+    yn = (uv[..., 1] - cy[:, None]) / fy[:, None]
+    xn = torch.stack([(uv[..., 0] - cx[:, None] - s[:, None] * yn) / fx[:, None], yn], -1) * w[..., None]
+    # candidates: the affine start of every frame, then the DLT start of those with 6 landmarks or more
+    R_a, t_a = _affine_start(xn, X, w)
+    frame = torch.arange(N, device=uv.device)
+    dlt_rows = torch.nonzero(count >= 6)[:, 0]
+    R_d, t_d = _dlt_start(xn[dlt_rows], X[dlt_rows], w[dlt_rows])
+    of = torch.cat([frame, dlt_rows])  # each candidate's frame
+    w_c = w[of]
+    R, t, p, cost = _refine(torch.cat([R_a, R_d]), torch.cat([t_a, t_d]), X[of], xn[of], w_c, fx[of, None],
+                            fy[of, None], iterations)
+    front = ((p[..., 2] > 0) | (w_c == 0)).all(-1)
+    pose = torch.cat([R, t[..., None]], -1)
+    valid = front & torch.isfinite(pose).flatten(1).all(-1) & torch.isfinite(cost)
+    cost = torch.where(valid, cost, torch.full_like(cost, float("inf")))
+    table = torch.full((2, N), float("inf"), dtype=dtype, device=uv.device)  # (start, frame): refined cost
+    table[0] = cost[:N]
+    table[1, dlt_rows] = cost[N:]
+    best = table.argmin(0)  # ties (both starts at one minimum) keep the affine's
+    chosen = torch.where(best == 0, frame, N + torch.searchsorted(dlt_rows, frame).clamp_max(max(len(dlt_rows) - 1, 0)))
+    pose = pose[chosen]
+    placed = torch.isfinite(table.min(0).values)
+    return torch.where(placed[:, None, None], pose, torch.full_like(pose, float("nan"))), placed
