@@ -315,9 +315,14 @@ def poses_from_landmarks_torch(uvs: torch.Tensor, founds: torch.Tensor, intrinsi
         points[b, :len(pts)] = pts
     points_t = torch.from_numpy(points).to(device)
     K_t = torch.from_numpy(np.stack([np.asarray(K, np.float64) for K in intrinsics])).to(device)
+    # a frame with few landmarks may start from its video's previous or next frame's solution
+    index = torch.arange(B * F, device=device).reshape(B, F)
+    step = torch.full((B, 1), -1, dtype=torch.long, device=device)
+    neighbours = torch.stack([torch.cat([step, index[:, :-1]], 1), torch.cat([index[:, 1:], step], 1)], -1)
     poses_t, codes_t = pnp_torch.solve_pnp(uvs.reshape(B * F, L, 2), founds.reshape(B * F, L),
                                            points_t[:, None].expand(B, F, L, 3).reshape(B * F, L, 3),
-                                           K_t[:, None].expand(B, F, 3, 3).reshape(B * F, 3, 3))
+                                           K_t[:, None].expand(B, F, 3, 3).reshape(B * F, 3, 3),
+                                           neighbours.reshape(B * F, 2))
     found_mean = founds.sum(-1).double().mean(-1)
     poses = poses_t.reshape(B, F, 3, 4).cpu().numpy()
     codes = codes_t.reshape(B, F).cpu().numpy()

@@ -23,6 +23,11 @@ import torch
 
 MIN_LANDMARKS = 4
 LM_ITERATIONS = 6
+# frames with 4 or 5 landmarks: more starts (the affine start turned by each of FEW_TILTS radians either way about
+# the camera's x and y axes) refined for longer (generated frames' minima there needed up to ~20 steps to settle
+# to OpenCV's). Random 4-point layouts (tests/test_pnp_torch.py) reach the exact pose from one of these.
+FEW_TILTS, FEW_ITERATIONS = (0.5, 1.2, 2.0), 20
+FEW_SCREEN_ITERATIONS = 10  # steps every such start gets before the best of a frame's goes on alone
 # Levenberg-Marquardt's damping, relative to the normal matrix' diagonal: the first step and its bounds. A
 # rejected step multiplies it by LM_GROW, an accepted one divides it by LM_SHRINK.
 LM_DAMPING, LM_GROW, LM_SHRINK = 1e-3, 10.0, 10.0
@@ -86,6 +91,21 @@ def _affine_start(xn: torch.Tensor, X: torch.Tensor, w: torch.Tensor) -> tuple[t
     return R, centre - (R @ cX[..., None])[..., 0]
 
 
+def _translation_for(R: torch.Tensor, xn: torch.Tensor, X: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The translation (N, 3) that best fits rotation R (N, 3, 3) to the points, in the linear (algebraic) sense:
+    x (r3 . X + tz) = r1 . X + tx and likewise for y, by least squares."""
+    q = X @ R.transpose(1, 2)  # R X
+    x, y = xn[..., 0], xn[..., 1]
+    zero, one = torch.zeros_like(x), torch.ones_like(x)
+    rows = torch.cat([torch.stack([one, zero, -x], -1), torch.stack([zero, one, -y], -1)], 1)  # (N, 2L, 3)
+    rhs = torch.cat([x * q[..., 2] - q[..., 0], y * q[..., 2] - q[..., 1]], 1)
+    ww = torch.cat([w, w], 1)[..., None]
+    A = (rows * ww).transpose(1, 2) @ rows
+    b = ((rows * ww) * rhs[..., None]).sum(1)
+    ridge = 1e-12 * A.diagonal(dim1=1, dim2=2).sum(-1).clamp_min(1e-300)
+    return _solve_spd(A + ridge[:, None, None] * torch.eye(3, dtype=A.dtype, device=A.device), b)
+
+
 def _dlt_start(xn: torch.Tensor, X: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Pose from the direct linear transform on normalised points (see _affine_start for shapes)."""
     n = w.sum(-1).clamp_min(1.0)[:, None]
@@ -109,11 +129,18 @@ def _dlt_start(xn: torch.Tensor, X: torch.Tensor, w: torch.Tensor) -> tuple[torc
     return R, spread[:, None] * t_norm - (R @ cX[..., None])[..., 0]
 
 
+def _apply(R: torch.Tensor, t: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+    """R X + t for R (N, 3, 3), t (N, 3), X (N, L, 3), written out: a CPU's batched 3 x 3 matmul is the slower."""
+    Xs = [X[..., j] for j in range(3)]
+    return torch.stack([R[:, k, 0, None] * Xs[0] + R[:, k, 1, None] * Xs[1] + R[:, k, 2, None] * Xs[2]
+                        + t[:, k, None] for k in range(3)], -1)
+
+
 def _project(R, t, X, xn, w, fx, fy):
     """Camera points (N, L, 3), their normalised image coordinates x, y (N, L), residuals in pixels ru, rv (N, L)
     (zero where w is 0) and the cost (N,): the sum of squared pixel residuals. Pixels are fx, fy times normalised
     coordinates (K's skew is folded into xn), so this is OpenCV's reprojection error."""
-    p = X @ R.transpose(1, 2) + t[:, None]
+    p = _apply(R, t, X)
     z = p[..., 2]
     zs = torch.where(z.abs() > 1e-300, z, torch.ones_like(z))
     x, y = p[..., 0] / zs, p[..., 1] / zs
@@ -122,8 +149,8 @@ def _project(R, t, X, xn, w, fx, fy):
     return p, x, y, ru, rv, (ru * ru + rv * rv).sum(-1)
 
 
-def _solve_spd6(H: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """H^-1 g for symmetric positive definite H (N, 6, 6), g (N, 6), by Cholesky written out: on a CPU torch's
+def _solve_spd(H: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """H^-1 g for symmetric positive definite H (N, n, n), g (N, n), by Cholesky written out: on a CPU torch's
     batched LU of a 6 x 6 costs more than the whole Jacobian."""
     n = H.shape[-1]
     Lm = [[None] * n for _ in range(n)]
@@ -169,12 +196,11 @@ def _refine(R, t, X, xn, w, fx, fy, iterations: int):
         # d(u, v)/d(a, b), (N, L, 6) each
         Ju = torch.stack([-x * y * fxw, (1 + x * x) * fxw, -y * fxw, fx * iz, zero, -x * fx * iz], -1)
         Jv = torch.stack([-(1 + y * y) * fyw, x * y * fyw, x * fyw, zero, fy * iz, -y * fy * iz], -1)
-        J = torch.cat([Ju, Jv], 1)  # (N, 2L, 6)
-        H = J.transpose(1, 2) @ J
-        g = (J * torch.cat([ru, rv], 1)[..., None]).sum(1)
+        H = Ju.transpose(1, 2) @ Ju + Jv.transpose(1, 2) @ Jv
+        g = (Ju * ru[..., None] + Jv * rv[..., None]).sum(1)
         diag = H.diagonal(dim1=1, dim2=2)
         damped = H + torch.diag_embed(mu[:, None] * diag.clamp_min(1e-12))
-        step = -_solve_spd6(damped, g)
+        step = -_solve_spd(damped, g)
         rot = rodrigues(step[:, :3])
         R_new = rot @ R
         t_new = (rot @ t[..., None])[..., 0] + step[:, 3:]
@@ -189,12 +215,35 @@ def _refine(R, t, X, xn, w, fx, fy, iterations: int):
     return R, t, p, cost
 
 
+def _best(cost: torch.Tensor, of: torch.Tensor, N: int) -> torch.Tensor:
+    """Per frame, the index of its candidate of least cost (the first listed among equals); M where it has none.
+    cost (M,) (inf: not valid), of (M,) each candidate's frame."""
+    M = len(cost)
+    order = torch.sort(cost, stable=True).indices
+    first = torch.full((N,), M, dtype=torch.long, device=cost.device)
+    first.scatter_reduce_(0, of[order], torch.arange(M, device=cost.device), "amin")
+    return torch.cat([order, torch.tensor([M], device=cost.device)])[first]
+
+
+def _candidates(R, t, of, X, xn, w, fx, fy, iterations):
+    """Refine starts (R, t) of frames `of`; their poses (M, 3, 4) and costs (inf where a found point is not in
+    front of the camera or anything is not finite)."""
+    R, t, p, cost = _refine(R, t, X[of], xn[of], w[of], fx[of, None], fy[of, None], iterations)
+    front = ((p[..., 2] > 0) | (w[of] == 0)).all(-1)
+    pose = torch.cat([R, t[..., None]], -1)
+    valid = front & torch.isfinite(pose).flatten(1).all(-1) & torch.isfinite(cost)
+    return pose, torch.where(valid, cost, torch.full_like(cost, float("inf")))
+
+
 def solve_pnp(uv: torch.Tensor, found: torch.Tensor, points: torch.Tensor, K: torch.Tensor,
-              iterations: int = LM_ITERATIONS) -> tuple[torch.Tensor, torch.Tensor]:
+              neighbours: torch.Tensor | None = None, iterations: int = LM_ITERATIONS
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     """World-to-camera poses of N frames at once, on their device.
 
     uv (N, L, 2) pixel positions (u = column, v = row; anything where not found), found (N, L) bool, points
     (N, L, 3) the landmarks' world positions, K (N, 3, 3) intrinsics (zero bottom row but the 1; skew allowed).
+    neighbours (N, k) long, optional: rows of the same batch whose solutions may seed a frame with few landmarks
+    (its video's previous and next frames), -1 for none.
     Returns poses (N, 3, 4) float64 (NaN where not placed) and codes (N,) int8: PLACED, TOO_FEW or FAILED.
     """
     dtype = torch.float64
@@ -205,14 +254,19 @@ def solve_pnp(uv: torch.Tensor, found: torch.Tensor, points: torch.Tensor, K: to
     codes = torch.where(enough, FAILED, TOO_FEW).to(torch.int8)
     rows = torch.nonzero(enough)[:, 0]
     if len(rows):
+        local = None
+        if neighbours is not None:  # neighbours as indices among `rows` (-1 where none or not enough landmarks)
+            where = torch.full((N + 1,), -1, dtype=torch.long, device=uv.device)
+            where[rows] = torch.arange(len(rows), device=uv.device)
+            local = where[torch.where(neighbours < 0, N, neighbours)[rows]]
         pose, placed = _solve_rows(uv[rows].to(dtype), found[rows], points[rows].to(dtype), K[rows].to(dtype),
-                                   iterations)
+                                   iterations, local)
         poses[rows] = pose
         codes[rows] = torch.where(placed, PLACED, FAILED).to(torch.int8)
     return poses, codes
 
 
-def _solve_rows(uv, found, points, K, iterations):
+def _solve_rows(uv, found, points, K, iterations, neighbours=None):
     """solve_pnp on frames that all have enough landmarks: poses (N, 3, 4) (NaN where not placed), placed (N,)."""
     dtype = uv.dtype
     w = found.to(dtype)
@@ -224,24 +278,52 @@ def _solve_rows(uv, found, points, K, iterations):
     fx, s, cx, fy, cy = K[:, 0, 0], K[:, 0, 1], K[:, 0, 2], K[:, 1, 1], K[:, 1, 2]
     yn = (uv[..., 1] - cy[:, None]) / fy[:, None]
     xn = torch.stack([(uv[..., 0] - cx[:, None] - s[:, None] * yn) / fx[:, None], yn], -1) * w[..., None]
-    # candidates: the affine start of every frame, then the DLT start of those with 6 landmarks or more
-    R_a, t_a = _affine_start(xn, X, w)
     frame = torch.arange(N, device=uv.device)
+    # pass 1, every frame: its affine start, and its DLT start where it has 6 landmarks or more
+    R_a, t_a = _affine_start(xn, X, w)
     dlt_rows = torch.nonzero(count >= 6)[:, 0]
     R_d, t_d = _dlt_start(xn[dlt_rows], X[dlt_rows], w[dlt_rows])
-    of = torch.cat([frame, dlt_rows])  # each candidate's frame
-    w_c = w[of]
-    R, t, p, cost = _refine(torch.cat([R_a, R_d]), torch.cat([t_a, t_d]), X[of], xn[of], w_c, fx[of, None],
-                            fy[of, None], iterations)
-    front = ((p[..., 2] > 0) | (w_c == 0)).all(-1)
-    pose = torch.cat([R, t[..., None]], -1)
-    valid = front & torch.isfinite(pose).flatten(1).all(-1) & torch.isfinite(cost)
-    cost = torch.where(valid, cost, torch.full_like(cost, float("inf")))
-    table = torch.full((2, N), float("inf"), dtype=dtype, device=uv.device)  # (start, frame): refined cost
-    table[0] = cost[:N]
-    table[1, dlt_rows] = cost[N:]
-    best = table.argmin(0)  # ties (both starts at one minimum) keep the affine's
-    chosen = torch.where(best == 0, frame, N + torch.searchsorted(dlt_rows, frame).clamp_max(max(len(dlt_rows) - 1, 0)))
-    pose = pose[chosen]
-    placed = torch.isfinite(table.min(0).values)
+    of = torch.cat([frame, dlt_rows])
+    pose, cost = _candidates(torch.cat([R_a, R_d]), torch.cat([t_a, t_d]), of, X, xn, w, fx, fy, iterations)
+    best = _best(cost, of, N)
+    pose, cost = torch.cat([pose, pose[:1]]), torch.cat([cost, cost.new_full((1,), float("inf"))])
+    pose1, cost1 = pose[best], cost[best]
+    # pass 2, frames with 4 or 5 landmarks, where the affine start is poor (4 points fit any affine camera exactly)
+    # and there is no DLT: the affine start turned by +-FEW_TILTS about the camera's x and y axes, the pass-1
+    # solutions of its neighbours, and its own pass-1 solution, each refined longer (their minima are shallow)
+    few = torch.nonzero(count < 6)[:, 0]
+    if len(few) == 0:
+        placed = torch.isfinite(cost1)
+        return torch.where(placed[:, None, None], pose1, torch.full_like(pose1, float("nan"))), placed
+    tilts = [torch.tensor(v, dtype=dtype, device=uv.device) * angle for angle in FEW_TILTS
+             for v in ((1, 0, 0), (-1, 0, 0), (0, 1, 0), (0, -1, 0))]
+    tilted = [rodrigues(v).expand(len(few), 3, 3) @ R_a[few] for v in tilts]
+    starts_R = [pose1[few, :, :3]] + tilted
+    starts_t = [pose1[few, :, 3]] + [_translation_for(R_t, xn[few], X[few], w[few]) for R_t in tilted]
+    starts_of = [few] * (1 + len(tilts))
+    if neighbours is not None:
+        for k in range(neighbours.shape[1]):
+            nb = neighbours[few, k]
+            use = nb >= 0
+            nb_ok = use & torch.isfinite(cost1[nb.clamp_min(0)])
+            keep = torch.nonzero(nb_ok)[:, 0]
+            starts_R.append(pose1[nb[keep], :, :3])
+            starts_t.append(pose1[nb[keep], :, 3])
+            starts_of.append(few[keep])
+    R0 = torch.cat(starts_R)
+    R0 = torch.where(torch.isfinite(R0), R0, torch.eye(3, dtype=dtype, device=uv.device).expand(R0.shape))
+    t0 = torch.nan_to_num(torch.cat(starts_t))
+    of2 = torch.cat(starts_of)
+    pose2, cost2 = _candidates(R0, t0, of2, X, xn, w, fx, fy, FEW_SCREEN_ITERATIONS)
+    # the best of each such frame's candidates, then refined for longer: one candidate each, not a dozen
+    best = _best(cost2, of2, N)[few]
+    best = torch.where(best < len(cost2), best, 0)  # a frame with no valid candidate: any, its cost stays inf
+    pose3, cost3 = _candidates(pose2[best, :, :3], pose2[best, :, 3], few, X, xn, w, fx, fy, FEW_ITERATIONS)
+    of_all = torch.cat([frame, few])
+    pose_all, cost_all = torch.cat([pose1, pose3]), torch.cat([cost1, cost3])
+    best = _best(cost_all, of_all, N)
+    pose_all = torch.cat([pose_all, pose_all[:1]])
+    cost_all = torch.cat([cost_all, cost_all.new_full((1,), float("inf"))])
+    pose, cost = pose_all[best], cost_all[best]
+    placed = torch.isfinite(cost)
     return torch.where(placed[:, None, None], pose, torch.full_like(pose, float("nan"))), placed
