@@ -332,6 +332,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.motion.mdm_args = ""  # mdm: path of args.json; "" = the args.json beside the .pt
     c.motion.mdm_use_ema = True  # mdm: an EMA checkpoint's averaged weights (model_avg), as MDM's own loaders take
     c.motion.text_encoder = "base"  # "base": the word-level encoder in <pretrained>/text_encoder | "clip": clip_path
+    # the synthetic world's items (and its Mean/Std) read from / written to this folder, built once per machine
+    # and builder instead of in every process's first epoch (recam/domains/motion/world.py); "" = built in memory
+    c.motion.world_cache = ""
     c.motion.clip_path = ""  # text_encoder "clip": a local CLIP folder (e.g. clip-vit-base-patch32), never downloaded
     c.motion.mask_frames = True  # padded frames get no attention (MDM's released checkpoints: trained without, False)
     c.motion.diffusion_steps = 1000  # DDPM steps of the cosine schedule the model was trained on (MDM: 1000)
