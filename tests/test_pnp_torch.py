@@ -14,6 +14,7 @@ Tolerances, measured on this CPU (2026-11, torch 2.x) and set with margin:
 from __future__ import annotations
 
 import contextlib
+import math
 
 import numpy as np
 import pytest
@@ -208,3 +209,27 @@ def test_torch_pnp_is_opencv_s_on_generated_frames_and_so_is_cam_score():
           f"{moved.sum()} videos with a frame apart: |diff| {diff[moved].tolist()}")
     assert diff[~moved].max() < GENERATED_SCORE_TOL and np.isfinite(s_new.numpy()).all()
     assert diff[moved].max(initial=0.0) < GENERATED_SCORE_APART_TOL
+
+
+def test_parallax_of_a_batch_is_each_video_s():
+    """landmark_parallax_batch against centre_parallax video by video (the scene depth as the estimator takes it),
+    with frames unplaced, a single placed frame and none: equal up to the order of the sums (1e-12 relative)."""
+    from rewards.pose.estimator import centre_parallax, landmark_parallax_batch
+
+    g = np.random.default_rng(1)
+    B, F = 12, 8
+    R = pnp_torch.rodrigues(torch.from_numpy(g.normal(size=(B, F, 3)) * 0.2)).numpy()
+    poses = np.concatenate([R, g.normal(size=(B, F, 3, 1)) + np.array([0, 0, 5.0])[:, None]], -1)
+    ok = g.random((B, F)) < 0.7
+    ok[0], ok[1], ok[2] = False, False, True
+    ok[1, 3] = True  # one placed frame: no pair
+    landmarks = [g.normal(size=(int(n), 3)) for n in g.integers(4, 8, B)]
+    batch = landmark_parallax_batch(np.where(ok[..., None, None], poses, np.nan), ok, landmarks)
+    for b in range(B):
+        if not ok[b].any():
+            assert math.isnan(batch[b])
+            continue
+        ref = poses[b, np.flatnonzero(ok[b])[0]]
+        depth = float(np.median((landmarks[b] @ ref[:, :3].T + ref[:, 3])[:, 2]))
+        one = centre_parallax(poses[b], ok[b], depth)
+        assert (math.isnan(one) and math.isnan(batch[b])) or abs(batch[b] - one) <= 1e-12 * max(abs(one), 1e-300)

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from rewards.pose import pnp_torch
-from rewards.pose.estimator import PoseEstimate, centre_parallax, register_estimator
+from rewards.pose.estimator import PoseEstimate, centre_parallax, landmark_parallax_batch, register_estimator
 
 MIN_LANDMARKS = pnp_torch.MIN_LANDMARKS  # one rule for both solves
 COLOUR_RADIUS = 0.6  # RGB distance (in [0, 1] units) within which a pixel votes for a landmark colour
@@ -305,11 +305,18 @@ def poses_from_landmarks_torch(uvs: torch.Tensor, founds: torch.Tensor, intrinsi
     padding never found); intrinsics and landmarks per video. Only the poses (B, F, 3, 4) cross to the host.
     search_seconds: the search's time for the whole batch, shared out as estimate_device_frames does."""
     start = time.perf_counter()
+    if founds.shape[0] == 0:
+        return []
+    solved = solve_videos_torch(uvs, founds, intrinsics, landmarks)
+    return estimates_from_poses(*solved, landmarks, search_seconds + time.perf_counter() - start)
+
+
+def solve_videos_torch(uvs: torch.Tensor, founds: torch.Tensor, intrinsics: Sequence[np.ndarray],
+                       landmarks: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The device's part of poses_from_landmarks_torch: poses (B, F, 3, 4), codes (B, F) (pnp_torch's) and each
+    video's mean count of found landmarks, on the host."""
     B, F, L = founds.shape
     device = uvs.device
-    out = []
-    if B == 0:
-        return out
     points = np.zeros((B, L, 3))
     for b, pts in enumerate(landmarks):
         points[b, :len(pts)] = pts
@@ -324,23 +331,31 @@ def poses_from_landmarks_torch(uvs: torch.Tensor, founds: torch.Tensor, intrinsi
                                            K_t[:, None].expand(B, F, 3, 3).reshape(B * F, 3, 3),
                                            neighbours.reshape(B * F, 2))
     found_mean = founds.sum(-1).double().mean(-1)
-    poses = poses_t.reshape(B, F, 3, 4).cpu().numpy()
-    codes = codes_t.reshape(B, F).cpu().numpy()
-    found_mean = found_mean.cpu().numpy()
-    share = search_seconds / B + (time.perf_counter() - start) / B
+    return (poses_t.reshape(B, F, 3, 4).cpu().numpy(), codes_t.reshape(B, F).cpu().numpy(),
+            found_mean.cpu().numpy())
+
+
+def estimates_from_poses(poses: np.ndarray, codes: np.ndarray, found_mean: np.ndarray,
+                         landmarks: Sequence[np.ndarray], seconds: float = 0.0) -> list[PoseEstimate]:
+    """The host's part of poses_from_landmarks_torch: each video's PoseEstimate (reasons, parallax, confidence)
+    from solve_videos_torch's arrays; `seconds`, the batch's time, is shared out per video."""
+    start = time.perf_counter()
+    B = len(poses)
+    out = []
+    placed = codes == pnp_torch.PLACED
+    parallaxes = landmark_parallax_batch(poses, placed, landmarks).tolist()
     for b in range(B):
-        ok = codes[b] == pnp_torch.PLACED
+        ok = placed[b]
         reasons = [PNP_REASONS[c] for c in codes[b].tolist()]
-        parallax = math.nan
-        if ok.any():
-            ref = poses[b, np.flatnonzero(ok)[0]]
-            pts = landmarks[b]
-            parallax = centre_parallax(poses[b], ok, float(np.median((pts @ ref[:, :3].T + ref[:, 3])[:, 2])))
+        parallax = parallaxes[b]
         out.append(PoseEstimate(poses=poses[b], ok=ok, reasons=reasons, method="landmarks",
                                 video_reason=None if ok.any() else "no_frame_estimated",
                                 confidence={"landmarks_found_mean": float(found_mean[b]),
                                             "frames_ok": float(ok.sum()), "parallax": parallax},
-                                seconds={"pnp": share}, parallax=parallax))
+                                seconds={}, parallax=parallax))
+    share = (seconds + time.perf_counter() - start) / max(B, 1)
+    for estimate in out:
+        estimate.seconds["pnp"] = share
     return out
 
 
