@@ -254,6 +254,21 @@ def test_a_cached_world_is_the_per_item_builder_s_bit_for_bit(tmp_path):
     assert all(f.name.endswith(f"-{W.builder_fingerprint()}.npz") for f in tmp_path.iterdir())
 
 
+def test_a_world_built_on_processes_is_the_per_item_builder_s(tmp_path):
+    """build_all(workers) (scripts/tools/build_motion_world.py) builds on spawned processes what the per-item builder
+    builds here, to the bit, and writes the cache the next world reads."""
+    n = 6
+    reference = W.MotionWorld("held_out", n, seed=2)
+    pooled = W.MotionWorld("held_out", n, seed=2, cache_dir=tmp_path)
+    pooled.build_all(workers=2)
+    assert pooled.cache_path().exists()
+    for i in range(n):
+        a, b = reference[i], pooled[i]
+        assert (a.condition_id, a.caption, a.length, a.spec) == (b.condition_id, b.caption, b.length, b.spec)
+        np.testing.assert_array_equal(a.features, b.features)
+        np.testing.assert_array_equal(a.joints, b.joints)
+
+
 def test_mean_std_like_humanml3d():
     mean, std = W.reference_mean_std()
     assert mean.shape == std.shape == (263,) and (std > 0).all()

@@ -191,18 +191,27 @@ def reference_mean_std(cache_dir: str | None = None) -> tuple[np.ndarray, np.nda
     return mean, std
 
 
+def _build_items(job: tuple) -> list[MotionCondition]:
+    """Items of a world in a pool process: (split, num_conditions, seed, mean, std, indices) -> their items."""
+    split, n, seed, mean, std, indices = job
+    world = MotionWorld(split, n, seed, stats=(mean, std))  # no cache: this process builds, its parent writes
+    return [world._build(i) for i in indices]
+
+
 class MotionWorld(torch.utils.data.Dataset):
     """`num_conditions` captioned synthetic motions of one split; items are built on first access and kept. With
     cache_dir, the first access reads the whole world from the cache, or builds it all and writes it there."""
 
-    def __init__(self, split: str, num_conditions: int, seed: int = 0, cache_dir: str | Path | None = None):
+    def __init__(self, split: str, num_conditions: int, seed: int = 0, cache_dir: str | Path | None = None,
+                 stats: tuple[np.ndarray, np.ndarray] | None = None):
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         self.split = split
         self.num_conditions = int(num_conditions)
         self.seed = int(seed)
         self.cache_dir = str(cache_dir) if cache_dir else None
-        self.mean, self.std = reference_mean_std(self.cache_dir)
+        # stats: reference_mean_std()'s, handed to a pool process that would otherwise rebuild them
+        self.mean, self.std = reference_mean_std(self.cache_dir) if stats is None else stats
         self._items: dict[int, MotionCondition] = {}
         self._packed: dict[str, np.ndarray] | None = None  # the cache's arrays, until every item is unpacked
         self._complete = False  # every item is in _items or _packed
@@ -212,8 +221,10 @@ class MotionWorld(torch.utils.data.Dataset):
             return None
         return Path(self.cache_dir) / f"{self.split}-s{self.seed}-n{self.num_conditions}-{builder_fingerprint()}.npz"
 
-    def build_all(self) -> None:
-        """Every item, from the cache when it has this world, else built (and written there when caching)."""
+    def build_all(self, workers: int = 0) -> None:
+        """Every item, from the cache when it has this world, else built (and written there when caching); with
+        workers > 1, the items missing are built on that many spawned processes (scripts/tools/build_motion_world.py:
+        a fresh machine's cache built before the runs that read it)."""
         if self._complete:
             return
         self._complete = True
@@ -223,6 +234,16 @@ class MotionWorld(torch.utils.data.Dataset):
                 self._packed = {k: z[k] for k in z.files}
             self._offsets = np.concatenate([[0], np.cumsum(self._packed["lengths"])])
             return
+        missing = [i for i in range(self.num_conditions) if i not in self._items]
+        if workers > 1 and len(missing) > 1:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            chunks = [missing[k::workers * 4] for k in range(min(len(missing), workers * 4))]
+            job = (self.split, self.num_conditions, self.seed, self.mean, self.std)
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+                for chunk, built in zip(chunks, pool.map(_build_items, [(*job, c) for c in chunks]), strict=True):
+                    self._items.update(zip(chunk, built, strict=True))
         items = [self._items[i] if i in self._items else self._build(i) for i in range(self.num_conditions)]
         packed = {
             "features": np.concatenate([it.features[:it.length] for it in items]) if items
