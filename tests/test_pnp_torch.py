@@ -233,3 +233,21 @@ def test_parallax_of_a_batch_is_each_video_s():
         depth = float(np.median((landmarks[b] @ ref[:, :3].T + ref[:, 3])[:, 2]))
         one = centre_parallax(poses[b], ok[b], depth)
         assert (math.isnan(one) and math.isnan(batch[b])) or abs(batch[b] - one) <= 1e-12 * max(abs(one), 1e-300)
+
+
+def test_the_config_picks_the_solve_and_opencv_is_one_override_away():
+    from config import grpo
+    from config.validate import ConfigError, validate
+    from rewards.cam_score import build_cam_score
+
+    c = grpo.get_config("tiny_cpu")
+    assert c.reward.cam.pnp == "torch" and build_cam_score(c).estimator.pnp == "torch"
+    c.reward.cam.pnp = "opencv"
+    validate(c, 1)
+    reward = build_cam_score(c)
+    assert reward.estimator.pnp == "opencv" and "opencv" in reward.describe()
+    c.reward.cam.pnp = "sqpnp"
+    with pytest.raises(ConfigError, match=r"reward\.cam\.pnp"):
+        validate(c, 1)
+    with pytest.raises(ValueError, match=r"reward\.cam\.pnp"):
+        lm.LandmarkEstimator(pnp="sqpnp")
