@@ -139,8 +139,10 @@ def bench_landmarks(videos: int, repeats: int, workers: int | None = None) -> di
     the CPU), and torch as one batch of all the videos (find_landmarks_torch, what it does with videos on an
     accelerator), here on the CPU and, where there is one, on CUDA (frames already there; the time includes
     bringing uv and found to the host). Then PnP of the found landmarks on the host, video after video and on a
-    thread pool of `workers` (LandmarkEstimator's default: min(videos, os.cpu_count())), the pool's start included.
-    Every arm gives the same numbers to the bit (tests/test_cam_score.py)."""
+    thread pool of `workers` (LandmarkEstimator's default: min(videos, os.cpu_count())), the pool's start included,
+    and on reward.cam.pnp="opencv"'s processes; beside them the batched torch solve (the default) on the CPU and on
+    CUDA, and its host share. The searches give the same numbers to the bit (tests/test_cam_score.py), as do the
+    OpenCV arms; the torch solve's poses are OpenCV's within tests/test_pnp_torch.py's measured tolerances."""
     import os
     from concurrent.futures import ThreadPoolExecutor
 
