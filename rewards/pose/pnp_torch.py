@@ -1,20 +1,23 @@
 """PnP for a whole batch of frames at once in torch, on the tensors' device: the landmark estimator's default solve.
 
-Per frame, from its found 2D-3D correspondences (at least MIN_LANDMARKS), two closed-form starts:
+Per frame, from its found 2D-3D correspondences (at least MIN_LANDMARKS), closed-form starts:
   - affine: the least-squares affine camera x ~ A X + b on the normalised image points, read as a scaled
     orthographic camera (the rows of A are the camera's x and y axes over the depth of the points' centroid);
     it needs only 4 points not on a plane;
   - DLT: the 3 x 4 projection matrix as the null vector of the 2n x 12 direct linear system (world points
     centred and scaled first), its left 3 x 3 block projected onto the rotations; it needs 6 points.
-Each start is then refined by Levenberg-Marquardt on the pixel reprojection error (a rotation update exp([w]) R on
-the left, the translation added), and the frame keeps the refined start with the least error whose found points
-all lie in front of the camera. The rules for a placed frame are OpenCV's path's (landmarks.estimate_pose): at
-least MIN_LANDMARKS found, a finite pose, every found landmark at positive depth.
+Each start is refined by Levenberg-Marquardt on the pixel reprojection error (OpenCV's objective), the pose updated
+on the left (p <- exp([a]) p + b), and the frame keeps the refined start with the least error whose found points
+all lie in front of the camera. Frames with 4 or 5 landmarks have no DLT and a poor affine start (4 points fit any
+affine camera exactly), so a second pass gives them more: the affine rotation turned by FEW_TILTS about the
+camera's axes (each with its least-squares translation), the first pass's solutions of their video's neighbouring
+frames, refined longer. The rules for a placed frame are OpenCV's path's (landmarks.estimate_pose): at least
+MIN_LANDMARKS found, a finite pose, every found landmark at positive depth.
 
-Why two starts: the affine one is always available but biased where the depth range of the landmarks is a large
-share of their depth; DLT is unbiased but needs 6 points and is noisy with exactly 6. Refined, both land in the
-basin OpenCV's SQPnP-then-LM lands in on nearly every frame (tests/test_pnp_torch.py measures how nearly).
-Everything is float64: PnP's jitter at 32 px is what cam_score's static tolerance is set against.
+Against OpenCV's SQPnP-then-LM (tests/test_pnp_torch.py): the same frames placed, the same minimum but for a few
+frames with 4 landmarks where this solve's has the lower error. Everything is float64: PnP's jitter at 32 px is
+what cam_score's static tolerance is set against. Written from the formulas (DLT, scaled orthography, the
+textbook point-projection Jacobian); no solver's code is copied.
 """
 
 from __future__ import annotations
