@@ -384,14 +384,14 @@ class LandmarkEstimator:
 
     Two ways in, the same estimates: `estimate` takes each video's uint8 frames on the host and searches it with
     numpy; `estimate_device_frames` takes the batch as one uint8 tensor where it already is (an accelerator) and
-    searches it there with find_landmarks_torch, so that only the landmarks' positions cross to the host. There
-    PnP runs on a pool of processes (`processes`, default pnp_processes(); 0: in the calling thread), started at
-    the first batch of MIN_POOLED_VIDEOS or more and kept until close(): per frame it is OpenCV calls between
-    numpy and Python steps that hold the GIL, so threads gave no speedup (2.52 s per 2,048 videos on one thread,
-    2.58 on two), and two processes cut it to 1.3-2.1 s (scripts/bench/bench_update_cpu.py, docs/real_scale.md 0.1; the
-    pool's hand-overs cost, hence the threshold). cam_score takes the second way for
-    videos on a device `searches_on` accepts: not the CPU, where numpy's per-video search was the faster, unless
-    torch_on_cpu.
+    searches it there with find_landmarks_torch. With pnp "torch", both then solve the whole batch at once (on the
+    CPU, or on the frames' device). With "opencv", only the landmarks' positions cross to the host, where PnP runs
+    on a pool of processes (`processes`, default pnp_processes(); 0: in the calling thread), started at the first
+    batch of MIN_POOLED_VIDEOS or more and kept until close(): per frame it is OpenCV calls between numpy and
+    Python steps that hold the GIL, so threads gave no speedup (2.52 s per 2,048 videos on one thread, 2.58 on
+    two), and two processes cut it to 1.3-2.1 s (scripts/bench/bench_update_cpu.py, docs/real_scale.md 0.1; the
+    pool's hand-overs cost, hence the threshold). cam_score takes the second way for videos on a device
+    `searches_on` accepts: not the CPU, where numpy's per-video search was the faster, unless torch_on_cpu.
     """
 
     name = "landmarks"
