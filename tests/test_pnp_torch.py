@@ -251,3 +251,20 @@ def test_the_config_picks_the_solve_and_opencv_is_one_override_away():
         validate(c, 1)
     with pytest.raises(ValueError, match=r"reward\.cam\.pnp"):
         lm.LandmarkEstimator(pnp="sqpnp")
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_the_library_solve_an_accelerator_uses_gives_the_cpu_s_poses(monkeypatch):
+    """Off the CPU the LM steps are solved by the library's batched Cholesky, on it by the unrolled one; forced
+    here on the CPU, the library's poses are the unrolled one's within 1e-7 (measured: 3.5e-9 at most, the last
+    steps of LM in a flat minimum rounding apart), and its codes the same."""
+    videos, conds = _world(16)
+    uv, found, points, K, _ = _frames_of(videos, conds)
+    args = [torch.from_numpy(a) for a in (uv, found, points, K)]
+    P_cpu, c_cpu = pnp_torch.solve_pnp(*args)
+    monkeypatch.setattr(pnp_torch, "_solve_spd_unrolled", pnp_torch._solve_spd_library)
+    P_lib, c_lib = pnp_torch.solve_pnp(*args)
+    assert torch.equal(c_cpu, c_lib)
+    ok = c_cpu.numpy() == pnp_torch.PLACED
+    assert _rot_deg(P_cpu.numpy()[ok, :, :3], P_lib.numpy()[ok, :, :3]).max() < 1e-5  # arccos' resolution
+    np.testing.assert_allclose(P_lib.numpy()[ok], P_cpu.numpy()[ok], rtol=0, atol=1e-7)
