@@ -279,6 +279,9 @@ def get_config() -> ml_collections.ConfigDict:
     # How poses are estimated on the generated frames: "landmarks" (PnP on the synthetic world's coloured spheres),
     # "sfm" (pycolmap structure-from-motion: real footage, textured worlds), "served" (a learned estimator over HTTP)
     c.reward.cam.estimator = "landmarks"
+    # How "landmarks" solves PnP: "torch", every frame of a batch at once where the samples are (the device);
+    # "opencv", OpenCV's SQPnP frame by frame on the host (the reference; rewards/pose/landmarks.py)
+    c.reward.cam.pnp = "torch"
     c.reward.cam.max_frames = 16  # frames scored per video, evenly spaced, first and last included
     c.reward.cam.rot_scale_deg = 10.0  # per-frame score exp(-RotErr / this) * exp(-TransErr / trans_scale)
     c.reward.cam.trans_scale = 0.25  # TransErr is between centres normalised by the trajectory's largest, in [0, 2]
@@ -329,6 +332,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.motion.mdm_args = ""  # mdm: path of args.json; "" = the args.json beside the .pt
     c.motion.mdm_use_ema = True  # mdm: an EMA checkpoint's averaged weights (model_avg), as MDM's own loaders take
     c.motion.text_encoder = "base"  # "base": the word-level encoder in <pretrained>/text_encoder | "clip": clip_path
+    # the synthetic world's items (and its Mean/Std) read from / written to this folder, built once per machine
+    # and builder instead of in every process's first epoch (recam/domains/motion/world.py); "" = built in memory
+    c.motion.world_cache = ""
     c.motion.clip_path = ""  # text_encoder "clip": a local CLIP folder (e.g. clip-vit-base-patch32), never downloaded
     c.motion.mask_frames = True  # padded frames get no attention (MDM's released checkpoints: trained without, False)
     c.motion.diffusion_steps = 1000  # DDPM steps of the cosine schedule the model was trained on (MDM: 1000)

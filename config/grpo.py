@@ -421,6 +421,7 @@ def motion_tiny_gpu():
     c.run_dir = "runs/motion_tiny_gpu"
     c.num_threads = 0  # the device's own
     c.data.num_train_conditions = 4096
+    c.motion.world_cache = "runs/cache/motion_world"  # 4,096 motions built once per machine, not per process
     c.sample.batch_size = 4096
     c.sample.num_batches_per_epoch = 4
     c.train.batch_size = 2048

@@ -33,6 +33,7 @@ MUTABLE = {
     "resume": "whether it resumes",
     "trust_legacy_checkpoint": "whether a checkpoint holding a pickle may be read (and converted)",
     "run_dir": "where its folder is (a folder may move between machines)",
+    "motion.world_cache": "where the synthetic motion world is cached (its items are the same bit for bit)",
     "run_name": "its name in the logs",
     "num_threads": "CPU threads per process (float sums split over another count of threads round differently, "
                    "about 1e-8: from here on the numbers are not bit-identical to an unchanged resume's)",

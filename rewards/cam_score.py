@@ -365,6 +365,7 @@ class CamScore:
 def check_settings(checks) -> None:
     """The ranges of reward.cam, its estimators' sections included (recam/infra/config_checks.py's FieldChecks)."""
     checks.choice("reward.cam.estimator", tuple(known_estimators()))
+    checks.choice("reward.cam.pnp", ("torch", "opencv"))
     checks.integer("reward.cam.max_frames", 2)
     checks.number("reward.cam.rot_scale_deg", 0, None, low_open=True)
     checks.number("reward.cam.trans_scale", 0, None, low_open=True)

@@ -460,7 +460,8 @@ def test_torch_landmark_search_gives_a_pixel_to_the_first_colour_at_the_rounded_
 
 
 @pytest.mark.usefixtures("one_thread")
-def test_cam_score_searching_on_the_videos_device_scores_as_the_per_video_numpy_path():
+@pytest.mark.parametrize("pnp", ["torch", "opencv"])
+def test_cam_score_searching_on_the_videos_device_scores_as_the_per_video_numpy_path(pnp):
     from rewards.pose.landmarks import LandmarkEstimator
 
     videos, conds = _world_batch()
@@ -469,7 +470,8 @@ def test_cam_score_searching_on_the_videos_device_scores_as_the_per_video_numpy_
                                    landmark_colors=conds[1].landmark_colors[:3])  # footage without landmarks
     videos[2, :, 1, 0, 0] = float("nan")  # not judged
     host, batched = CamScore(CamScoreSettings()), CamScore(CamScoreSettings())
-    batched.estimator = LandmarkEstimator(processes=0, torch_on_cpu=True)
+    host.estimator = LandmarkEstimator(pnp=pnp)
+    batched.estimator = LandmarkEstimator(processes=0, torch_on_cpu=True, pnp=pnp)
     assert not host.estimator.searches_on(videos.device) and batched.estimator.searches_on(videos.device)
     scores, details = host(videos, conds)
     scores_b, details_b = batched(videos, conds)
@@ -500,17 +502,18 @@ def test_cam_score_searching_on_the_videos_device_scores_as_the_per_video_numpy_
 
 
 def test_pnp_in_a_pool_of_processes_gives_the_estimates_of_pnp_in_this_thread(monkeypatch):
-    """Large batches solve PnP on spawned processes (threads gave no speedup: the GIL); the estimates are the
-    same, to the bit, as solving them here, and close() ends the processes."""
+    """With reward.cam.pnp="opencv", large batches solve PnP on spawned processes (threads gave no speedup: the
+    GIL); the estimates are the same, to the bit, as solving them here, and close() ends the processes."""
     from rewards.pose import landmarks
 
     videos, conds = _world_batch()
     idx = frame_indices(videos.shape[2], 16)
     frames = to_uint8_frames_torch((videos[:, :, idx].permute(0, 2, 3, 4, 1) + 1.0) / 2.0)
     Ks = [c.intrinsics.double().numpy() for c in conds]
-    here = landmarks.LandmarkEstimator(processes=0, torch_on_cpu=True).estimate_device_frames(frames, Ks, conds)
+    here = landmarks.LandmarkEstimator(processes=0, torch_on_cpu=True, pnp="opencv").estimate_device_frames(
+        frames, Ks, conds)
     monkeypatch.setattr(landmarks, "MIN_POOLED_VIDEOS", 2)
-    pooled = landmarks.LandmarkEstimator(processes=2, torch_on_cpu=True)
+    pooled = landmarks.LandmarkEstimator(processes=2, torch_on_cpu=True, pnp="opencv")
     try:
         far = pooled.estimate_device_frames(frames, Ks, conds)
         assert pooled._pool is not None

@@ -98,6 +98,7 @@ def test_real_scale_presets_arithmetic_and_settings(name, procs, per_device):
                 c.reward.weights.__setitem__("cam_score", 0.0)), "reward.cam.estimator"),
     (lambda c: setattr(c.reward.cam, "estimator", "colmap"), "reward.cam.estimator"),
     (lambda c: setattr(c.reward.cam, "max_frames", 1), "reward.cam.max_frames"),
+    (lambda c: setattr(c.reward.cam, "pnp", "sqpnp"), "reward.cam.pnp"),
     (lambda c: setattr(c.reward.cam, "static_parallax", 0.0), "reward.cam.static_parallax"),
     (lambda c: setattr(c.reward.cam.sfm, "timeout_s", 0.0), "reward.cam.sfm.timeout_s"),
     (lambda c: setattr(c.reward.cam.sfm, "min_registered_fraction", 1.5), "reward.cam.sfm.min_registered_fraction"),

@@ -229,6 +229,46 @@ def test_world_items_and_determinism():
         world[6]
 
 
+def test_a_cached_world_is_the_per_item_builder_s_bit_for_bit(tmp_path):
+    """The first world with a cache folder builds every item (the per-item builder, MotionWorld._build) and writes
+    them; a second reads them back: the same items to the bit, Mean/Std too, without building one."""
+    n = 12
+    reference = W.MotionWorld("train", n, seed=3)
+    first = W.MotionWorld("train", n, seed=3, cache_dir=tmp_path)
+    first[5]  # one access builds the whole world
+    assert first.cache_path().exists() and len(first._items) == n
+    W.reference_mean_std.cache_clear()
+    second = W.MotionWorld("train", n, seed=3, cache_dir=tmp_path)
+    second._build = None  # reading the cache must build nothing
+    for i in range(n):
+        a, b = reference[i], second[i]
+        assert (a.condition_id, a.caption, a.length, a.spec) == (b.condition_id, b.caption, b.length, b.spec)
+        for x, y in ((a.features, b.features), (a.joints, b.joints)):
+            assert x.dtype == y.dtype and x.shape == y.shape
+            np.testing.assert_array_equal(x, y)
+    np.testing.assert_array_equal(second.mean, reference.mean)
+    np.testing.assert_array_equal(second.std, reference.std)
+    assert second._packed is None  # every item unpacked: the cache's arrays are let go
+    # another size, seed or split is another file; a file that is not a cache of this builder is never read
+    assert W.MotionWorld("train", n + 1, seed=3, cache_dir=tmp_path).cache_path() != first.cache_path()
+    assert all(f.name.endswith(f"-{W.builder_fingerprint()}.npz") for f in tmp_path.iterdir())
+
+
+def test_a_world_built_on_processes_is_the_per_item_builder_s(tmp_path):
+    """build_all(workers) (scripts/tools/build_motion_world.py) builds on spawned processes what the per-item builder
+    builds here, to the bit, and writes the cache the next world reads."""
+    n = 6
+    reference = W.MotionWorld("held_out", n, seed=2)
+    pooled = W.MotionWorld("held_out", n, seed=2, cache_dir=tmp_path)
+    pooled.build_all(workers=2)
+    assert pooled.cache_path().exists()
+    for i in range(n):
+        a, b = reference[i], pooled[i]
+        assert (a.condition_id, a.caption, a.length, a.spec) == (b.condition_id, b.caption, b.length, b.spec)
+        np.testing.assert_array_equal(a.features, b.features)
+        np.testing.assert_array_equal(a.joints, b.joints)
+
+
 def test_mean_std_like_humanml3d():
     mean, std = W.reference_mean_std()
     assert mean.shape == std.shape == (263,) and (std > 0).all()

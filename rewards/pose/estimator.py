@@ -87,6 +87,36 @@ def centre_parallax(poses: np.ndarray, ok: np.ndarray, scene_depth: float, toler
     return float(np.maximum(np.linalg.norm(centres[i] - centres[j], axis=1) / scene_depth - tolerance, 0.0).mean())
 
 
+def landmark_parallax_batch(poses: np.ndarray, ok: np.ndarray, landmarks: Sequence[np.ndarray],
+                            tolerance: float = STILL_TOLERANCE) -> np.ndarray:
+    """centre_parallax of B videos at once, each with its scene depth taken as the landmark estimator takes it (the
+    median depth of its landmarks in its first placed frame): poses (B, F, 3, 4), ok (B, F), landmarks per video
+    (L_b, 3). (B,) float64, NaN where fewer than two frames are placed. The same numbers as per video up to the
+    order of the sums (tests/test_pnp_torch.py); one numpy pass instead of a dozen calls per video."""
+    B, F = ok.shape
+    L = max((len(p) for p in landmarks), default=0)
+    pts = np.full((B, max(L, 1), 3), np.nan)
+    for b, p in enumerate(landmarks):
+        pts[b, :len(p)] = p
+    first = ok.argmax(1)
+    ref = poses[np.arange(B), first]  # (B, 3, 4); anything where no frame is placed
+    pairs_i, pairs_j = np.triu_indices(F, 1)
+    pair_ok = ok[:, pairs_i] & ok[:, pairs_j]
+    count = pair_ok.sum(1)
+    out = np.full(B, math.nan)
+    rows = np.flatnonzero(count > 0)
+    if len(rows) == 0:
+        return out
+    depth = np.einsum("blj,bj->bl", pts[rows], ref[rows, 2, :3]) + ref[rows, 2, 3:4]
+    scene = np.nanmedian(depth, 1)
+    P = poses[rows]
+    centres = -np.einsum("bfji,bfj->bfi", P[..., :3], P[..., 3])
+    dist = np.linalg.norm(centres[:, pairs_i] - centres[:, pairs_j], axis=-1)
+    terms = np.where(pair_ok[rows], np.maximum(dist / scene[:, None] - tolerance, 0.0), 0.0)
+    out[rows] = terms.sum(1) / count[rows]
+    return out
+
+
 class PoseEstimator(Protocol):
     """estimate(videos, intrinsics, conditions) -> one PoseEstimate per video, never raising for a bad video
     (a failure is a PoseEstimate with reasons). `conditions` gives access to what a method may use besides the

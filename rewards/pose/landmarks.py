@@ -1,22 +1,24 @@
 """Landmark PnP: camera poses in the synthetic world, from its coloured landmarks of known 3D position.
 
-Per frame, each landmark of the condition's scene is found by its colour (a colour-closeness weighted centroid),
-and the camera pose is solved from the 2D-3D correspondences with OpenCV's PnP (SQPnP, then Levenberg-Marquardt
-refinement). The poses are in the scene's world frame, which is the first source camera's: the landmarks pin it,
-so unlike SfM this estimator sees an absolute trajectory (a mirrored move is a mirrored estimate). Real footage has
-no landmarks: every frame fails with reason "scene_has_too_few_landmarks".
+Per frame, each landmark of the condition's scene is found by its colour (a colour-closeness weighted centroid), and
+the camera pose is solved from the 2D-3D correspondences: by default for every frame of a batch at once in torch,
+where the landmarks were found (rewards/pose/pnp_torch.py: affine and DLT starts, Levenberg-Marquardt on the
+reprojection error), or with reward.cam.pnp="opencv" frame by frame with OpenCV's PnP on the host (SQPnP, then
+Levenberg-Marquardt refinement), the reference the torch solve is tested against. The poses are in the scene's world
+frame, which is the first source camera's: the landmarks pin it, so unlike SfM this estimator sees an absolute
+trajectory (a mirrored move is a mirrored estimate). Real footage has no landmarks: every frame fails with reason
+"scene_has_too_few_landmarks".
 
-The estimate's `parallax` is rewards.pose.centre_parallax of the PnP poses, with the scene's depth (the median
-depth of its landmarks in the first placed frame) as the scale: the landmarks fix the poses' unit, so translation
-relative to depth is measured directly, along the view axis too, where the landmarks' image shift at 32 px is
-under a pixel.
+The estimate's `parallax` is rewards.pose.centre_parallax of the PnP poses, with the scene's depth (the median depth
+of its landmarks in the first placed frame) as the scale: the landmarks fix the poses' unit, so translation relative
+to depth is measured directly, along the view axis too, where the landmarks' image shift at 32 px is under a pixel.
 
 The search runs two ways: find_landmarks, numpy on one video's frames on the host (the reference), and
 find_landmarks_torch, torch on a whole batch on the frames' device, which cam_score uses for videos on an
-accelerator (LandmarkEstimator.estimate_device_frames): only the landmarks' positions then cross to the host,
-where PnP runs on a pool of processes. On the frames cam_score hands over, both give the same numbers to the bit, since
-PnP's refinement turns a last-bit change of a centroid into a different pose, and so a different score
-(tests/test_cam_score.py compares both).
+accelerator (LandmarkEstimator.estimate_device_frames): PnP then runs there too and only the poses cross to the host
+(with reward.cam.pnp="opencv", the landmarks' positions cross and PnP runs on a pool of processes). On the frames
+cam_score hands over, both give the same numbers to the bit, since PnP's refinement turns a last-bit change of a
+centroid into a different pose, and so a different score (tests/test_cam_score.py compares both).
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ import cv2
 import numpy as np
 import torch
 
-from rewards.pose.estimator import PoseEstimate, centre_parallax, register_estimator
+from rewards.pose import pnp_torch
+from rewards.pose.estimator import PoseEstimate, centre_parallax, landmark_parallax_batch, register_estimator
 
-MIN_LANDMARKS = 4
+MIN_LANDMARKS = pnp_torch.MIN_LANDMARKS  # one rule for both solves
 COLOUR_RADIUS = 0.6  # RGB distance (in [0, 1] units) within which a pixel votes for a landmark colour
 MIN_MASS = 0.3  # total vote weight a landmark needs to count as found
 MAX_SPREAD_FRACTION = 0.1  # votes spread wider than this fraction of the frame are not one blob (noise, tint)
@@ -295,6 +298,71 @@ def _solve(job: tuple) -> PoseEstimate:
     return poses_from_landmarks(*job)
 
 
+def poses_from_landmarks_torch(uvs: torch.Tensor, founds: torch.Tensor, intrinsics: Sequence[np.ndarray],
+                                landmarks: Sequence[np.ndarray], search_seconds: float = 0.0) -> list[PoseEstimate]:
+    """poses_from_landmarks for a batch of videos at once, PnP batched in torch (rewards/pose/pnp_torch.py) on the
+    device uvs are on: uvs (B, F, L, 2), founds (B, F, L) (find_landmarks_torch's, L >= every video's count, the
+    padding never found); intrinsics and landmarks per video. Only the poses (B, F, 3, 4) cross to the host.
+    search_seconds: the search's time for the whole batch, shared out as estimate_device_frames does."""
+    start = time.perf_counter()
+    if founds.shape[0] == 0:
+        return []
+    solved = solve_videos_torch(uvs, founds, intrinsics, landmarks)
+    return estimates_from_poses(*solved, landmarks, search_seconds + time.perf_counter() - start)
+
+
+def solve_videos_torch(uvs: torch.Tensor, founds: torch.Tensor, intrinsics: Sequence[np.ndarray],
+                       landmarks: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The device's part of poses_from_landmarks_torch: poses (B, F, 3, 4), codes (B, F) (pnp_torch's) and each
+    video's mean count of found landmarks, on the host."""
+    B, F, L = founds.shape
+    device = uvs.device
+    points = np.zeros((B, L, 3))
+    for b, pts in enumerate(landmarks):
+        points[b, :len(pts)] = pts
+    points_t = torch.from_numpy(points).to(device)
+    K_t = torch.from_numpy(np.stack([np.asarray(K, np.float64) for K in intrinsics])).to(device)
+    # a frame with few landmarks may start from its video's previous or next frame's solution
+    index = torch.arange(B * F, device=device).reshape(B, F)
+    step = torch.full((B, 1), -1, dtype=torch.long, device=device)
+    neighbours = torch.stack([torch.cat([step, index[:, :-1]], 1), torch.cat([index[:, 1:], step], 1)], -1)
+    poses_t, codes_t = pnp_torch.solve_pnp(uvs.reshape(B * F, L, 2), founds.reshape(B * F, L),
+                                           points_t[:, None].expand(B, F, L, 3).reshape(B * F, L, 3),
+                                           K_t[:, None].expand(B, F, 3, 3).reshape(B * F, 3, 3),
+                                           neighbours.reshape(B * F, 2))
+    found_mean = founds.sum(-1).double().mean(-1)
+    return (poses_t.reshape(B, F, 3, 4).cpu().numpy(), codes_t.reshape(B, F).cpu().numpy(),
+            found_mean.cpu().numpy())
+
+
+def estimates_from_poses(poses: np.ndarray, codes: np.ndarray, found_mean: np.ndarray,
+                         landmarks: Sequence[np.ndarray], seconds: float = 0.0) -> list[PoseEstimate]:
+    """The host's part of poses_from_landmarks_torch: each video's PoseEstimate (reasons, parallax, confidence)
+    from solve_videos_torch's arrays; `seconds`, the batch's time, is shared out per video."""
+    start = time.perf_counter()
+    B = len(poses)
+    out = []
+    placed = codes == pnp_torch.PLACED
+    parallaxes = landmark_parallax_batch(poses, placed, landmarks).tolist()
+    for b in range(B):
+        ok = placed[b]
+        reasons = [PNP_REASONS[c] for c in codes[b].tolist()]
+        parallax = parallaxes[b]
+        out.append(PoseEstimate(poses=poses[b], ok=ok, reasons=reasons, method="landmarks",
+                                video_reason=None if ok.any() else "no_frame_estimated",
+                                confidence={"landmarks_found_mean": float(found_mean[b]),
+                                            "frames_ok": float(ok.sum()), "parallax": parallax},
+                                seconds={}, parallax=parallax))
+    share = (seconds + time.perf_counter() - start) / max(B, 1)
+    for estimate in out:
+        estimate.seconds["pnp"] = share
+    return out
+
+
+PNP_REASONS = {pnp_torch.PLACED: None, pnp_torch.TOO_FEW: "too_few_landmarks", pnp_torch.FAILED: "pnp_failed"}
+PNP_METHODS = ("torch", "opencv")
+
+
 def _quiet_worker() -> None:
     # one pool process per core: the libraries' own thread pools would only contend
     cv2.setNumThreads(1)
@@ -309,21 +377,30 @@ def pnp_processes() -> int:
 class LandmarkEstimator:
     """PnP against each condition's landmarks (conditions need `landmarks` and `landmark_colors` tensors).
 
+    pnp: how the poses are solved from the found landmarks. "torch" (the default): every frame of every video of
+    a batch at once on the landmarks' device (poses_from_landmarks_torch), so with videos on an accelerator only
+    the poses cross to the host. "opencv": OpenCV's SQPnP and LM refinement frame by frame on the host, the
+    reference the torch solve is tested against (tests/test_pnp_torch.py), as described below.
+
     Two ways in, the same estimates: `estimate` takes each video's uint8 frames on the host and searches it with
     numpy; `estimate_device_frames` takes the batch as one uint8 tensor where it already is (an accelerator) and
-    searches it there with find_landmarks_torch, so that only the landmarks' positions cross to the host. There
-    PnP runs on a pool of processes (`processes`, default pnp_processes(); 0: in the calling thread), started at
-    the first batch of MIN_POOLED_VIDEOS or more and kept until close(): per frame it is OpenCV calls between
-    numpy and Python steps that hold the GIL, so threads gave no speedup (2.52 s per 2,048 videos on one thread,
-    2.58 on two), and two processes cut it to 1.3-2.1 s (scripts/bench/bench_update_cpu.py, docs/real_scale.md 0.1; the
-    pool's hand-overs cost, hence the threshold). cam_score takes the second way for
-    videos on a device `searches_on` accepts: not the CPU, where numpy's per-video search was the faster, unless
-    torch_on_cpu.
+    searches it there with find_landmarks_torch. With pnp "torch", both then solve the whole batch at once (on the
+    CPU, or on the frames' device). With "opencv", only the landmarks' positions cross to the host, where PnP runs
+    on a pool of processes (`processes`, default pnp_processes(); 0: in the calling thread), started at the first
+    batch of MIN_POOLED_VIDEOS or more and kept until close(): per frame it is OpenCV calls between numpy and
+    Python steps that hold the GIL, so threads gave no speedup (2.52 s per 2,048 videos on one thread, 2.58 on
+    two), and two processes cut it to 1.3-2.1 s (scripts/bench/bench_update_cpu.py, docs/real_scale.md 0.1; the
+    pool's hand-overs cost, hence the threshold). cam_score takes the second way for videos on a device
+    `searches_on` accepts: not the CPU, where numpy's per-video search was the faster, unless torch_on_cpu.
     """
 
     name = "landmarks"
 
-    def __init__(self, processes: int | None = None, chunk: int | None = None, torch_on_cpu: bool = False):
+    def __init__(self, processes: int | None = None, chunk: int | None = None, torch_on_cpu: bool = False,
+                 pnp: str = "torch"):
+        if pnp not in PNP_METHODS:
+            raise ValueError(f"reward.cam.pnp must be one of {PNP_METHODS}, got {pnp!r}")
+        self.pnp = pnp
         self.processes = pnp_processes() if processes is None else processes
         self.chunk = chunk  # videos per find_landmarks_torch chunk; None: its default
         self.torch_on_cpu = torch_on_cpu
@@ -334,9 +411,33 @@ class LandmarkEstimator:
         return self.torch_on_cpu or torch.device(device).type != "cpu"
 
     def estimate(self, videos, intrinsics, conditions) -> list[PoseEstimate]:
+        if self.pnp == "torch":
+            return self._estimate_host_torch(videos, intrinsics, conditions)
         return [estimate_video(v, np.asarray(K, np.float64), c.landmarks.double().cpu().numpy(),
                                c.landmark_colors.double().cpu().numpy())
                 for v, K, c in zip(videos, intrinsics, conditions, strict=True)]
+
+    def _estimate_host_torch(self, videos, intrinsics, conditions) -> list[PoseEstimate]:
+        """estimate's search (numpy, video by video), then one batched torch PnP on the CPU for all of them."""
+        start = time.perf_counter()
+        landmarks = [c.landmarks.double().cpu().numpy() for c in conditions]
+        out = [PoseEstimate.failed(len(v), "scene_has_too_few_landmarks", "landmarks") for v in videos]
+        searched = [b for b in range(len(videos)) if len(landmarks[b]) >= MIN_LANDMARKS]
+        if not searched:
+            return out
+        L = max(len(landmarks[b]) for b in searched)
+        F = len(videos[searched[0]])
+        uvs, founds = np.full((len(searched), F, L, 2), np.nan), np.zeros((len(searched), F, L), bool)
+        for row, b in enumerate(searched):
+            colors = conditions[b].landmark_colors.double().cpu().numpy()
+            uv, found = find_landmarks(np.asarray(videos[b], np.float64) / 255.0, colors)
+            uvs[row, :, :len(colors)], founds[row, :, :len(colors)] = uv, found
+        solved = poses_from_landmarks_torch(torch.from_numpy(uvs), torch.from_numpy(founds),
+                                            [intrinsics[b] for b in searched], [landmarks[b] for b in searched],
+                                            time.perf_counter() - start)
+        for b, estimate in zip(searched, solved, strict=True):
+            out[b] = estimate
+        return out
 
     def pool(self) -> ProcessPoolExecutor:
         """The PnP processes, started on first use. Spawned, not forked: the training process holds threads and
@@ -363,6 +464,13 @@ class LandmarkEstimator:
         searched = [b for b in range(B) if len(landmarks[b]) >= MIN_LANDMARKS]
         picked = frames if len(searched) == B else frames[torch.as_tensor(searched, device=frames.device)]
         uvs, founds = find_landmarks_torch(picked, [colors[b] for b in searched], self.chunk)
+        out = [PoseEstimate.failed(F, "scene_has_too_few_landmarks", "landmarks") for _ in range(B)]
+        if self.pnp == "torch":
+            solved = poses_from_landmarks_torch(uvs, founds, [np.asarray(intrinsics[b], np.float64) for b in searched],
+                                                [landmarks[b] for b in searched], time.perf_counter() - start)
+            for b, estimate in zip(searched, solved, strict=True):
+                out[b] = estimate
+            return out
         uvs, founds = uvs.cpu().numpy(), founds.cpu().numpy()
         share = (time.perf_counter() - start) / max(len(searched), 1)
         jobs = [(uvs[row, :, :len(landmarks[b])], founds[row, :, :len(landmarks[b])],
@@ -372,15 +480,15 @@ class LandmarkEstimator:
             solved = list(self.pool().map(_solve, jobs, chunksize=chunks))
         else:
             solved = [_solve(job) for job in jobs]
-        out = [PoseEstimate.failed(F, "scene_has_too_few_landmarks", "landmarks") for _ in range(B)]
         for b, estimate in zip(searched, solved, strict=True):
             out[b] = estimate
         return out
 
     def describe(self) -> str:
-        return "landmark PnP (synthetic world)"
+        return f"landmark PnP (synthetic world, {self.pnp})"
 
 
 @register_estimator("landmarks")
 def build_landmarks(cam_config=None) -> LandmarkEstimator:
-    return LandmarkEstimator()
+    pnp = "torch" if cam_config is None else cam_config.get("pnp", "torch")
+    return LandmarkEstimator(pnp=pnp)

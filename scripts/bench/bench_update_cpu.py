@@ -6,13 +6,18 @@ noise drawn on the device (recam.engine.rollout.KeyedNoise): what an accelerator
 
 What stays on the host, per 2,048 samples, medians over --repeats:
   noise keys   three key words per sample (SeedSequence), for the sample streams and the shared starts
-  pnp          the camera reward's PnP per frame, on the processes cam_score uses (one per core; threads
-               are timed beside them); its landmark search runs on the device
+  pnp          the camera reward's pose estimation past the landmark search: with reward.cam.pnp="torch" (the
+               default) the PnP solve runs on the device and the host only turns its poses into estimates
+               (reasons, parallax: pnp_host_s); with "opencv", PnP per frame on the processes cam_score uses
+               (pnp_processes_s; one per core; threads are timed beside them)
   records      the epoch record of the update (rewards, advantages (N, T), the reward's per-sample details) built
                and written as the run log writes it, and the group-relative advantages
 and, side by side, the work that moved to the device (timed here on the CPU, which stands in for it): the noise
-draws a rollout reads (1 + T of S + 1) against the up-front CPU streams of every draw, and the landmark search.
+draws a rollout reads (1 + T of S + 1) against the up-front CPU streams of every draw, the landmark search and
+the batched PnP solve (on 2,048 videos at once, and on CUDA where there is one).
 The host total is the sum of the first three; the target is under 0.5 s per 2,048 samples for both domains.
+Motion's synthetic world: its 4,096 training motions built per item (once, cold) against read back from the
+world cache (motion.world_cache; medians over --repeats), what a process's first epoch costs with and without it.
 Both noise paths are tested for what they draw in tests/test_device_noise.py, the landmark search against its
 numpy reference in tests/test_cam_score.py.
 """
@@ -134,8 +139,10 @@ def bench_landmarks(videos: int, repeats: int, workers: int | None = None) -> di
     the CPU), and torch as one batch of all the videos (find_landmarks_torch, what it does with videos on an
     accelerator), here on the CPU and, where there is one, on CUDA (frames already there; the time includes
     bringing uv and found to the host). Then PnP of the found landmarks on the host, video after video and on a
-    thread pool of `workers` (LandmarkEstimator's default: min(videos, os.cpu_count())), the pool's start included.
-    Every arm gives the same numbers to the bit (tests/test_cam_score.py)."""
+    thread pool of `workers` (LandmarkEstimator's default: min(videos, os.cpu_count())), the pool's start included,
+    and on reward.cam.pnp="opencv"'s processes; beside them the batched torch solve (the default) on the CPU and on
+    CUDA, and its host share. The searches give the same numbers to the bit (tests/test_cam_score.py), as do the
+    OpenCV arms; the torch solve's poses are OpenCV's within tests/test_pnp_torch.py's measured tolerances."""
     import os
     from concurrent.futures import ThreadPoolExecutor
 
@@ -202,6 +209,29 @@ def bench_landmarks(videos: int, repeats: int, workers: int | None = None) -> di
         on_gpu = frames_u8.cuda()
         row["torch_cuda_s"] = timed(batched(on_gpu), repeats) * UPDATE / videos
         row["cuda_device"] = torch.cuda.get_device_name()
+    # the batched torch solve (reward.cam.pnp="torch") on a whole update's videos at once (the 64 repeated), on the
+    # CPU and on CUDA; and the host's part after it, turning the poses into estimates
+    tiled = [b % videos for b in range(UPDATE)]
+    L = max(len(p) for p in points)
+    uv_all, found_all = np.full((UPDATE, row["frames"], L, 2), np.nan), np.zeros((UPDATE, row["frames"], L), bool)
+    for i, b in enumerate(tiled):
+        uv_all[i, :, :len(points[b])], found_all[i, :, :len(points[b])] = found_np[b]
+    K_all, pts_all = [Ks[b] for b in tiled], [points[b] for b in tiled]
+
+    def solve_torch(device):
+        uv_t, found_t = torch.from_numpy(uv_all).to(device), torch.from_numpy(found_all).to(device)
+
+        def run():
+            out = landmarks.solve_videos_torch(uv_t, found_t, K_all, pts_all)
+            if device != "cpu":
+                torch.cuda.synchronize()
+            return out
+        return run
+
+    row["pnp_torch_cpu_s"] = timed(solve_torch("cpu"), repeats)
+    row["pnp_torch_cuda_s"] = timed(solve_torch("cuda"), repeats) if torch.cuda.is_available() else None
+    solved = landmarks.solve_videos_torch(torch.from_numpy(uv_all), torch.from_numpy(found_all), K_all, pts_all)
+    row["pnp_host_s"] = timed(functools.partial(landmarks.estimates_from_poses, *solved, pts_all), repeats)
     row["pnp_one_thread_s"] = timed(pnp_one_thread, repeats) * UPDATE / videos
     row["pnp_threads_s"] = timed(pnp_threads, repeats) * UPDATE / videos
     t0 = time.perf_counter()
@@ -214,11 +244,15 @@ def bench_landmarks(videos: int, repeats: int, workers: int | None = None) -> di
 
 def landmark_line(lm: dict) -> str:
     cuda = "" if lm["torch_cuda_s"] is None else f", {lm['torch_cuda_s']:.2f} s on {lm['cuda_device']}"
+    pnp_cuda = "" if lm["pnp_torch_cuda_s"] is None else f", {lm['pnp_torch_cuda_s']:.3f} s on {lm['cuda_device']}"
     return (f"landmark search per {UPDATE} videos: numpy {lm['per_frame_s']:.2f} s frame by frame, "
             f"{lm['stacked_s']:.2f} s as stacks; torch batched {lm['torch_cpu_s']:.2f} s on the CPU "
             f"(torch threads: {lm['torch_threads']}){cuda}. PnP on the host {lm['pnp_one_thread_s']:.2f} s on one "
             f"thread, {lm['pnp_threads_s']:.2f} s on {lm['pnp_workers']} threads, {lm['pnp_processes_s']:.2f} s on "
-            f"{lm['pnp_processes']} processes (started once in {lm['pnp_pool_start_s']:.1f} s)")
+            f"{lm['pnp_processes']} processes (started once in {lm['pnp_pool_start_s']:.1f} s). Batched torch PnP "
+            f"(the default) {lm['pnp_torch_cpu_s']:.2f} s on the CPU{pnp_cuda}, then {lm['pnp_host_s']:.3f} s on "
+            f"the host: {lm['pnp_one_thread_s'] / lm['pnp_torch_cpu_s']:.1f}x OpenCV's one thread on the CPU, the "
+            f"host's share {lm['pnp_processes_s'] / lm['pnp_host_s']:.0f}x smaller than OpenCV on processes")
 
 
 def host_seconds(result: dict) -> dict:
@@ -228,9 +262,38 @@ def host_seconds(result: dict) -> dict:
     for preset in result["noise"]:
         parts = {"noise_keys": result["noise"][preset]["keys_s"], "records": result["records"][preset]["records_s"]}
         if preset == "tiny_gpu":
-            parts["pnp"] = result["landmarks"]["pnp_processes_s"]
+            parts["pnp"] = result["landmarks"]["pnp_host_s"]
         out[preset] = {**parts, "total": sum(parts.values())}
+        if preset == "tiny_gpu":  # beside it, the host's total with reward.cam.pnp="opencv"
+            out[preset]["total_opencv"] = out[preset]["total"] - parts["pnp"] + result["landmarks"]["pnp_processes_s"]
     return out
+
+
+def bench_motion_world(conditions: int, repeats: int) -> dict:
+    """The motion domain's synthetic training world (motion_tiny_gpu: 4,096 motions), every item accessed as a first
+    epoch does: built per item with no cache (once: what each process paid before), then read from a world cache
+    written by that build (a fresh world each repeat, its Mean/Std read from the cache too)."""
+    import tempfile
+
+    from recam.domains.motion import world as W
+
+    with tempfile.TemporaryDirectory() as folder:
+        W.reference_mean_std.cache_clear()
+        start = time.perf_counter()
+        cold = W.MotionWorld("train", conditions, 0, cache_dir=folder)
+        for i in range(conditions):
+            cold[i]
+        build_s = time.perf_counter() - start
+
+        def read():
+            W.reference_mean_std.cache_clear()
+            world = W.MotionWorld("train", conditions, 0, cache_dir=folder)
+            for i in range(conditions):
+                world[i]
+
+        size = sum(f.stat().st_size for f in Path(folder).iterdir())
+        return {"conditions": conditions, "build_s": build_s, "cached_s": timed(read, repeats),
+                "cache_mb": size / 2**20}
 
 
 def main() -> None:
@@ -239,6 +302,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--videos", type=int, default=64, help="landmark videos timed (scaled to 2,048)")
     ap.add_argument("--rows", type=int, default=16, help="samples whose noise draws are timed (scaled to 2,048)")
+    ap.add_argument("--motion-conditions", type=int, default=4096, help="motions in the world built (0: skip)")
     ap.add_argument("--out", type=Path, default=None, help="also write the results here as JSON")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -246,6 +310,9 @@ def main() -> None:
               "noise": bench_noise(args.threads, args.repeats, args.rows), "records": bench_records(args.repeats),
               "landmarks": bench_landmarks(args.videos, args.repeats)}
     result["host"] = host_seconds(result)
+    if args.motion_conditions:
+        result["motion_world"] = bench_motion_world(args.motion_conditions, args.repeats)
+    result["load_average"] = list(__import__("os").getloadavg())
     for preset, row in result["noise"].items():
         print(f"noise {preset}: keys {row['keys_s']:.3f} s (host); the {row['read']} draws a rollout reads "
               f"{row['device_draws_s']:.2f} s (device work, here on the CPU); up-front CPU streams of all "
@@ -253,8 +320,14 @@ def main() -> None:
               f"{row['cpu_streams_threads_s']:.2f} s on {args.threads}")
     print(landmark_line(result["landmarks"]))
     for preset, row in result["host"].items():
-        parts = ", ".join(f"{k} {v:.3f}" for k, v in row.items() if k != "total")
-        print(f"host {preset}: {row['total']:.3f} s per {UPDATE} samples ({parts})")
+        parts = ", ".join(f"{k} {v:.3f}" for k, v in row.items() if not k.startswith("total"))
+        opencv = f"; {row['total_opencv']:.3f} s with reward.cam.pnp=opencv" if "total_opencv" in row else ""
+        print(f"host {preset}: {row['total']:.3f} s per {UPDATE} samples ({parts}){opencv}")
+    if "motion_world" in result:
+        mw = result["motion_world"]
+        print(f"motion world of {mw['conditions']}: built per item {mw['build_s']:.1f} s (once), read from its cache "
+              f"{mw['cached_s']:.2f} s ({mw['cache_mb']:.0f} MiB)")
+    print(f"load average (1, 5, 15 min): {', '.join(f'{x:.2f}' for x in result['load_average'])}")
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
 

@@ -353,6 +353,8 @@ def check_config(config, conditions_per_batch: int, require) -> None:
     require(isinstance(m.pretrained, str) and m.pretrained.strip() != "",
             f"motion.pretrained must name the base folder (format 'base') or MDM checkpoint file ('mdm'), got "
             f"{m.pretrained!r}")
+    require(isinstance(m.get("world_cache", ""), str), f"motion.world_cache must be a folder path or '' (no cache), "
+            f"got {m.get('world_cache')!r}")
     require(isinstance(m.mdm_args, str), f"motion.mdm_args must be a string ('' = args.json beside the checkpoint), "
             f"got {m.mdm_args!r}")
     require(m.text_encoder in TEXT_ENCODERS,
@@ -534,7 +536,7 @@ class MotionDomain:
             from recam.domains.motion.world import MotionWorld
 
             def world(split, n):
-                return MotionSplit(MotionWorld(split, n, d.seed))
+                return MotionSplit(MotionWorld(split, n, d.seed, cache_dir=self.config.motion.get("world_cache")))
             self._splits = Splits(world("train", d.num_train_conditions), world("held_out", d.num_heldout_conditions),
                                   world("validation", d.num_val_conditions) if select else None)
             self.mean, self.std = self._splits.train.dataset.mean, self._splits.train.dataset.std

@@ -15,13 +15,24 @@ Item i of a split is drawn from `numpy.random.default_rng([seed, split index, i]
 key belongs to the split), so items are deterministic in (seed, split, i) and independent of num_conditions.
 Features are normalised by one Mean/Std for every world (256 training motions from a fixed seed, computed once per
 process), like HumanML3D's dataset-wide Mean.npy/Std.npy.
+
+Building an item takes 5-15 ms (synth.make_motion, then the features), so 4,096 of them cost a process's first
+epoch 20-60 s. With a cache folder (config motion.world_cache), a world and the Mean/Std are built once per
+machine and builder: the first access of an item builds every item of the world and writes them as one .npz
+(arrays and strings, no pickle) named by the split, seed, size and a fingerprint of the code that builds them
+(BUILDER_FILES, numpy's version); later processes read it (about 0.5 s for 4,096). The items are those of the
+per-item builder, bit for bit (tests/test_motion_world.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import hashlib
+import os
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -137,30 +148,128 @@ def motion_features(spec: MotionSpec) -> tuple[np.ndarray, np.ndarray]:
     return feats, canonicalise(joints)[: len(feats)]
 
 
+# what decides an item, bit for bit: a cache written by other code than this is never read
+BUILDER_FILES = ("world.py", "synth.py", "features.py", "skeleton.py")
+SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(MotionSpec))
+
+
 @functools.lru_cache(maxsize=1)
-def reference_mean_std() -> tuple[np.ndarray, np.ndarray]:
-    """Mean/Std (263,) of every world: HumanML3D's procedure on `STATS_MOTIONS` training motions (fixed seed)."""
-    feats = []
-    for i in range(STATS_MOTIONS):
-        rng = np.random.default_rng([STATS_SEED, i])
-        feats.append(motion_features(sample_split_spec(rng, "train"))[0])
-    mean, std = mean_std(feats)
+def builder_fingerprint() -> str:
+    h = hashlib.sha256(np.__version__.encode())
+    for name in BUILDER_FILES:
+        h.update((Path(__file__).parent / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _write_npz(path: Path, arrays: dict) -> None:
+    """Written beside and renamed into place: processes building the same world at once never read half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+    os.replace(tmp, path)
+
+
+@functools.lru_cache(maxsize=4)
+def reference_mean_std(cache_dir: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Mean/Std (263,) of every world: HumanML3D's procedure on `STATS_MOTIONS` training motions (fixed seed);
+    read from / written to cache_dir when given."""
+    path = Path(cache_dir) / f"mean_std-{builder_fingerprint()}.npz" if cache_dir else None
+    if path is not None and path.exists():
+        with np.load(path, allow_pickle=False) as z:
+            mean, std = z["mean"], z["std"]
+    else:
+        feats = []
+        for i in range(STATS_MOTIONS):
+            rng = np.random.default_rng([STATS_SEED, i])
+            feats.append(motion_features(sample_split_spec(rng, "train"))[0])
+        mean, std = mean_std(feats)
+        if path is not None:
+            _write_npz(path, {"mean": mean, "std": std})
     mean.setflags(write=False)
     std.setflags(write=False)
     return mean, std
 
 
-class MotionWorld(torch.utils.data.Dataset):
-    """`num_conditions` captioned synthetic motions of one split; items are built on first access and kept."""
+def _build_items(job: tuple) -> list[MotionCondition]:
+    """Items of a world in a pool process: (split, num_conditions, seed, mean, std, indices) -> their items."""
+    split, n, seed, mean, std, indices = job
+    world = MotionWorld(split, n, seed, stats=(mean, std))  # no cache: this process builds, its parent writes
+    return [world._build(i) for i in indices]
 
-    def __init__(self, split: str, num_conditions: int, seed: int = 0):
+
+class MotionWorld(torch.utils.data.Dataset):
+    """`num_conditions` captioned synthetic motions of one split; items are built on first access and kept. With
+    cache_dir, the first access reads the whole world from the cache, or builds it all and writes it there."""
+
+    def __init__(self, split: str, num_conditions: int, seed: int = 0, cache_dir: str | Path | None = None,
+                 stats: tuple[np.ndarray, np.ndarray] | None = None):
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         self.split = split
         self.num_conditions = int(num_conditions)
         self.seed = int(seed)
-        self.mean, self.std = reference_mean_std()
+        self.cache_dir = str(cache_dir) if cache_dir else None
+        # stats: reference_mean_std()'s, handed to a pool process that would otherwise rebuild them
+        self.mean, self.std = reference_mean_std(self.cache_dir) if stats is None else stats
         self._items: dict[int, MotionCondition] = {}
+        self._packed: dict[str, np.ndarray] | None = None  # the cache's arrays, until every item is unpacked
+        self._complete = False  # every item is in _items or _packed
+
+    def cache_path(self) -> Path | None:
+        if not self.cache_dir:
+            return None
+        return Path(self.cache_dir) / f"{self.split}-s{self.seed}-n{self.num_conditions}-{builder_fingerprint()}.npz"
+
+    def build_all(self, workers: int = 0) -> None:
+        """Every item, from the cache when it has this world, else built (and written there when caching); with
+        workers > 1, the items missing are built on that many spawned processes (scripts/tools/build_motion_world.py:
+        a fresh machine's cache built before the runs that read it)."""
+        if self._complete:
+            return
+        self._complete = True
+        path = self.cache_path()
+        if path is not None and path.exists():
+            with np.load(path, allow_pickle=False) as z:
+                self._packed = {k: z[k] for k in z.files}
+            self._offsets = np.concatenate([[0], np.cumsum(self._packed["lengths"])])
+            return
+        missing = [i for i in range(self.num_conditions) if i not in self._items]
+        if workers > 1 and len(missing) > 1:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            chunks = [missing[k::workers * 4] for k in range(min(len(missing), workers * 4))]
+            job = (self.split, self.num_conditions, self.seed, self.mean, self.std)
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+                for chunk, built in zip(chunks, pool.map(_build_items, [(*job, c) for c in chunks]), strict=True):
+                    self._items.update(zip(chunk, built, strict=True))
+        items = [self._items[i] if i in self._items else self._build(i) for i in range(self.num_conditions)]
+        packed = {
+            "features": np.concatenate([it.features[:it.length] for it in items]) if items
+            else np.zeros((0, sk.NUM_FEATURES), np.float32),
+            "joints": np.concatenate([it.joints for it in items]) if items
+            else np.zeros((0, sk.NUM_JOINTS, 3), np.float32),
+            "lengths": np.array([it.length for it in items], np.int64),
+            "captions": np.array([it.caption for it in items], dtype=str),
+            **{f"spec_{k}": np.array([getattr(it.spec, k) for it in items]) for k in SPEC_FIELDS},
+        }
+        for i, it in enumerate(items):
+            self._items[i] = it
+        if path is not None:
+            _write_npz(path, packed)
+
+    def _unpack(self, i: int) -> MotionCondition:
+        p = self._packed
+        start, length = int(self._offsets[i]), int(p["lengths"][i])
+        features = np.zeros((sk.MAX_FRAMES, sk.NUM_FEATURES), dtype=np.float32)
+        features[:length] = p["features"][start:start + length]
+        spec = MotionSpec(**{k: p[f"spec_{k}"][i].item() for k in SPEC_FIELDS})
+        return MotionCondition(condition_id=self._condition_id(i), caption=str(p["captions"][i]), features=features,
+                               length=length, joints=p["joints"][start:start + length].copy(), spec=spec)
+
+    def _condition_id(self, i: int) -> str:
+        return f"synth-{self.split}-s{self.seed}-{i:06d}"
 
     def __len__(self) -> int:
         return self.num_conditions
@@ -175,7 +284,11 @@ class MotionWorld(torch.utils.data.Dataset):
         if not 0 <= i < self.num_conditions:
             raise IndexError(i)
         if i not in self._items:
-            self._items[i] = self._build(i)
+            if self.cache_dir:
+                self.build_all()
+            self._items[i] = self._unpack(i) if self._packed is not None else self._build(i)
+            if self._packed is not None and len(self._items) == self.num_conditions:
+                self._packed = None  # every item has its own arrays now
         return self._items[i]
 
     def _build(self, i: int) -> MotionCondition:
@@ -187,7 +300,7 @@ class MotionWorld(torch.utils.data.Dataset):
         padded = np.zeros((sk.MAX_FRAMES, sk.NUM_FEATURES), dtype=np.float32)
         padded[:length] = (feats - self.mean) / self.std
         return MotionCondition(
-            condition_id=f"synth-{self.split}-s{self.seed}-{i:06d}",
+            condition_id=self._condition_id(i),
             caption=text,
             features=padded,
             length=length,
