@@ -138,8 +138,11 @@ def test_the_host_bench_prices_each_part_and_sums_them(monkeypatch):
     assert records["motion_tiny_gpu"]["samples"] == 16384 and records["tiny_gpu"]["samples"] == 2048
     for row in noise.values():
         assert all(row[k] > 0 for k in ("keys_s", "device_draws_s", "cpu_streams_one_thread_s"))
-    host = bench.host_seconds({"noise": noise, "records": records, "landmarks": {"pnp_processes_s": 1.5}})
+    host = bench.host_seconds({"noise": noise, "records": records,
+                               "landmarks": {"pnp_processes_s": 1.5, "pnp_host_s": 0.25}})
     camera, motion = host["tiny_gpu"], host["motion_tiny_gpu"]
-    assert camera["pnp"] == 1.5 and "pnp" not in motion
-    assert camera["total"] == camera["noise_keys"] + camera["records"] + 1.5
+    # the batched torch PnP's host share is the default; OpenCV's processes are the total beside it
+    assert camera["pnp"] == 0.25 and "pnp" not in motion
+    assert camera["total"] == camera["noise_keys"] + camera["records"] + 0.25
+    assert camera["total_opencv"] == pytest.approx(camera["noise_keys"] + camera["records"] + 1.5)
     assert motion["total"] == motion["noise_keys"] + motion["records"]

@@ -38,8 +38,10 @@ def trace_to_first_step(train_args: list[str], from_start: bool) -> dict[str, in
     sampled = [False]  # the trainer has started sampling: the next optimizer step is the policy's (a domain may
     root = str(ROOT) + os.sep  # pretrain its base with an optimizer of its own before that)
 
+    reached = [False]  # calls made while _Reached unwinds the run (its error handlers) are not on the path
+
     def profile(frame, event, arg):
-        if event != "call":
+        if event != "call" or reached[0]:
             return
         code, path = frame.f_code, frame.f_code.co_filename
         if not path.startswith(root) or path == __file__:
@@ -53,6 +55,7 @@ def trace_to_first_step(train_args: list[str], from_start: bool) -> dict[str, in
 
     def stop(optimizer, args, kwargs):
         if sampled[0]:
+            reached[0] = True
             raise _Reached()
 
     handle = register_optimizer_step_pre_hook(stop)
