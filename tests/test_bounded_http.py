@@ -6,7 +6,7 @@ import json
 import math
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import ml_collections
 import numpy as np
@@ -17,6 +17,7 @@ from recam.engine.reward_runner import AsyncRewardRunner, RewardServerDown
 from rewards.pose import build_estimator
 from rewards.pose.served import MAX_ANSWER_BYTES, PoseServerError
 from rewards.unified import MAX_BODY_BYTES, UnifiedConfig, UnifiedReward, UnifiedServerError, health_check
+from tests.loopback import LoopbackServer
 
 TIMEOUT = 1.0
 SLACK = 1.0  # thread start-up and the retry bookkeeping on a loaded two-core machine
@@ -91,28 +92,11 @@ class MisbehavingServer:
                     server.sent.append(sent)
                     self.close_connection = True
 
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-
-            def handle_error(self, request, client_address):
-                pass
-
-        self.server = Server(("127.0.0.1", 0), Handler)
-        self.server.timeout = 0.05
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        deadline = time.monotonic() + max_seconds
-
-        def loop():
-            while not self.stop.is_set() and time.monotonic() < deadline:
-                self.server.handle_request()
-            self.server.server_close()
-
-        self.thread = threading.Thread(target=loop, daemon=True)
-        self.thread.start()
+        self.loopback = LoopbackServer(Handler, self.stop, max_seconds)
+        self.url = self.loopback.url
 
     def close(self):
-        self.stop.set()
-        self.thread.join(timeout=5)
+        self.loopback.close()
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import re
 import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import ml_collections
 import numpy as np
@@ -24,6 +24,7 @@ from rewards.pose.served import (
     sent_frame_indices,
     served_config,
 )
+from tests.loopback import LoopbackServer
 
 K = np.array([[30.0, 0.0, 9.5], [0.0, 28.0, 5.5], [0.0, 0.0, 1.0]])
 
@@ -153,31 +154,14 @@ class FakePoseServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-
-            def handle_error(self, request, client_address):
-                pass  # the client hung up on a slow answer; expected here
-
-        self.server = Server(("127.0.0.1", 0), Handler)
-        self.server.timeout = 0.05
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        deadline = time.monotonic() + max_seconds
-
-        def loop():
-            while not self.stop.is_set() and time.monotonic() < deadline:
-                self.server.handle_request()
-            self.server.server_close()
-
-        self.thread = threading.Thread(target=loop, daemon=True)
-        self.thread.start()
+        self.loopback = LoopbackServer(Handler, self.stop, max_seconds)
+        self.url = self.loopback.url
 
     def attempts(self, sample: int) -> int:
         return sum(r["sample"] == sample for r in self.requests)
 
     def close(self):
-        self.stop.set()
-        self.thread.join(timeout=5)
+        self.loopback.close()
 
 
 @pytest.fixture

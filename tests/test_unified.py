@@ -8,7 +8,7 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 import torch
@@ -27,6 +27,7 @@ from rewards.unified import (
     parse_answer,
     sample_frame_indices,
 )
+from tests.loopback import LoopbackServer
 
 MODEL = "UnifiedReward-test"
 FINAL_ANSWER = ("The frames follow the description closely; the camera pans smoothly and the spheres stay "
@@ -157,30 +158,11 @@ class FakeJudge:
                 self.end_headers()
                 self.wfile.write(data)
 
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-
-            def handle_error(self, request, client_address):
-                pass  # the client hung up on a slow answer; expected here
-
-        self.server = Server(("127.0.0.1", 0), Handler)
-        self.server.timeout = 0.05
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        deadline = time.monotonic() + max_seconds
-
-        def loop():
-            handled = 0
-            while not self.stop.is_set() and time.monotonic() < deadline and handled < max_requests:
-                self.server.handle_request()
-                handled += 1
-            self.server.server_close()
-
-        self.thread = threading.Thread(target=loop, daemon=True)
-        self.thread.start()
+        self.loopback = LoopbackServer(Handler, self.stop, max_seconds, max_requests)
+        self.url = self.loopback.url
 
     def close(self):
-        self.stop.set()
-        self.thread.join(timeout=5)
+        self.loopback.close()
 
 
 @pytest.fixture
