@@ -74,6 +74,7 @@ from recam.infra.stats import (  # noqa: E402
     crossed_interval,
     crossed_power,
     holm,
+    mean_interval,
     seeds_for_power,
     two_way_bootstrap,
     welch_difference,
@@ -508,6 +509,10 @@ def gap_over(per_seed: list[list[float]], blocks: int, seeds: list) -> tuple[Est
         p = c.p if c is not None else math.nan
         how = (f"seed {seeds[0]}, {used} epochs in {blocks} blocks (batch means), conditional on this run pair")
         return Estimate(mean, half, p, how), used
+    if n // blocks == 0:  # fewer epochs than blocks: each seed's mean, a t over the seeds
+        mean, half = mean_interval([math.fsum(s) / len(s) for s in per_seed if s])
+        return Estimate(mean, half, math.nan, f"t over {len(per_seed)} seeds' means ({n} epochs: too few for "
+                                              "blocks)"), n
     table = [block_means(s, blocks) for s in per_seed]
     c = crossed_interval(table)
     est = Estimate.of(c)
