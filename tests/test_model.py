@@ -378,3 +378,87 @@ def test_pretrain_continues_from_a_base_and_counts_its_steps(tmp_path):
     (tmp_path / "a" / "provenance.json").unlink()
     with pytest.raises(SystemExit, match="provenance.json"):
         pretrain.main(["--out", str(tmp_path / "d"), "--steps", "1", "--init-from", str(tmp_path / "a"), *common])
+
+
+def test_plucker_rays_pass_through_each_patch_centre_loop_version():
+    """Every token's ray, checked one token at a time against the world's own projection: a point on the ray
+    projects onto that token's patch centre in its frame, and the moment is c x d about the world origin."""
+    from recam.domains.camera.model import plucker_rays
+    from recam.domains.camera.world import SyntheticWorld, collate_conditions, default_intrinsics, project_points
+
+    world = SyntheticWorld("train", num_conditions=2, seed=0)
+    cams = collate_conditions([world[0], world[1]])["target_cams"].float()  # (2, 8, 3, 4)
+    rays = plucker_rays(cams.flatten(2), (8, 8), (4, 4), 1.0)
+    assert rays.shape == (2, 8 * 64, 6)
+    K = default_intrinsics(32)
+    for b in range(2):
+        for f in (0, 3, 7):
+            rot, trans = cams[b, f, :, :3], cams[b, f, :, 3]
+            centre = -rot.T @ trans
+            for n in (0, 9, 27, 63):
+                d, m = rays[b, f * 64 + n, :3], rays[b, f * 64 + n, 3:]
+                assert torch.isclose(d.norm(), torch.tensor(1.0), atol=1e-5)
+                uv, z = project_points((centre + 2.5 * d)[None], cams[b, f][None], K)
+                assert z.item() > 0
+                expected = torch.tensor([(n % 8) * 4 + 1.5, (n // 8) * 4 + 1.5])
+                assert torch.allclose(uv[0, 0], expected, atol=1e-3)
+                assert torch.allclose(m, torch.linalg.cross(centre, d), atol=1e-5)
+
+
+def test_ray_pathway_starts_as_a_no_op_and_then_reads_where_each_token_looks(tmp_path):
+    """plucker_rays adds zero-initialised ray encoders: the model's output is unchanged until they train; once
+    they carry weight the velocity depends on the target cameras token by token, and the flag survives a
+    save / load round trip. A base without rays gains them through the pretraining script's loader."""
+    plain = _tiny_model(seed=5)
+    rays = _tiny_model(seed=5, plucker_rays=True)
+    missing, unexpected = rays.load_state_dict(plain.state_dict(), strict=False)
+    assert not unexpected and missing and all(".ray_encoder." in k for k in missing)
+    inp = _inputs()
+    with torch.no_grad():
+        assert torch.equal(plain(**inp), rays(**inp))
+        for block in rays.blocks:
+            block.ray_encoder.weight.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(1))
+        moved = rays(**inp)
+        assert (moved - plain(**inp)).abs().max() > 1e-3
+        other = dict(inp, target_cams=inp["target_cams"] + 0.1)
+        assert (rays(**other) - moved).abs().max() > 1e-4
+    rays.save_pretrained(tmp_path / "rays")
+    loaded = ReCamTransformer3DModel.from_pretrained(tmp_path / "rays").eval()
+    assert loaded.config.plucker_rays
+    with torch.no_grad():
+        assert torch.equal(loaded(**inp), moved)
+
+    plain.save_pretrained(tmp_path / "plain")
+    gained = _load_pretrain_script().load_base(tmp_path / "plain", add_rays=True).eval()
+    with torch.no_grad():
+        assert gained.config.plucker_rays and torch.equal(gained(**inp), plain(**inp))
+    with pytest.raises(ValueError, match="ray_focal"):
+        _tiny_model(plucker_rays=True, ray_focal=0.0)
+
+
+def test_ray_pathway_trims_and_checkpoints_like_the_plain_model():
+    model = _tiny_model(seed=2, plucker_rays=True).train()
+    _perturb_cameras(model)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.ray_encoder.weight.normal_(0.0, 0.3, generator=torch.Generator().manual_seed(4))
+    inp = _inputs()
+
+    def run(trim: bool, checkpointing: bool):
+        model.trim_last_block = trim
+        if checkpointing:
+            model.enable_gradient_checkpointing()
+        else:
+            model.disable_gradient_checkpointing()
+        model.zero_grad(set_to_none=True)
+        out = model(**inp)
+        out.square().mean().backward()
+        return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    ref_out, ref_grads = run(False, False)
+    assert any("ray_encoder" in n for n in ref_grads)
+    for trim, ckpt in ((True, False), (True, True)):
+        out, grads = run(trim, ckpt)
+        assert torch.allclose(out, ref_out, atol=1e-5, rtol=1e-4)
+        for name, g in ref_grads.items():
+            assert torch.allclose(grads[name], g, atol=1e-6, rtol=1e-4), name

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -227,6 +228,21 @@ def init_provenance(folder: Path | None) -> dict | None:
             "git_commit": prov.get("git_commit")}
 
 
+def load_base(folder: Path, add_rays: bool = False) -> ReCamTransformer3DModel:
+    """A base folder's model; with add_rays, a base without the ray pathway gains one, zero-initialised."""
+    if not add_rays:
+        return ReCamTransformer3DModel.from_pretrained(folder)
+    config = {k: v for k, v in ReCamTransformer3DModel.load_config(folder).items() if not k.startswith("_")}
+    config["plucker_rays"] = True
+    model = ReCamTransformer3DModel(**config)
+    weights = Path(folder) / "diffusion_pytorch_model.safetensors"
+    missing, unexpected = model.load_state_dict(load_file(weights), strict=False)
+    if unexpected or any(".ray_encoder." not in k for k in missing):
+        raise SystemExit(f"--init-from {folder}: {weights} does not match the model (missing "
+                         f"{[k for k in missing if '.ray_encoder.' not in k]}, unexpected {unexpected})")
+    return model
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, required=True, help="output folder (weights, config, provenance)")
@@ -251,6 +267,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--init-from", type=Path, default=None,
                    help="continue from this base folder's weights (a longer budget in stages); its sizes win over "
                         "--num-layers, and provenance records it with the steps it had")
+    p.add_argument("--plucker-rays", action="store_true",
+                   help="give the model the ray pathway (ReCamTransformer3DModel's plucker_rays); with --init-from, a "
+                        "base without one gets it zero-initialised, so training starts from that base's exact outputs")
     p.add_argument("--keep-eval-checkpoints", action="store_true",
                    help="also save the model at every evaluation under <out>/eval_step_<N>/")
     args = p.parse_args(argv)
@@ -285,12 +304,12 @@ def main(argv: list[str] | None = None) -> dict:
 
     init = init_provenance(args.init_from)
     if args.init_from is not None:
-        model = ReCamTransformer3DModel.from_pretrained(args.init_from)
+        model = load_base(args.init_from, add_rays=args.plucker_rays)
     else:
         config = tiny_config()
         if args.num_layers is not None:
             config["num_layers"] = args.num_layers
-        model = ReCamTransformer3DModel(**config)
+        model = ReCamTransformer3DModel(**config, plucker_rays=args.plucker_rays)
     model.train()
     num_params = sum(p.numel() for p in model.parameters())
     print(f"ReCam-Tiny parameters: {num_params}")

@@ -13,6 +13,14 @@ The design follows ReCamMaster (arXiv 2503.11647):
   exactly a Wan transformer run on the concatenated video;
 * the velocity is returned for the target half only.
 
+Optional ray pathway (``plucker_rays``, off by default so real ReCamMaster checkpoints load unchanged): every
+block also owns ``ray_encoder = Linear(6, dim)`` (zero-initialised), fed each token's Plücker ray, the line
+through its camera centre and its patch centre in the shared world frame. Wan places tokens by RoPE alone, so
+a token's features never say where in the image it sits, and a per-frame [R|t] cannot tell the model where
+each token looks; a ray can. Two rays meet where their reciprocal product d1.m2 + d2.m1 is 0, a bilinear form
+that one query-key product can learn, so a target token can find the source tokens that see the same point
+(ray-conditioned camera control as in CameraCtrl, arXiv 2404.02101).
+
 Everything else (patch embedding, RoPE, timestep/text condition embedder, cross-attention, FFN,
 output norm/projection and unpatchify) is the parent's ``WanTransformer3DModel`` machinery. At tiny
 scale there is no text encoder: a learned null context (1, L, text_dim) replaces the text tokens,
@@ -33,6 +41,7 @@ from diffusers.configuration_utils import register_to_config
 from diffusers.models.transformers.transformer_wan import WanAttnProcessor, WanTransformerBlock
 
 CAMERA_DIM = 12  # flattened 3x4 [R|t]
+RAY_DIM = 6  # Plücker (direction, moment)
 
 # Wan's condition embedder was trained on integer timesteps in [0, 1000); sigma in [0, 1] maps onto it.
 WAN_TIMESTEP_SCALE = 1000.0
@@ -98,6 +107,37 @@ def flatten_cameras(cams: torch.Tensor) -> torch.Tensor:
     return cams.reshape(cams.shape[0], cams.shape[1], CAMERA_DIM)
 
 
+def plucker_rays(frame_cams: torch.Tensor, grid: tuple[int, int], patch: tuple[int, int],
+                 focal: float) -> torch.Tensor:
+    """Plücker coordinates of the ray through every token's patch centre.
+
+    Args:
+        frame_cams: (B, F', 12) flattened world-to-camera [R|t], one row per token frame.
+        grid: (H', W') tokens per frame; patch: (p_h, p_w) pixels per token.
+        focal: fx = fy = focal * W' * p_w pixels, principal point at the image centre in OpenCV's pixel
+            convention (the synthetic world's intrinsics at focal 1).
+
+    Returns:
+        (B, F' * H' * W', 6) rays (d, m), frame-major then row-major like the patch tokens: d the unit direction
+        in world coordinates, m = c x d the moment about the world origin, c the camera centre -R^T t.
+    """
+    (gh, gw), (ph, pw) = grid, patch
+    width, height = gw * pw, gh * ph
+    fx = focal * width
+    dtype, device = frame_cams.dtype, frame_cams.device
+    u = torch.arange(gw, dtype=dtype, device=device) * pw + (pw - 1) / 2 - (width - 1) / 2
+    v = torch.arange(gh, dtype=dtype, device=device) * ph + (ph - 1) / 2 - (height - 1) / 2
+    vv, uu = torch.meshgrid(v / fx, u / fx, indexing="ij")
+    d_cam = torch.stack([uu, vv, torch.ones_like(uu)], dim=-1).reshape(-1, 3)  # (H'W', 3)
+    d_cam = d_cam / d_cam.norm(dim=-1, keepdim=True)
+    cams = frame_cams.unflatten(-1, (3, 4))
+    rot, trans = cams[..., :3], cams[..., 3]  # (B, F', 3, 3), (B, F', 3)
+    centre = -(rot.transpose(-1, -2) @ trans.unsqueeze(-1)).squeeze(-1)  # (B, F', 3)
+    d = torch.einsum("bfji,nj->bfni", rot, d_cam)  # R^T d_cam for every token: (B, F', H'W', 3)
+    m = torch.cross(centre.unsqueeze(2).expand_as(d), d, dim=-1)
+    return torch.cat([d, m], dim=-1).flatten(1, 2)
+
+
 def camera_block_forward(
     block: WanTransformerBlock,
     hidden_states: torch.Tensor,
@@ -107,6 +147,7 @@ def camera_block_forward(
     frame_cams: torch.Tensor,
     tokens_per_frame: int,
     num_out_tokens: int | None = None,
+    token_rays: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One Wan DiT block with ReCamMaster's camera injection.
 
@@ -121,6 +162,8 @@ def camera_block_forward(
         num_out_tokens: n, return only the first n tokens (None = all S). Every token still serves as a key
             and value of self-attention, but only the first n are queried and sent through the cross-attention
             and FFN: the last block needs nothing else, since only the target tokens are decoded.
+        token_rays: (B, S, 6) Plücker rays (:func:`plucker_rays`), read by the block's ``ray_encoder`` where it
+            has one.
 
     Returns:
         (B, n, D) updated tokens. With a zero cam_encoder and an identity projector and n = S this equals
@@ -135,6 +178,10 @@ def camera_block_forward(
     normed = (block.norm1(hidden_states.float()) * (1 + scale_msa) + shift_msa).type_as(hidden_states)
     cam_emb = block.cam_encoder(frame_cams.to(normed.dtype))  # (B, F', D)
     normed = normed + cam_emb.repeat_interleave(tokens_per_frame, dim=1)
+    if getattr(block, "ray_encoder", None) is not None:
+        if token_rays is None:
+            raise ValueError("this block has a ray_encoder (plucker_rays) but was given no token_rays")
+        normed = normed + block.ray_encoder(token_rays.to(normed.dtype))
     if num_out_tokens is None or num_out_tokens == normed.shape[1] or not can_trim_queries(block.attn1):
         attn_output = block.attn1(normed, None, None, rotary_emb)
         num_out_tokens = normed.shape[1]
@@ -190,7 +237,9 @@ class ReCamTransformer3DModel(WanTransformer3DModel):
     """Wan2.1 transformer re-rendering a source video along new target cameras (ReCamMaster design).
 
     Extra config: ``null_text_len`` L, the length of the learned null text context used when no
-    text embeddings are given. All Wan config keys keep their meaning, so real-size Wan configs load.
+    text embeddings are given; ``plucker_rays`` adds the ray pathway (module docstring) and ``ray_focal`` sets
+    the focal length, in image widths, its rays assume. All Wan config keys keep their meaning, so real-size
+    Wan configs load.
     """
 
     _no_split_modules = ["WanTransformerBlock"]
@@ -215,12 +264,16 @@ class ReCamTransformer3DModel(WanTransformer3DModel):
         rope_max_seq_len: int = 64,
         pos_embed_seq_len: int | None = None,
         null_text_len: int = 4,
+        plucker_rays: bool = False,
+        ray_focal: float = 1.0,
     ) -> None:
         if image_dim is not None or added_kv_proj_dim is not None:
             raise ValueError("ReCamTransformer3DModel has no image conditioning; image_dim and "
                              "added_kv_proj_dim must be None")
         if null_text_len < 1:
             raise ValueError(f"null_text_len must be >= 1, got {null_text_len}")
+        if not ray_focal > 0:
+            raise ValueError(f"ray_focal must be > 0 (the focal length in image widths), got {ray_focal}")
         super().__init__(
             patch_size=tuple(patch_size),
             num_attention_heads=num_attention_heads,
@@ -243,6 +296,7 @@ class ReCamTransformer3DModel(WanTransformer3DModel):
         for block in self.blocks:
             block.cam_encoder = nn.Linear(CAMERA_DIM, inner_dim)
             block.projector = nn.Linear(inner_dim, inner_dim)
+            block.ray_encoder = nn.Linear(RAY_DIM, inner_dim) if plucker_rays else None
             # The block's forward becomes the camera one, and the model calls the block as a module: a wrapper's
             # hooks on the block then see every pass (FSDP, one unit per block, gathers its parameters there).
             block.forward = types.MethodType(camera_block_forward, block)
@@ -255,8 +309,11 @@ class ReCamTransformer3DModel(WanTransformer3DModel):
 
     @torch.no_grad()
     def reset_camera_modules(self) -> None:
-        """Zero every cam_encoder and set every projector to the identity (ReCamMaster's init)."""
+        """Zero every cam_encoder (and ray_encoder) and set every projector to the identity (ReCamMaster's init)."""
         for block in self.blocks:
+            if block.ray_encoder is not None:
+                nn.init.zeros_(block.ray_encoder.weight)
+                nn.init.zeros_(block.ray_encoder.bias)
             nn.init.zeros_(block.cam_encoder.weight)
             nn.init.zeros_(block.cam_encoder.bias)
             nn.init.eye_(block.projector.weight)
@@ -341,6 +398,8 @@ class ReCamTransformer3DModel(WanTransformer3DModel):
         # With temporal patches (p_t > 1) one token frame covers p_t video frames; like ReCamMaster's
         # frame subsampling, each token frame takes the camera of its first video frame.
         frame_cams = torch.cat([flatten_cameras(target_cams), flatten_cameras(source_cams)], dim=1)[:, ::p_t]
+        token_rays = (plucker_rays(frame_cams.float(), (pph, ppw), (p_h, p_w), self.config.ray_focal)
+                      if self.config.plucker_rays else None)
 
         if encoder_hidden_states is None:
             encoder_hidden_states = self.null_text.expand(b, -1, -1)
@@ -356,9 +415,10 @@ class ReCamTransformer3DModel(WanTransformer3DModel):
             last = i == len(self.blocks) - 1
             n_out = num_target if last and self.trim_last_block else None  # camera_block_forward's num_out_tokens
             if torch.is_grad_enabled() and self.gradient_checkpointing:
-                hidden_states = self._gradient_checkpointing_func(block, hidden_states, *block_args, n_out)
+                hidden_states = self._gradient_checkpointing_func(block, hidden_states, *block_args, n_out,
+                                                                  token_rays)
             else:
-                hidden_states = block(hidden_states, *block_args, n_out)
+                hidden_states = block(hidden_states, *block_args, n_out, token_rays)
         hidden_states = hidden_states[:, :num_target]
         shift, scale = (self.scale_shift_table + temb.unsqueeze(1)).chunk(2, dim=1)
         hidden_states = (self.norm_out(hidden_states.float()) * (1 + scale) + shift).type_as(hidden_states)
