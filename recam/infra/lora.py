@@ -42,8 +42,9 @@ CROSS_ATTENTION_TARGETS: tuple[str, ...] = ("attn2.to_q", "attn2.to_k", "attn2.t
 ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
 ADAPTER_CONFIG_NAME = "adapter_config.json"
 
-# Modules ReCamMaster itself fine-tunes (its training script unfreezes modules whose name contains these).
-RECAMMASTER_TRAINABLE = ("cam_encoder", "projector", "attn1")
+# Modules ReCamMaster itself fine-tunes (its training script unfreezes modules whose name contains these), with
+# recam's ray_encoder beside them where a model has the ray pathway (plucker_rays): it is camera conditioning too.
+RECAMMASTER_TRAINABLE = ("cam_encoder", "projector", "ray_encoder", "attn1")
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
