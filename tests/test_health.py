@@ -381,3 +381,56 @@ def test_diagnose_script_on_a_run_with_excluded_samples_is_healthy(tmp_path, cap
     assert diagnose_script.main([str(run), "--json"]) == 0
     parsed = json.loads(capsys.readouterr().out)
     assert parsed["healthy"] is True and parsed["excluded_samples"] == 10 and parsed["samples"] == 24
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the learned critic: its discriminator/* fields in the epoch records, judged in diagnosis.md
+
+
+def _critic_run(run, critic_by_epoch):
+    """A healthy run whose epoch records carry the critic's metrics (discriminator/*, as its hook writes them)."""
+    lines = []
+    for e, critic in enumerate(critic_by_epoch):
+        lines += [json.dumps({"type": "step", **healthy(2 * e + s + 1, epoch=e)}) for s in range(2)]
+        lines.append(json.dumps({**_epoch(e, 2 * e, 0.5), **{f"discriminator/{k}": v for k, v in critic.items()}}))
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+
+
+HAIR = {"d_acc": 1.0, "score_diff": 0.0025, "ranking_loss": 0.691, "temperature": 1.0, "step": 60.0,
+        "warmup_steps": 50.0}
+PLAN_SATURATED = {"d_acc": 0.88, "score_diff": 9.81, "temperature": 2.0, "step": 64.0, "warmup_steps": 50.0,
+                  "adaptive_temperature": 0.0, "temperature_at_bound": 0.0, "normalize_scores": 0.0}
+
+
+def test_the_critic_s_findings_come_from_accuracy_margin_and_ranking_loss():
+    saturated = health.critic_findings(PLAN_SATURATED)
+    assert [(f.rule, f.severity) for f in saturated] == [("critic_saturated", "warn")]
+    f = saturated[0]
+    assert f.numbers["margin"] == pytest.approx(9.81 / 2.0)
+    assert f.numbers["pair_gradient_share"] == pytest.approx(2 / (1 + math.exp(9.81 / 2.0)), rel=1e-9)
+    assert "reward.discriminator.temperature` to about 9.81" in f.actions[0]
+    # every pair won by a hair: the chord bound puts the mean pair gradient at >= 0.691 / log 2 of its largest
+    hair = health.critic_findings(HAIR)
+    assert [(h.rule, h.severity) for h in hair] == [("critic_separates", "info")]
+    assert hair[0].numbers["margin"] == pytest.approx(0.0025)
+    no_t = health.critic_findings({k: v for k, v in HAIR.items() if k != "temperature"})
+    assert [(h.rule, h.severity) for h in no_t] == [("critic_separates", "info")]
+    assert no_t[0].numbers["pair_gradient_share"] == pytest.approx(0.691 / math.log(2), rel=1e-9)
+    assert health.gradient_share_at_least(0.691, 0.99) is None  # a lost pair breaks the chord bound
+
+
+def test_diagnosis_md_names_the_saturated_critic_and_not_the_narrow_one(tmp_path):
+    from recam.infra import reports
+
+    run = tmp_path / "run"
+    run.mkdir()
+    _critic_run(run, [HAIR, PLAN_SATURATED])
+    findings = {f.rule: f for f in diagnosis.diagnose_run([json.loads(x) for x in
+                                                          (run / "metrics.jsonl").read_text().splitlines()])}
+    assert findings["critic_saturated"].numbers["epochs"] == [1]
+    assert findings["critic_separates"].numbers["epochs"] == [0] and findings["critic_separates"].severity == "info"
+    assert "The run's guard does not judge this" in findings["critic_saturated"].explanation
+    reports.write_reports(run)
+    text = (run / "diagnosis.md").read_text()
+    assert "`critic_saturated`" in text and "4.91 temperatures" in text and "`critic_separates`" in text
+    assert "reward.discriminator.temperature" in text

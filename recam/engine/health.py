@@ -43,6 +43,21 @@ class Finding:
 
 
 @dataclass(frozen=True)
+class CriticThresholds:
+    """Where the learned critic's rules fire (critic_findings). Its accuracy alone cannot tell a saturated critic from
+    one that orders every pair by a hair, so saturation is read from the mean margin in temperatures, z = mean(s_teacher
+    - s_student) / T, the argument of the pairwise sigmoid: at z the average pair's gradient is sigmoid(-z), against
+    1/2 at z = 0."""
+
+    saturation_margin: float = 3.0  # z at which the average pair's gradient is under 10% of its value at z = 0
+    saturation_min_acc: float = 0.75  # below this, a large mean margin is a few pairs' large scores, not separation
+    target_margin: float = 1.0  # the advice aims the temperature at this mean margin: the sigmoid's useful range
+    overconfident: float = 0.9  # d_acc above which a critic whose margin is not logged cannot be judged
+    learns_nothing: float = 0.6  # d_acc below which, after warm-up, its reward is noise
+    score_reg_info: float = 1.0  # score regulariser above this: scores drift past the threshold
+
+
+@dataclass(frozen=True)
 class Thresholds:
     """Where each rule fires; defaults suit diffusion GRPO, whose ratios sit within ~1e-3 of 1."""
 
@@ -76,6 +91,7 @@ class Thresholds:
     update_noise_min_steps: int = 10
     # an update this small a fraction of the gradient noise scale (or smaller) is mostly noise: said with the number
     noise_scale_fraction: float = 0.1
+    critic: CriticThresholds = CriticThresholds()  # the learned critic's rules (critic_findings)
 
 
 DEFAULT = Thresholds()
@@ -367,6 +383,180 @@ def rule_first_step_ratio(m: dict, history, th: Thresholds, run_dir: str) -> lis
                     ["use the same `sample.noise_level` and `sample.sde_type` (and sigma schedule) in rollout and "
                      "training", "compute log-probs in float32 whatever `mixed_precision` is",
                      "make sure dropout is off in the policy during training (model in eval-equivalent mode)"])]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the learned critic (rewards/discriminator.py): its metrics arrive unprefixed here (d_acc, score_diff, temperature,
+# ranking_loss, margin, ...), from the critic's hook live or from an epoch record's discriminator/* fields offline
+
+_CRITIC = "reward.discriminator"
+
+
+def _sigmoid(x: float) -> float:
+    return 1 / (1 + math.exp(-x)) if x >= 0 else math.exp(x) / (1 + math.exp(x))
+
+
+def critic_margin(metrics: dict) -> tuple[float | None, str]:
+    """The critic's mean margin in temperatures, z = mean(d) / T over the differences d that enter its ranking term,
+    and where it came from: the logged `margin` (exact, normalised scores included), else score_diff / temperature
+    (the raw scores'), else (None, why)."""
+    margin = _num(metrics, "margin")
+    if _ok(margin):
+        return margin, "margin"
+    diff, temperature = _num(metrics, "score_diff"), _num(metrics, "temperature")
+    if _ok(diff) and _ok(temperature) and temperature > 0:
+        return diff / temperature, "score_diff / temperature"
+    return None, "neither margin nor score_diff with temperature logged"
+
+
+def margin_at_least(ranking_loss: float) -> float:
+    """The mean margin a ranking loss proves: softplus(-z) is convex, so mean_i softplus(-z_i) >= softplus(-mean z),
+    and mean z >= -log(e^loss - 1). At or above log 2 it proves nothing (returns 0 or less)."""
+    if ranking_loss <= 0:
+        return math.inf
+    return -math.log(math.expm1(ranking_loss))
+
+
+def gradient_share_at_least(ranking_loss: float, d_acc: float) -> float | None:
+    """The mean pair gradient, as a share of its value at margin 0, that a ranking loss proves when the critic wins
+    every pair (d_acc 1); None otherwise. A won pair's gradient g = sigmoid(-z) lies in (0, 1/2], and its loss
+    -log(1 - g) is convex in g, so it lies below the chord 2 log 2 g: ranking_loss <= 2 log 2 mean(g), and the mean
+    share 2 mean(g) >= ranking_loss / log 2. A lost pair breaks the chord (its loss grows without bound)."""
+    if d_acc < 1.0 or not math.isfinite(ranking_loss):
+        return None
+    return min(1.0, ranking_loss / math.log(2))
+
+
+def _critic_saturated(m: dict, acc, margin, how, rank, th: CriticThresholds) -> Finding:
+    temperature = _num(m, "temperature")
+    share = 2 * _sigmoid(-margin)  # the average pair's gradient against a pair at margin 0
+    nums = {"d_acc": acc, "score_diff": _num(m, "score_diff"), "temperature": temperature, "margin": margin,
+            "ranking_loss": rank, "pair_gradient_share": share}
+    shown = ", ".join(f"{k} {v:.4g}" for k, v in (("d_acc", acc), ("score_diff", nums["score_diff"]),
+                                                   ("temperature", temperature)) if _ok(v))
+    bound = how.startswith("at least")  # a margin the ranking loss proves: the gradient is at most this
+    why = (f"The critic separates teacher from student ({shown}) by a mean margin of {margin:.3g} temperatures "
+           f"({how}): the pairwise sigmoid has saturated, and the average pair's gradient is {'at most ' * bound}"
+           f"{share:.1%} of its value at margin 0. The critic stops learning from the pairs it already wins, its scores grow in magnitude with "
+           "only the regulariser to hold them, and its reward ranks the policy's samples by whatever feature "
+           "separated the sets, which the policy then chases.")
+    actions = []
+    needed = temperature * margin / th.target_margin if _ok(temperature) else None
+    at = f" to about {needed:.3g} (the average pair {th.target_margin:g} temperature apart)" if needed else ""
+    adaptive, bound = _num(m, "adaptive_temperature"), _num(m, "temperature_at_bound")
+    if adaptive == 1.0 and bound == 1.0:
+        actions.append(f"the adaptive temperature sits at its upper bound: raise `{_CRITIC}.max_temperature`{at}")
+    elif adaptive == 1.0:
+        actions.append(f"the adaptive temperature trails the margins: lower `{_CRITIC}.temperature_momentum` (T moves "
+                       "by 1 - momentum of the gap each step)")
+    else:
+        actions.append(f"raise `{_CRITIC}.temperature`{at}, or set `{_CRITIC}.adaptive_temperature=True` (T follows the "
+                       f"spread of the differences, within [`{_CRITIC}.min_temperature`, `{_CRITIC}.max_temperature`]"
+                       + (f"; max_temperature at least {needed:.3g}" if needed else "") + ")")
+    if _num(m, "normalize_scores") != 1.0:
+        actions.append(f"set `{_CRITIC}.normalize_scores=True`: the ranking term sees each batch's standardised "
+                       "scores, so the critic cannot widen its margins by scaling them up")
+    actions += [f"hold the scores' magnitude: raise `{_CRITIC}.reg_weight` or lower `{_CRITIC}.reg_threshold`",
+                f"train the critic less: lower `{_CRITIC}.lr` or `{_CRITIC}.steps_per_epoch`"]
+    return Finding("critic_saturated", "warn", nums, why, actions)
+
+
+def critic_findings(metrics: dict, th: CriticThresholds | None = None, *, step: int | None = None,
+                    warmup_steps: int | None = None) -> list[Finding]:
+    """Findings over one step's (or an epoch's last) critic metrics, most severe first; [] when healthy.
+
+    d_acc is read together with the margin (critic_margin) and the ranking loss, because accuracy alone misleads both
+    ways: d_acc 0.88 at score_diff 9.81 and T 2 is a margin of 4.9 temperatures, where the average pair's gradient is
+    1.5% of its value at margin 0 (saturated, though under the old 0.9 line); d_acc 1.0 at score_diff 0.0025 with
+    ranking_loss 0.691 (log 2 = 0.693) orders every pair by a hair, in the sigmoid's linear part (a mean gradient of
+    at least 99.7% of that value, gradient_share_at_least), and is not saturation. Without a margin, a ranking loss
+    under softplus(-saturation_margin) proves saturation (margin_at_least). "learns nothing" waits for warm-up (step
+    and warmup_steps from the arguments, else from the metrics). A non-finite loss is critical."""
+    th = th or DEFAULT.critic
+    out = []
+    loss = _num(metrics, "loss")
+    if loss is not None and not math.isfinite(loss):
+        out.append(Finding("critic_diverged", "critical", {"loss": loss},
+                           f"The critic's loss is {loss}: its weights hold NaN or Inf, and so does every reward it hands "
+                           "out.", [f"restore the critic from its last checkpoint and lower `{_CRITIC}.lr`"]))
+    acc, rank = _num(metrics, "d_acc"), _num(metrics, "ranking_loss")
+    margin, how = critic_margin(metrics)
+    share = 2 * _sigmoid(-margin) if _ok(margin) else None
+    if margin is None and _ok(rank) and margin_at_least(rank) >= th.saturation_margin:
+        margin, how = margin_at_least(rank), f"at least, from ranking_loss {rank:.4g}"
+    elif margin is None and _ok(rank) and _ok(acc):
+        share = gradient_share_at_least(rank, acc)
+        how = f"every pair won and ranking_loss {rank:.4g}" if share is not None else how
+    if step is None:
+        s = _num(metrics, "step")
+        step = int(s) if s is not None else None
+    if warmup_steps is None:
+        w = _num(metrics, "warmup_steps")
+        warmup_steps = int(w) if w is not None else 0
+    warmed_up = step is None or step >= warmup_steps
+    saturated_share = 2 * _sigmoid(-th.saturation_margin)
+    if _ok(acc) and _ok(margin) and margin >= th.saturation_margin and acc >= th.saturation_min_acc:
+        out.append(_critic_saturated(metrics, acc, margin, how, rank, th))
+    elif _ok(acc) and acc > th.overconfident and share is not None and share > saturated_share:
+        said = f"ranking_loss {rank:.4g} against log 2 = {math.log(2):.4g} for margins of 0" if _ok(rank) else ""
+        size = (f"a mean margin of {margin:.3g} temperatures ({how}; {said + '; ' if said else ''}the average "
+                f"pair's gradient is {share:.1%} of its value at margin 0)" if _ok(margin) else
+                f"margins too small to saturate (every pair won, and {said} puts the mean pair gradient at least "
+                f"{share:.1%} of its value at margin 0)")
+        out.append(Finding("critic_separates", "info", {"d_acc": acc, "margin": margin, "ranking_loss": rank,
+                                                         "pair_gradient_share": share},
+                           f"The critic orders {acc:.0%} of the pairs, by {size}: saturation takes a margin of "
+                           f"{th.saturation_margin:g} temperatures (a gradient share under {saturated_share:.1%}), so "
+                           "this is not saturation, and the critic still learns from every pair."))
+    elif _ok(acc) and acc > th.overconfident:
+        bound = (f"; ranking_loss {rank:.4g} proves a mean margin of only {max(margin_at_least(rank), 0):.3g}"
+                 if _ok(rank) else "")
+        out.append(Finding("critic_overconfident", "warn", {"d_acc": acc, "ranking_loss": rank},
+                           f"d_acc {acc:.3f} > {th.overconfident:g}, but no margin is logged{bound}: a saturated critic "
+                           "and one that orders every pair by a hair look the same in d_acc alone.",
+                           ["log score_diff and temperature with d_acc (rewards/discriminator.py's train_step does)",
+                            f"if it has saturated: raise `{_CRITIC}.temperature` or set "
+                            f"`{_CRITIC}.adaptive_temperature=True`"]))
+    elif _ok(acc) and acc < th.learns_nothing and warmed_up:
+        near = (f" Its ranking_loss {rank:.4g} sits near log 2 = {math.log(2):.4g}, the loss of scores that do not "
+                "separate the sets at all." if _ok(rank) and abs(rank - math.log(2)) < 0.05 else "")
+        actions = [f"raise `{_CRITIC}.lr`, `{_CRITIC}.width` (capacity) or `{_CRITIC}.steps_per_epoch`",
+                   "check the teacher videos: they must be the conditions' ground-truth renders, paired with the "
+                   "student samples of the same condition"]
+        if _num(metrics, "adaptive_temperature") == 1.0 and _num(metrics, "temperature_at_bound") == 1.0:
+            actions.insert(0, f"the adaptive temperature sits at `{_CRITIC}.max_temperature` and divides the margins "
+                              "by it: lower that bound")
+        out.append(Finding("critic_learns_nothing", "warn",
+                           {"d_acc": acc, "margin": margin, "ranking_loss": rank, "critic_step": step,
+                            "warmup_steps": warmup_steps},
+                           f"d_acc {acc:.3f} < {th.learns_nothing:g} after {step} critic steps (warm-up "
+                           f"{warmup_steps}): the critic cannot tell teacher from student, and its reward is noise."
+                           + near, actions))
+    reg = _num(metrics, "score_reg")
+    if _ok(reg) and reg > th.score_reg_info:
+        out.append(Finding("critic_score_drift", "info", {"score_reg": reg},
+                           f"score_reg {reg:.3g}: the critic's scores drift past its threshold.",
+                           [f"raise `{_CRITIC}.reg_weight` or lower `{_CRITIC}.reg_threshold`"]))
+    return _sorted(out)
+
+
+def critic_metrics(record: dict) -> dict:
+    """The critic's numbers of an epoch record (its discriminator/* fields, as the critic's hook writes them),
+    unprefixed; {} when the run trained no critic."""
+    prefix = "discriminator/"
+    return {k[len(prefix):]: v for k, v in record.items()
+            if k.startswith(prefix) and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def rule_critic(m: dict, history, th: Thresholds, run_dir: str) -> list[Finding]:
+    """critic_findings over the critic's metrics an epoch carries (m["critic"], diagnosis.epoch_metrics)."""
+    critic = m.get("critic")
+    if not isinstance(critic, dict) or not critic:
+        return []
+    found = critic_findings(critic, th.critic)
+    for f in found:
+        f.numbers = {**_where(m), **f.numbers}
+    return found
 
 
 STEP_RULES = (rule_non_finite, rule_ratio, rule_reference_drift, rule_loss, rule_advantage_signal, rule_kl,
