@@ -69,6 +69,9 @@ class Thresholds:
     ratio_max_critical: float = 100.0
     ref_drift_warn: float = 1.0  # nats per element between current and reference log-density
     ref_drift_critical: float = 10.0
+    # a per-element log-density is of order 1 to 10 (a Gaussian step's, in nats); a logged mean log-prob beyond this
+    # is a sum over elements, the first cause of an exploded ratio (ratio_explosion_advice)
+    per_element_log_prob_max: float = 1e3
     loss_critical: float = 100.0
     loss_median_factor: float = 20.0
     loss_floor: float = 1.0  # losses below this never count as blown up relative to the median
@@ -137,7 +140,8 @@ def rule_non_finite(m: dict, history, th: Thresholds, run_dir: str) -> list[Find
                     f"{', '.join(bad)} {'is' if len(bad) == 1 else 'are'} NaN or Inf: an update overflowed, and the "
                     "weights it touched carry the damage into every later step.",
                     [_rollback(run_dir), "lower `train.learning_rate`",
-                     "keep `train.log_ratio_clamp` finite and small (5-10) and `train.max_grad_norm` at ~1",
+                     "keep `train.log_ratio_clamp` finite (5-10) and `train.max_grad_norm` at ~1: safeguards against "
+                     "overflow, not fixes; if the clamp binds, ratio_explosion names the causes",
                      "if `mixed_precision` is fp16, try bf16 or 'no'"])]
 
 
@@ -164,13 +168,103 @@ def rule_ratio(m: dict, history, th: Thresholds, run_dir: str) -> list[Finding]:
     else:
         why = (f"The largest importance ratio is {rmax:.4g}: some sample's log-density moved by "
                f"{math.log(rmax):.2f} nats per element since it was drawn.")
-    return [Finding("ratio_explosion", severity, nums, why,
-                    ["lower `train.learning_rate` (e.g. by 10x)",
-                     "keep `train.log_ratio_clamp` small (5-10) so exp(log-ratio) cannot explode; "
-                     "tighten `train.clip_range`",
-                     "check that sampling and training compute log-probs the same way (same `sample.noise_level`, "
-                     "`sample.sde_type`, precision, no dropout): the first step of each epoch must have ratio 1",
-                     _rollback(run_dir)])]
+    causes, actions, measured = ratio_explosion_advice(m, th)
+    return [Finding("ratio_explosion", severity, {**nums, **measured}, why + causes, [*actions, _rollback(run_dir)])]
+
+
+def learning_rate_tier(log_ratio: float, th: Thresholds) -> tuple[int, float]:
+    """(tier, factor to divide train.learning_rate by) for a worst log-ratio of |log_ratio| nats: within
+    log(ratio_critical_high) (a ratio in [0.5, 2]) 2x; within log(ratio_max_critical) 10x; beyond, 100x, and only
+    once the causes before it are ruled out (no step size at a per-element mean moves a log-density that far)."""
+    size = abs(log_ratio)
+    if size <= math.log(th.ratio_critical_high):
+        return 1, 2.0
+    if size <= math.log(th.ratio_max_critical):
+        return 2, 10.0
+    return 3, 100.0
+
+
+def kl_tier(gap: float, th: Thresholds) -> int:
+    """0: the policy is within ref_drift_warn nats per element of the reference, the KL holds it; 1: within
+    ref_drift_critical, a stronger KL (train.beta 10x) can pull it back; 2: beyond, no KL weight pulls that back
+    within a run, and the run restarts from where the gap was small."""
+    if gap <= th.ref_drift_warn:
+        return 0
+    return 1 if gap <= th.ref_drift_critical else 2
+
+
+def worst_log_ratio(m: dict) -> float | None:
+    """The largest |log r| among the step's mean, max and min importance ratios (those that are finite and > 0)."""
+    logs = [abs(math.log(r)) for r in (_num(m, "mean_ratio"), _num(m, "ratio_max"), _num(m, "ratio_min"))
+            if _ok(r) and r > 0]
+    return max(logs) if logs else None
+
+
+def ratio_explosion_advice(m: dict, th: Thresholds) -> tuple[str, list[str], dict]:
+    """(the causes in the order to rule them out, with what the metrics measure of each; the tiered remedies; their
+    numbers) for an exploded importance ratio. The causes: log-probs summed over elements (a ratio of e^20 is 20
+    nats summed, 4e-4 per element over 51,548 motion elements: an ordinary step), a reference that trains, LoRA bound
+    to nothing (the base trains, and with it the reference, the same network with the adapter off), and only then the
+    learning rate. A clamp on the log-ratio bounds exp() and so the loss, which hides the cause without fixing it."""
+    log_ratio = worst_log_ratio(m)
+    cur, ref = _num(m, "mean_log_prob_current"), _num(m, "mean_log_prob_ref")
+    gap = abs(cur - ref) if _ok(cur) and _ok(ref) else None
+    scale = max((abs(x) for x in (cur, ref) if _ok(x)), default=None)
+    loss, mean = _num(m, "loss", "policy_loss"), _num(m, "mean_ratio")
+    nums = {"worst_log_ratio": log_ratio, "log_prob_gap": gap}
+    summed = scale is not None and scale > th.per_element_log_prob_max
+    causes = ["(1) log-probs summed over elements instead of averaged: a log-ratio of L nats summed over D elements "
+              "is L / D per element, an ordinary step for D in the thousands (`motion.log_prob_reduction` \"mean\"; "
+              "a custom domain's log_prob must average too)"
+              + (f"; measured here: mean_log_prob_current {cur:.4g} is no per-element log-density (those are of order "
+                 "1 to 10), it is a sum" if summed else ""),
+              "(2) a reference that trains: its weights in an optimizer group, or shared with the policy, so the KL "
+              "pulls toward a moving target and holds nothing",
+              "(3) LoRA bound to nothing: adapter targets that match no module leave the base network training (recam "
+              "refuses them; other code may not), and with it the reference, the same network with the adapter off",
+              "(4) the learning rate"]
+    clamp = _num(m, "log_ratio_clamp")
+    why = (" Causes, most likely first: " + "; ".join(causes) + ". A clamp on the log-ratio (`train.log_ratio_clamp`"
+           + (f", {clamp:g}" if _ok(clamp) else "") + ") caps exp(log-ratio) and so the loss: it hides the cause, "
+           "since the ratios it cuts are still wrong and the weights still move, and fixes none of them.")
+    actions = ["check that log-probs are per-element means over the sampled elements (`motion.log_prob_reduction` "
+               "\"mean\"), not sums" + (f": mean_log_prob_current {cur:.4g} is a sum" if summed else ""),
+               "check the reference is frozen and only LoRA trains: no reference parameter takes a gradient or sits "
+               "in an optimizer group, and with `model.lora_rank` > 0 the trainable parameters are the adapter's "
+               "alone (`model.lora_targets` must match modules)"]
+    if log_ratio is not None:
+        tier, factor = learning_rate_tier(log_ratio, th)
+        lr = _num(m, "learning_rate")
+        to = f" ({lr:.3g} -> {lr / factor:.3g})" if _ok(lr) else ""
+        nums |= {"learning_rate_tier": tier, "learning_rate_divisor": factor}
+        after = (f"; at {log_ratio:.1f} nats only after (1)-(3) are ruled out: no step size moves a per-element "
+                 "log-density that far in one epoch" if tier == 3 else "")
+        actions.append(f"learning-rate tier {tier} of 3 (worst |log-ratio| {log_ratio:.3g} nats): lower "
+                       f"`train.learning_rate` {factor:g}x{to}{after}")
+    if gap is not None:
+        tier = kl_tier(gap, th)
+        nums["kl_tier"] = tier
+        if tier == 1:
+            actions.append(f"KL tier 1 of 2 (policy {gap:.3g} nats per element from the reference): raise `train.beta` "
+                           "10x")
+        elif tier == 2:
+            actions.append(f"KL tier 2 of 2 (policy {gap:.3g} nats per element from the reference, past "
+                           f"{th.ref_drift_critical:g}): no KL weight pulls that back within a run; after (1)-(3), "
+                           "resume from a checkpoint where the gap was under "
+                           f"{th.ref_drift_warn:g} nat with `train.beta` 10x")
+    if _ok(loss) and _ok(mean) and mean > th.ratio_max_warn:
+        nums["loss_over_ratio"] = abs(loss) / mean
+        if _num(m, "zero_std_ratio") == 1.0:
+            why += (f" The loss {loss:.3g} is not this ratio's: every advantage is 0 (zero_std_ratio 1), so the "
+                    "clipped objective is 0 whatever the ratio, and the loss comes from elsewhere "
+                    "(no_advantage_signal).")
+        else:
+            why += (f" The loss {loss:.3g} is this ratio's: |loss| / mean_ratio = {abs(loss) / mean:.3g}, an "
+                    "advantage-sized factor, so bounding the advantages or the loss would hide the ratio as the clamp "
+                    "does.")
+    actions.append("check that sampling and training compute log-probs the same way (same `sample.noise_level`, "
+                   "`sample.sde_type`, precision, no dropout): the first step of each epoch must have ratio 1")
+    return why, actions, nums
 
 
 def rule_reference_drift(m: dict, history, th: Thresholds, run_dir: str) -> list[Finding]:
@@ -214,8 +308,9 @@ def rule_loss(m: dict, history, th: Thresholds, run_dir: str) -> list[Finding]:
                            f"{why}. A GRPO loss is a mean of advantage x ratio terms of order 1 plus beta x KL; a "
                            "value this size means the ratio or the KL term has exploded.",
                            ["lower `train.learning_rate`",
-                            "bound the per-sample loss: `train.adv_clip_max` (advantages) and "
-                            "`train.log_ratio_clamp` (log-ratio before exp)",
+                            "find what made it this large (ratio_explosion names the causes of a ratio that did): "
+                            "bounding it with `train.adv_clip_max` or `train.log_ratio_clamp` keeps it finite and "
+                            "hides that cause",
                             "if kl_penalty dominates, the policy drifted: raise `train.beta` earlier in the run, "
                             "not now", _rollback(run_dir)]))
         break  # loss and policy_loss blow up together; one finding says it
@@ -437,9 +532,9 @@ def _critic_saturated(m: dict, acc, margin, how, rank, th: CriticThresholds) -> 
     bound = how.startswith("at least")  # a margin the ranking loss proves: the gradient is at most this
     why = (f"The critic separates teacher from student ({shown}) by a mean margin of {margin:.3g} temperatures "
            f"({how}): the pairwise sigmoid has saturated, and the average pair's gradient is {'at most ' * bound}"
-           f"{share:.1%} of its value at margin 0. The critic stops learning from the pairs it already wins, its scores grow in magnitude with "
-           "only the regulariser to hold them, and its reward ranks the policy's samples by whatever feature "
-           "separated the sets, which the policy then chases.")
+           f"{share:.1%} of its value at margin 0. The critic stops learning from the pairs it already wins, its "
+           "scores grow in magnitude with only the regulariser to hold them, and its reward ranks the policy's "
+           "samples by whatever feature separated the sets, which the policy then chases.")
     actions = []
     needed = temperature * margin / th.target_margin if _ok(temperature) else None
     at = f" to about {needed:.3g} (the average pair {th.target_margin:g} temperature apart)" if needed else ""
@@ -450,8 +545,9 @@ def _critic_saturated(m: dict, acc, margin, how, rank, th: CriticThresholds) -> 
         actions.append(f"the adaptive temperature trails the margins: lower `{_CRITIC}.temperature_momentum` (T moves "
                        "by 1 - momentum of the gap each step)")
     else:
-        actions.append(f"raise `{_CRITIC}.temperature`{at}, or set `{_CRITIC}.adaptive_temperature=True` (T follows the "
-                       f"spread of the differences, within [`{_CRITIC}.min_temperature`, `{_CRITIC}.max_temperature`]"
+        actions.append(f"raise `{_CRITIC}.temperature`{at}, or set `{_CRITIC}.adaptive_temperature=True` (T follows "
+                       f"the spread of the differences, within [`{_CRITIC}.min_temperature`, "
+                       f"`{_CRITIC}.max_temperature`]"
                        + (f"; max_temperature at least {needed:.3g}" if needed else "") + ")")
     if _num(m, "normalize_scores") != 1.0:
         actions.append(f"set `{_CRITIC}.normalize_scores=True`: the ranking term sees each batch's standardised "
@@ -477,8 +573,8 @@ def critic_findings(metrics: dict, th: CriticThresholds | None = None, *, step: 
     loss = _num(metrics, "loss")
     if loss is not None and not math.isfinite(loss):
         out.append(Finding("critic_diverged", "critical", {"loss": loss},
-                           f"The critic's loss is {loss}: its weights hold NaN or Inf, and so does every reward it hands "
-                           "out.", [f"restore the critic from its last checkpoint and lower `{_CRITIC}.lr`"]))
+                           f"The critic's loss is {loss}: its weights hold NaN or Inf, and so does every reward it "
+                           "hands out.", [f"restore the critic from its last checkpoint and lower `{_CRITIC}.lr`"]))
     acc, rank = _num(metrics, "d_acc"), _num(metrics, "ranking_loss")
     margin, how = critic_margin(metrics)
     share = 2 * _sigmoid(-margin) if _ok(margin) else None
@@ -512,8 +608,8 @@ def critic_findings(metrics: dict, th: CriticThresholds | None = None, *, step: 
         bound = (f"; ranking_loss {rank:.4g} proves a mean margin of only {max(margin_at_least(rank), 0):.3g}"
                  if _ok(rank) else "")
         out.append(Finding("critic_overconfident", "warn", {"d_acc": acc, "ranking_loss": rank},
-                           f"d_acc {acc:.3f} > {th.overconfident:g}, but no margin is logged{bound}: a saturated critic "
-                           "and one that orders every pair by a hair look the same in d_acc alone.",
+                           f"d_acc {acc:.3f} > {th.overconfident:g}, but no margin is logged{bound}: a saturated "
+                           "critic and one that orders every pair by a hair look the same in d_acc alone.",
                            ["log score_diff and temperature with d_acc (rewards/discriminator.py's train_step does)",
                             f"if it has saturated: raise `{_CRITIC}.temperature` or set "
                             f"`{_CRITIC}.adaptive_temperature=True`"]))
