@@ -1188,7 +1188,7 @@ def test_reward_shapes_are_held_against_the_samples_and_the_log_s_t(tmp_path):
     _, report = run_cli(tmp_path, text)
     c = status(report, "reward_shapes", 0)
     assert c.status == verify.WARN and "could not compare reward avg's T" in c.detail
-    _, report = run_cli(tmp_path, text.replace("k: 4", "k: 4, T: 18"))
+    _, report = run_cli(tmp_path, text.replace("k: 4", "k: 4, num_train_timesteps: 18"))
     assert status(report, "reward_shapes", 0).status == verify.PASS
 
 

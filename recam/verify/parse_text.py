@@ -61,8 +61,8 @@ DEBUG_LOG_FORMS: tuple[tuple[str, str], ...] = (
     ("keys in any case, with `_` or spaces, `nan` / `inf`, several `key: value` pairs per line",
      "[GRPO Debug] epoch 3: GATHERED_DATASET_INDICES: [3 5 3 5]"),
     ("the batch arithmetic: replicas (`num_replicas`, `world_size`, `num_processes`), per-device `batch_size`, "
-     "`num_batches_per_epoch` (or a `global_batch_size`), the timesteps `T`; like k, the last value printed before "
-     "an epoch's end holds for it", "[GRPO Debug] num_replicas: 8, batch_size: 2, num_batches_per_epoch: 4"),
+     "`num_batches_per_epoch` (or a `global_batch_size`), `num_train_timesteps`; like k, the last value printed "
+     "before an epoch's end holds for it", "[GRPO Debug] num_replicas: 8, batch_size: 2, num_batches_per_epoch: 4"),
     ("the samples gathered (`gathered samples`, `total samples`) and reward shapes (`rewards['avg'] shape`, "
      "`reward avg shape`, `reward shapes: {'avg': (64, 18), ...}`)",
      "[GRPO Debug] Gathered samples: 64, rewards['avg'] shape: (64, 18)"),
@@ -92,13 +92,14 @@ _FIELD_NAMES = {
     "subject": ("condition", "cond", "condition id", "prompt", "prompt id", "group", "group id"),
     "samples": ("samples", "samples gathered", "samples per epoch", "gathered samples count"),
     # the run's batch arithmetic (RUN_SETTINGS): the keys after the fillers are dropped ("num_replicas" -> "replicas")
-    "replicas": ("replicas", "processes", "world size", "gpus", "npus", "devices", "ranks", "workers"),
+    "replicas": ("replicas", "processes", "world size", "gpus", "npus", "devices", "ranks"),  # not "workers": loaders
     "batch": ("batch size", "per device batch size", "per device batch", "batch size per device", "sample batch size",
               "local batch size", "batch per device", "per replica batch size", "batch size per replica",
               "per gpu batch size", "batch size per gpu", "samples per device"),
     "batches": ("batches per epoch", "batches", "sample batches per epoch", "sampling batches per epoch",
                 "sample batches", "sampling batches"),
-    "timesteps": ("t", "timesteps", "train timesteps", "trained timesteps", "training timesteps"),
+    # not a bare "t": a log may print the current timestep under it
+    "timesteps": ("timesteps", "train timesteps", "trained timesteps", "training timesteps"),
 }
 # keys whose filler word is what they mean: looked up before the fillers are dropped ("global batch size" is the
 # samples of one sampling batch over all replicas, not a per-device batch size)
@@ -258,7 +259,10 @@ def _interpret(rec: _Record, items: list[tuple[str, str, Any]], stop: tuple[str,
             elif shape_of:
                 rec.facts.append(("reward_shape", ((shape_of.group(1) or "").replace(" ", "_"), _as_shape(value))))
             elif fld in ("samples", "replicas", "batch", "batches", "global_batch", "timesteps") and subject is None:
-                rec.facts.append((fld, _as_int(value)))
+                if _int(value) is None and not isinstance(value, _Elided):
+                    rec.ignored.append(key)  # a list, a string, a fraction: not the count these names mean here
+                else:
+                    rec.facts.append((fld, _as_int(value)))
             elif fld == "subject" and not isinstance(value, (list, tuple, dict)) and _cond_id(value) is not None:
                 subject = _cond_id(value)
                 rec.facts.append(("cond", (subject, {})))
