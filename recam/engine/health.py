@@ -209,15 +209,17 @@ def ratio_explosion_advice(m: dict, th: Thresholds) -> tuple[str, list[str], dic
     log_ratio = worst_log_ratio(m)
     cur, ref = _num(m, "mean_log_prob_current"), _num(m, "mean_log_prob_ref")
     gap = abs(cur - ref) if _ok(cur) and _ok(ref) else None
-    scale = max((abs(x) for x in (cur, ref) if _ok(x)), default=None)
+    # the larger logged mean log-prob, which a sum over elements would give away
+    key, big = max(((k, x) for k, x in (("mean_log_prob_current", cur), ("mean_log_prob_ref", ref)) if _ok(x)),
+                   key=lambda kx: abs(kx[1]), default=(None, None))
     loss, mean = _num(m, "loss", "policy_loss"), _num(m, "mean_ratio")
     nums = {"worst_log_ratio": log_ratio, "log_prob_gap": gap}
-    summed = scale is not None and scale > th.per_element_log_prob_max
+    summed = big is not None and abs(big) > th.per_element_log_prob_max
     causes = ["(1) log-probs summed over elements instead of averaged: a log-ratio of L nats summed over D elements "
               "is L / D per element, an ordinary step for D in the thousands (`motion.log_prob_reduction` \"mean\"; "
               "a custom domain's log_prob must average too)"
-              + (f"; measured here: mean_log_prob_current {cur:.4g} is no per-element log-density (those are of order "
-                 "1 to 10), it is a sum" if summed else ""),
+              + (f"; measured here: {key} {big:.4g} is no per-element log-density (those are of order 1 to 10), it "
+                 "is a sum" if summed else ""),
               "(2) a reference that trains: its weights in an optimizer group, or shared with the policy, so the KL "
               "pulls toward a moving target and holds nothing",
               "(3) LoRA bound to nothing: adapter targets that match no module leave the base network training (recam "
@@ -228,7 +230,7 @@ def ratio_explosion_advice(m: dict, th: Thresholds) -> tuple[str, list[str], dic
            + (f", {clamp:g}" if _ok(clamp) else "") + ") caps exp(log-ratio) and so the loss: it hides the cause, "
            "since the ratios it cuts are still wrong and the weights still move, and fixes none of them.")
     actions = ["check that log-probs are per-element means over the sampled elements (`motion.log_prob_reduction` "
-               "\"mean\"), not sums" + (f": mean_log_prob_current {cur:.4g} is a sum" if summed else ""),
+               "\"mean\"), not sums" + (f": {key} {big:.4g} is a sum" if summed else ""),
                "check the reference is frozen and only LoRA trains: no reference parameter takes a gradient or sits "
                "in an optimizer group, and with `model.lora_rank` > 0 the trainable parameters are the adapter's "
                "alone (`model.lora_targets` must match modules)"]
