@@ -488,3 +488,13 @@ def test_diagnosis_md_names_the_saturated_critic_and_not_the_narrow_one(tmp_path
     text = (run / "diagnosis.md").read_text()
     assert "`critic_saturated`" in text and "4.91 temperatures" in text and "`critic_separates`" in text
     assert "reward.discriminator.temperature" in text
+
+
+def test_ratio_advice_reads_whatever_the_step_logged():
+    # only the reference's log-prob, no loss, no learning rate: the advice still names the sum it measures
+    why, actions, nums = health.ratio_explosion_advice({"ratio_max": 1e5, "mean_log_prob_ref": -5e4}, health.DEFAULT)
+    assert "mean_log_prob_ref -5e+04 is no per-element log-density" in why
+    assert nums["log_prob_gap"] is None and "kl_tier" not in nums and "loss_over_ratio" not in nums
+    assert any(a.startswith("learning-rate tier 3 of 3") and "->" not in a for a in actions)
+    why, actions, nums = health.ratio_explosion_advice({}, health.DEFAULT)
+    assert nums == {"worst_log_ratio": None, "log_prob_gap": None} and "(4) the learning rate" in why
