@@ -314,10 +314,19 @@ def get_config() -> ml_collections.ConfigDict:
     c.reward.cam.served.check_health = True  # GET /health when the run starts
     c.reward.discriminator = ml_collections.ConfigDict()  # learned critic (reward "discriminator")
     c.reward.discriminator.lr = 1e-3  # critic learning rate
-    c.reward.discriminator.temperature = 1.0  # T in -log sigmoid((s_teacher - s_student) / T)
+    c.reward.discriminator.width = 8  # critic channels (capacity: ~18k parameters at 8)
+    c.reward.discriminator.temperature = 1.0  # T in -log sigmoid((s_teacher - s_student) / T); the adaptive T's start
     c.reward.discriminator.adaptive_temperature = False  # track the spread of score differences instead
+    # adaptive T <- momentum T + (1 - momentum) std(differences), kept in [min_temperature, max_temperature]: the
+    # margins / T stay of order 1, so the sigmoid neither saturates nor stays linear
+    c.reward.discriminator.temperature_momentum = 0.9
+    c.reward.discriminator.min_temperature = 0.05
+    c.reward.discriminator.max_temperature = 10.0
+    # standardise each batch's scores before the ranking term: a margin cannot grow by scaling the scores up
+    c.reward.discriminator.normalize_scores = False
     c.reward.discriminator.reg_threshold = 3.0  # scores beyond +-this are penalised
     c.reward.discriminator.reg_weight = 0.1  # weight of that penalty
+    c.reward.discriminator.warmup_steps = 50  # critic updates before "learns nothing" (d_acc < 0.6) is judged
     c.reward.discriminator.steps_per_epoch = 4  # critic updates per epoch (teacher = ground-truth renders)
 
     # ---- motion domain (recam/domains/motion; presets motion_tiny_cpu, motion_smoke, mdm_humanml3d_8npu) ----

@@ -23,38 +23,63 @@ Optional score normalisation standardises the 2B scores of a training batch (mea
 ranking loss, another way to make the loss scale-free; the regulariser always sees the raw scores.
 
 At equilibrium (student indistinguishable from teacher) accuracy tends to 0.5 and the ranking loss to
-log 2 (at T = 1). `discriminator_health` flags a critic that is too strong (d_acc > 0.9: its reward
-saturates and the policy chases artefacts) or learns nothing (d_acc < 0.6 after warm-up).
+log 2. `discriminator_health` (recam.engine.health.critic_findings, which diagnosis.md applies to the epoch records
+too) reads d_acc with the mean margin in temperatures, margin = mean(s_teacher - s_student) / T over the
+differences the ranking term sees: a critic has saturated when it wins most pairs by a margin of 3 T or more (the
+average pair's gradient is then under a tenth of its value at margin 0; its reward ranks the policy's samples by
+whatever separated the sets), not whenever d_acc is high (d_acc 1.0 by a margin of 0.0025 T is a critic in the
+sigmoid's linear part); it learns nothing at d_acc < 0.6 after warmup_steps critic steps.
+
+Every remedy is a field of reward.discriminator (config/base.py), checked by `check_settings`: temperature,
+adaptive_temperature with temperature_momentum and [min_temperature, max_temperature], normalize_scores,
+reg_threshold and reg_weight, warmup_steps, lr, width and steps_per_epoch.
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from recam.engine.health import DEFAULT, critic_findings
 from rewards import register_reward
 
 
+def ranking_differences(s_teacher: torch.Tensor, s_student: torch.Tensor, normalize_scores: bool = False
+                        ) -> torch.Tensor:
+    """(B,) the differences the ranking term divides by T: s_teacher - s_student, or with normalize_scores the same
+    difference of the 2B scores standardised together (mean 0, std 1), which makes the term blind to the scores'
+    scale. Standardising keeps each pair's order, so d_acc is the same either way."""
+    if not normalize_scores:
+        return s_teacher - s_student
+    scores = torch.cat([s_teacher, s_student])
+    normed = (scores - scores.mean()) / (scores.std(unbiased=False) + 1e-6)
+    b = s_teacher.shape[0]
+    return normed[:b] - normed[b:]
+
+
 def discriminator_loss(s_teacher: torch.Tensor, s_student: torch.Tensor, temperature: float | torch.Tensor,
-                       reg_threshold: float = 3.0, reg_weight: float = 0.1
+                       reg_threshold: float = 3.0, reg_weight: float = 0.1, normalize_scores: bool = False
                        ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Pairwise ranking loss with a score regulariser.
 
-    s_teacher (B,), s_student (B,): scores of the pair i (same condition). temperature > 0.
+    s_teacher (B,), s_student (B,): scores of the pair i (same condition). temperature > 0. normalize_scores: the
+    ranking term sees ranking_differences(..., True); the regulariser and the logged score levels stay on the raw
+    scores the reward hands out.
     Returns loss (0-dim, differentiable) = ranking + reg_weight * score_reg, and detached 0-dim metrics:
-    d_acc (fraction with s_teacher > s_student), score_diff (mean s_teacher - s_student), teacher_mean,
-    student_mean, teacher_min, teacher_max, student_min, student_max, ranking_loss, score_reg, loss.
+    d_acc (fraction with s_teacher > s_student), score_diff (mean raw s_teacher - s_student), margin (mean of the
+    ranking term's differences / T: what the sigmoid sees, the saturation measure), teacher_mean, student_mean,
+    teacher_min, teacher_max, student_min, student_max, ranking_loss, score_reg, loss.
     """
     if s_teacher.ndim != 1 or s_teacher.shape != s_student.shape:
         raise ValueError(f"s_teacher {tuple(s_teacher.shape)} and s_student {tuple(s_student.shape)} must be (B,)")
     if float(temperature) <= 0:
         raise ValueError(f"temperature must be > 0, got {float(temperature)}")
-    diff = s_teacher - s_student
+    diff = ranking_differences(s_teacher, s_student, normalize_scores)
     ranking = F.softplus(-diff / temperature).mean()  # softplus(-x) = -log sigmoid(x), stable for large |x|
     scores = torch.cat([s_teacher, s_student])
     score_reg = F.relu(scores.abs() - reg_threshold).pow(2).mean()
@@ -63,6 +88,7 @@ def discriminator_loss(s_teacher: torch.Tensor, s_student: torch.Tensor, tempera
     metrics = {
         "d_acc": (t > s).float().mean(),
         "score_diff": (t - s).mean(),
+        "margin": (diff.detach() / temperature).mean(),
         "teacher_mean": t.mean(),
         "student_mean": s.mean(),
         "teacher_min": t.min(),
@@ -103,7 +129,8 @@ class DiscriminatorConfig:
     """lr / betas / grad_clip: Adam on the critic. temperature: fixed T, or the start of the adaptive one.
     adaptive_temperature with temperature_momentum m and [min_temperature, max_temperature] bounds.
     reg_threshold tau and reg_weight: the score regulariser. normalize_scores: standardise each training
-    batch's scores before the ranking loss. warmup_steps: steps before the "learns nothing" rule applies."""
+    batch's scores before the ranking loss. warmup_steps: steps before the "learns nothing" rule applies.
+    The run config's reward.discriminator holds the same defaults (a test keeps them equal)."""
 
     width: int = 8
     lr: float = 1e-3
@@ -168,22 +195,11 @@ class Discriminator:
             both = torch.cat([teacher_videos, student_videos]).to(self.device, torch.float32)
             raw = self.critic(both)
             s_teacher, s_student = raw[:b], raw[b:]
-            if c.normalize_scores:
-                # Only the ranking term (and the adaptive temperature, which must match its scale) sees
-                # standardised scores; d_acc is unchanged by it, and the regulariser and the logged score
-                # levels stay on the raw scores the reward hands out.
-                normed = (raw - raw.mean()) / (raw.std(unbiased=False) + 1e-6)
-                self._update_temperature(normed[:b] - normed[b:])
-                loss, metrics = discriminator_loss(s_teacher, s_student, self.temperature, c.reg_threshold,
-                                                   c.reg_weight)
-                ranking = F.softplus(-(normed[:b] - normed[b:]) / self.temperature).mean()
-                loss = ranking + c.reg_weight * F.relu(raw.abs() - c.reg_threshold).pow(2).mean()
-                metrics["ranking_loss"] = ranking.detach()
-                metrics["loss"] = loss.detach()
-            else:
-                self._update_temperature(s_teacher - s_student)
-                loss, metrics = discriminator_loss(s_teacher, s_student, self.temperature, c.reg_threshold,
-                                                   c.reg_weight)
+            # the adaptive temperature follows the differences the ranking term divides by it (standardised ones
+            # under normalize_scores), so that the margins it sees stay of order 1
+            self._update_temperature(ranking_differences(s_teacher, s_student, c.normalize_scores))
+            loss, metrics = discriminator_loss(s_teacher, s_student, self.temperature, c.reg_threshold,
+                                               c.reg_weight, c.normalize_scores)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(self.critic.parameters(), c.grad_clip)
@@ -193,6 +209,12 @@ class Discriminator:
         metrics["temperature"] = torch.tensor(self.temperature)
         metrics["grad_norm"] = grad_norm.detach().float()
         metrics["step"] = torch.tensor(float(self.step))
+        # the settings the health rules' advice depends on, so that an epoch record (read offline, without the
+        # config) says which remedy is left: a fixed T to raise, or an adaptive one held at its bound
+        metrics["adaptive_temperature"] = torch.tensor(float(c.adaptive_temperature))
+        metrics["temperature_at_bound"] = torch.tensor(temperature_bound(self.temperature, c))
+        metrics["normalize_scores"] = torch.tensor(float(c.normalize_scores))
+        metrics["warmup_steps"] = torch.tensor(float(c.warmup_steps))
         return metrics
 
     def state_dict(self) -> dict:
@@ -230,43 +252,28 @@ class Discriminator:
         return discriminator_health(metrics, step=self.step, warmup_steps=self.config.warmup_steps)
 
 
-def _value(metrics: dict, key: str) -> float | None:
-    v = metrics.get(key)
-    if v is None:
-        return None
-    return float(v.item() if torch.is_tensor(v) else v)
+def temperature_bound(temperature: float, config: DiscriminatorConfig) -> float:
+    """+1 when the adaptive temperature sits at max_temperature, -1 at min_temperature, else 0 (and 0 for a fixed
+    one, which has no bounds)."""
+    if not config.adaptive_temperature:
+        return 0.0
+    if temperature >= config.max_temperature:
+        return 1.0
+    return -1.0 if temperature <= config.min_temperature else 0.0
 
 
 def discriminator_health(metrics: dict, step: int | None = None, warmup_steps: int = 0,
                          overconfident: float = 0.9, learns_nothing: float = 0.6) -> list[tuple[str, str]]:
-    """Rules over one step's (or a window-averaged) metrics -> [(severity, message)], severities as in
-    recam.engine.health ("info" | "warn" | "critical"). Empty when healthy.
-
-    d_acc > overconfident: the critic separates teacher from student almost always; its reward saturates
-    and the policy is pushed toward whatever artefact the critic keys on. d_acc < learns_nothing after
-    warm-up (step taken from metrics["step"] when not given): the critic cannot tell the two apart, its
-    reward is noise. A non-finite loss is critical.
-    """
-    findings: list[tuple[str, str]] = []
-    loss = _value(metrics, "loss")
-    if loss is not None and not math.isfinite(loss):
-        findings.append(("critical", f"discriminator loss is {loss}: critic diverged, restore its last checkpoint"))
-    acc = _value(metrics, "d_acc")
-    if step is None:
-        s = _value(metrics, "step")
-        step = int(s) if s is not None else None
-    warmed_up = step is None or step >= warmup_steps
-    if acc is not None:
-        if acc > overconfident:
-            findings.append(("warn", f"d_acc {acc:.3f} > {overconfident}: critic overconfident, its reward "
-                                     "saturates; lower its lr, raise the temperature or train it less often"))
-        elif acc < learns_nothing and warmed_up:
-            findings.append(("warn", f"d_acc {acc:.3f} < {learns_nothing} after warm-up: critic learns nothing, "
-                                     "its reward is noise; raise its lr or capacity, check the teacher videos"))
-    reg = _value(metrics, "score_reg")
-    if reg is not None and reg > 1.0:
-        findings.append(("info", f"score_reg {reg:.3f}: scores drift past the threshold; raise reg_weight"))
-    return findings
+    """recam.engine.health.critic_findings over one step's metrics as [(severity, "rule: explanation Try: ...")],
+    severities "info" | "warn" | "critical"; empty when healthy. d_acc is read with the margin and the ranking loss
+    (saturation is a margin of 3 temperatures or more, not a high d_acc); "learns nothing" (d_acc < learns_nothing)
+    waits for warm-up (step from metrics["step"] when not given)."""
+    th = replace(DEFAULT.critic, overconfident=overconfident, learns_nothing=learns_nothing)
+    out = []
+    for f in critic_findings(metrics, th, step=step, warmup_steps=warmup_steps):
+        tries = f" Try: {'; '.join(f.actions)}." if f.actions else ""
+        out.append((f.severity, f"{f.rule}: {f.explanation}{tries}"))
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -308,12 +315,23 @@ def discriminator_config(config) -> DiscriminatorConfig:
 
 
 def check_settings(checks) -> None:
-    """The ranges of reward.discriminator (recam/infra/config_checks.py's FieldChecks)."""
-    checks.boolean("reward.discriminator.adaptive_temperature")
+    """The ranges of reward.discriminator (recam/infra/config_checks.py's FieldChecks), each refusal one line naming
+    the field and what it may be."""
+    section = "reward.discriminator"
+    checks.boolean(f"{section}.adaptive_temperature", f"{section}.normalize_scores")
     for field in ("lr", "temperature", "reg_threshold"):
-        checks.number(f"reward.discriminator.{field}", 0, None, low_open=True)
-    checks.number("reward.discriminator.reg_weight", 0)
-    checks.integer("reward.discriminator.steps_per_epoch", 0, why="critic updates per epoch")
+        checks.number(f"{section}.{field}", 0, None, low_open=True)
+    checks.number(f"{section}.reg_weight", 0)
+    checks.number(f"{section}.temperature_momentum", 0, 1, high_open=True,
+                  why="the adaptive temperature keeps this share of itself per step; 1 would never move")
+    checks.number(f"{section}.min_temperature", 0, None, low_open=True, why="the adaptive temperature's lower bound")
+    checks.number(f"{section}.max_temperature", 0, None, low_open=True, why="the adaptive temperature's upper bound")
+    low, high = checks.config.reward.discriminator.min_temperature, checks.config.reward.discriminator.max_temperature
+    checks.require(low <= high, f"{section}.min_temperature={low!r} must be <= {section}.max_temperature={high!r} "
+                                "(the adaptive temperature's bounds): lower the one or raise the other")
+    checks.integer(f"{section}.warmup_steps", 0, why="critic updates before 'learns nothing' is judged")
+    checks.integer(f"{section}.width", 1, why="the critic's channels")
+    checks.integer(f"{section}.steps_per_epoch", 0, why="critic updates per epoch")
 
 
 @register_reward("discriminator", scores="video", check=check_settings)

@@ -43,10 +43,64 @@ def test_blown_up_run_is_critical_naming_ratio_drift_and_missing_signal():
     assert "policy_loss" in by_rule["no_advantage_signal"].explanation  # a loss with all-zero advantages
     text = diagnosis.format_findings(findings)
     assert text.startswith("- **CRITICAL**")
-    for field in ("train.learning_rate", "train.beta", "train.log_ratio_clamp", "sample.noise_level",
-                  "reward.weights", "checkpoints/latest"):
+    for field in ("train.learning_rate", "train.beta", "motion.log_prob_reduction", "model.lora_rank",
+                  "sample.noise_level", "reward.weights", "checkpoints/latest"):
         assert field in text
     assert "reward_collapse" not in rules(findings)  # mean 0.50, std 0.18: the reward itself is fine
+
+
+def test_ratio_explosion_names_its_causes_in_order_and_what_a_clamp_hides():
+    f = next(f for f in health.diagnose_step(BLOWN_UP, []) if f.rule == "ratio_explosion")
+    why = f.explanation
+    causes = ["(1) log-probs summed over elements", "(2) a reference that trains", "(3) LoRA bound to nothing",
+              "(4) the learning rate"]
+    assert all(c in why for c in causes) and [why.index(c) for c in causes] == sorted(why.index(c) for c in causes)
+    # measured, not guessed: a mean log-prob of -8.3e5 is no per-element log-density
+    assert "mean_log_prob_ref -1.031e+06 is no per-element log-density" in why
+    assert "`train.log_ratio_clamp`) caps exp(log-ratio) and so the loss: it hides the cause" in why
+    assert not any("log_ratio_clamp" in a for a in f.actions)  # the clamp is no remedy
+    assert "so exp(log-ratio) cannot explode" not in diagnosis.format_findings([f])  # the old advice is gone
+    assert f.actions[0].startswith("check that log-probs are per-element means")
+    assert f.actions[1].startswith("check the reference is frozen and only LoRA trains")
+    # every advantage is 0, so this ratio cannot have made this loss: said so rather than blamed on the ratio
+    assert "is not this ratio's: every advantage is 0" in why
+
+
+# the plan's blown-up numbers: ratio 4.8e8, a log-prob gap of 1e5 to the reference, loss 1.7e8
+PLAN_RATIO = {"mean_ratio": 4.8e8, "mean_log_prob_current": -8.336e5, "mean_log_prob_ref": -8.336e5 - 1e5,
+              "loss": 1.7e8, "learning_rate": 1e-4}
+
+
+def test_the_tiered_remedies_on_the_plan_s_numbers():
+    why, actions, nums = health.ratio_explosion_advice(PLAN_RATIO, health.DEFAULT)
+    assert nums["worst_log_ratio"] == pytest.approx(math.log(4.8e8), rel=1e-12)  # 19.99 nats
+    # learning rate: past log(100) nats the top tier, 100x, and only once the causes before it are ruled out
+    assert (nums["learning_rate_tier"], nums["learning_rate_divisor"]) == (3, 100.0)
+    lr = next(a for a in actions if a.startswith("learning-rate tier 3 of 3"))
+    assert "lower `train.learning_rate` 100x (0.0001 -> 1e-06)" in lr and "only after (1)-(3)" in lr
+    # KL: 1e5 nats per element is past ref_drift_critical; no beta pulls that back within a run
+    assert nums["log_prob_gap"] == pytest.approx(1e5, rel=1e-9) and nums["kl_tier"] == 2
+    kl = next(a for a in actions if a.startswith("KL tier 2 of 2"))
+    assert "no KL weight pulls that back" in kl and "`train.beta` 10x" in kl
+    # loss: 1.7e8 / 4.8e8 = 0.354, an advantage-sized factor: the loss is the ratio's, and bounding it hides it
+    assert nums["loss_over_ratio"] == pytest.approx(1.7e8 / 4.8e8, rel=1e-12)
+    assert "|loss| / mean_ratio = 0.354" in why and "would hide the ratio as the clamp does" in why
+    assert actions[1] == next(a for a in actions if "check the reference is frozen and only LoRA trains" in a)
+
+
+@pytest.mark.parametrize("ratio,tier,divisor", [(1.5, 1, 2.0), (2.0, 1, 2.0), (0.4, 2, 10.0), (50.0, 2, 10.0),
+                                                (100.0, 2, 10.0), (101.0, 3, 100.0), (4.8e8, 3, 100.0)])
+def test_learning_rate_tiers(ratio, tier, divisor):
+    assert health.learning_rate_tier(math.log(ratio), health.DEFAULT) == (tier, divisor)
+
+
+@pytest.mark.parametrize("gap,tier", [(0.5, 0), (1.0, 0), (5.0, 1), (10.0, 1), (10.5, 2), (1e5, 2)])
+def test_kl_tiers(gap, tier):
+    assert health.kl_tier(gap, health.DEFAULT) == tier
+    m = healthy(2, mean_ratio=3.0, mean_log_prob_current=1.0, mean_log_prob_ref=1.0 - gap)
+    f = next(f for f in health.diagnose_step(m, []) if f.rule == "ratio_explosion")
+    assert f.numbers["kl_tier"] == tier
+    assert any(a.startswith(f"KL tier {tier} of 2") for a in f.actions) == (tier > 0)
 
 
 def test_healthy_metrics_give_no_findings():
@@ -381,3 +435,66 @@ def test_diagnose_script_on_a_run_with_excluded_samples_is_healthy(tmp_path, cap
     assert diagnose_script.main([str(run), "--json"]) == 0
     parsed = json.loads(capsys.readouterr().out)
     assert parsed["healthy"] is True and parsed["excluded_samples"] == 10 and parsed["samples"] == 24
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the learned critic: its discriminator/* fields in the epoch records, judged in diagnosis.md
+
+
+def _critic_run(run, critic_by_epoch):
+    """A healthy run whose epoch records carry the critic's metrics (discriminator/*, as its hook writes them)."""
+    lines = []
+    for e, critic in enumerate(critic_by_epoch):
+        lines += [json.dumps({"type": "step", **healthy(2 * e + s + 1, epoch=e)}) for s in range(2)]
+        lines.append(json.dumps({**_epoch(e, 2 * e, 0.5), **{f"discriminator/{k}": v for k, v in critic.items()}}))
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+
+
+HAIR = {"d_acc": 1.0, "score_diff": 0.0025, "ranking_loss": 0.691, "temperature": 1.0, "step": 60.0,
+        "warmup_steps": 50.0}
+PLAN_SATURATED = {"d_acc": 0.88, "score_diff": 9.81, "temperature": 2.0, "step": 64.0, "warmup_steps": 50.0,
+                  "adaptive_temperature": 0.0, "temperature_at_bound": 0.0, "normalize_scores": 0.0}
+
+
+def test_the_critic_s_findings_come_from_accuracy_margin_and_ranking_loss():
+    saturated = health.critic_findings(PLAN_SATURATED)
+    assert [(f.rule, f.severity) for f in saturated] == [("critic_saturated", "warn")]
+    f = saturated[0]
+    assert f.numbers["margin"] == pytest.approx(9.81 / 2.0)
+    assert f.numbers["pair_gradient_share"] == pytest.approx(2 / (1 + math.exp(9.81 / 2.0)), rel=1e-9)
+    assert "reward.discriminator.temperature` to about 9.81" in f.actions[0]
+    # every pair won by a hair: the chord bound puts the mean pair gradient at >= 0.691 / log 2 of its largest
+    hair = health.critic_findings(HAIR)
+    assert [(h.rule, h.severity) for h in hair] == [("critic_separates", "info")]
+    assert hair[0].numbers["margin"] == pytest.approx(0.0025)
+    no_t = health.critic_findings({k: v for k, v in HAIR.items() if k != "temperature"})
+    assert [(h.rule, h.severity) for h in no_t] == [("critic_separates", "info")]
+    assert no_t[0].numbers["pair_gradient_share"] == pytest.approx(0.691 / math.log(2), rel=1e-9)
+    assert health.gradient_share_at_least(0.691, 0.99) is None  # a lost pair breaks the chord bound
+
+
+def test_diagnosis_md_names_the_saturated_critic_and_not_the_narrow_one(tmp_path):
+    from recam.infra import reports
+
+    run = tmp_path / "run"
+    run.mkdir()
+    _critic_run(run, [HAIR, PLAN_SATURATED])
+    findings = {f.rule: f for f in diagnosis.diagnose_run([json.loads(x) for x in
+                                                          (run / "metrics.jsonl").read_text().splitlines()])}
+    assert findings["critic_saturated"].numbers["epochs"] == [1]
+    assert findings["critic_separates"].numbers["epochs"] == [0] and findings["critic_separates"].severity == "info"
+    assert "The run's guard does not judge this" in findings["critic_saturated"].explanation
+    reports.write_reports(run)
+    text = (run / "diagnosis.md").read_text()
+    assert "`critic_saturated`" in text and "4.91 temperatures" in text and "`critic_separates`" in text
+    assert "reward.discriminator.temperature" in text
+
+
+def test_ratio_advice_reads_whatever_the_step_logged():
+    # only the reference's log-prob, no loss, no learning rate: the advice still names the sum it measures
+    why, actions, nums = health.ratio_explosion_advice({"ratio_max": 1e5, "mean_log_prob_ref": -5e4}, health.DEFAULT)
+    assert "mean_log_prob_ref -5e+04 is no per-element log-density" in why
+    assert nums["log_prob_gap"] is None and "kl_tier" not in nums and "loss_over_ratio" not in nums
+    assert any(a.startswith("learning-rate tier 3 of 3") and "->" not in a for a in actions)
+    why, actions, nums = health.ratio_explosion_advice({}, health.DEFAULT)
+    assert nums == {"worst_log_ratio": None, "log_prob_gap": None} and "(4) the learning rate" in why

@@ -49,6 +49,11 @@ BAD = [
     ({"reward.unified.base_url": "localhost:30000"}, "reward.unified.base_url"),
     ({"reward.discriminator.lr": 0.0}, "reward.discriminator.lr"),
     ({"reward.discriminator.steps_per_epoch": -1}, "reward.discriminator.steps_per_epoch"),
+    ({"reward.discriminator.temperature_momentum": 1.0}, "reward.discriminator.temperature_momentum"),
+    ({"reward.discriminator.min_temperature": 20.0}, "reward.discriminator.min_temperature"),  # above the max 10
+    ({"reward.discriminator.max_temperature": 0.0}, "reward.discriminator.max_temperature"),
+    ({"reward.discriminator.warmup_steps": -1}, "reward.discriminator.warmup_steps"),
+    ({"reward.discriminator.width": 0}, "reward.discriminator.width"),
     ({"debug.fail_reward_slots": "8"}, "debug.fail_reward_slots"),  # smoke: 1 process x 8 samples = slots 0..7
     ({"debug.fail_reward_slots": "a,b"}, "debug.fail_reward_slots"),
     # the settings of the chosen policy loss, checked by the loss (recam/engine/extensions/variants.py's check)

@@ -824,9 +824,14 @@ def test_every_documented_form_example_is_read():
         if not example:
             continue
         log = verify.parse_debug_log(example)
-        assert log.unreadable == [] and len(log.epochs) == 1, what
+        assert log.unreadable == [] and not log.ignored, what
+        if not log.epochs:  # run settings alone (k, the batch arithmetic) open no epoch
+            assert log.k_values or log.setting_values, what
+            continue
+        assert len(log.epochs) == 1, what
         ep = log.epochs[0]
-        facts = [ep.indices, ep.counts, ep.unique, ep.shape, ep.cond_stats or None, ep.epoch, log.k_values or None]
+        facts = [ep.indices, ep.counts, ep.unique, ep.shape, ep.cond_stats or None, ep.epoch, log.k_values or None,
+                 ep.samples, ep.reward_shapes or None]
         assert any(f is not None for f in facts), what
 
 
@@ -1096,3 +1101,100 @@ def test_summary_change_carries_the_paired_interval_over_conditions(tmp_path):
     selected = {**late, "checkpoint": "epoch_0002"}
     text = reports.write_summary(log, base, base, rows=rows, selected=selected, selection="best val")
     assert f"| {diffs.mean():+.4f} ± {half:.4f} | +0.0000 ± 0.0000 |" in text
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the plan's arithmetic in a text log: replicas x batch x batches = samples, conditions = samples / k, reward shapes
+
+
+def arithmetic_log(conditions=16, k=4, header="num_replicas: 8, batch_size: 2, num_batches_per_epoch: 4",
+                   reward_shape=None, adv_t=18, samples_line=True):
+    """One epoch of a log that prints its batch arithmetic (8 replicas x 2 per device x 4 batches = 64 samples by
+    default) and gathers `conditions` x k samples."""
+    idx = [1000 + c for c in range(conditions) for _ in range(k)]
+    n = len(idx)
+    lines = [f"[GRPO Debug] {header}, k: {k}", "[GRPO Debug] Epoch 0",
+             f"[GRPO Debug] Gathered dataset_indices: {idx}",
+             f"[GRPO Debug] Unique conditions: {conditions}",
+             f"[GRPO Debug] Count per condition: { {c: k for c in sorted(set(idx))} }",
+             f"[GRPO Debug] Advantages shape: ({n}, {adv_t})"]
+    if samples_line:
+        lines.append(f"[GRPO Debug] Gathered samples: {n}")
+    lines.append(f"[GRPO Debug] rewards['avg'] shape: {reward_shape or (n, adv_t)}")
+    return "\n".join(lines) + "\n"
+
+
+def test_a_log_whose_arithmetic_does_not_add_up_fails_naming_both_numbers(tmp_path):
+    # the issue's log: 8 replicas x 2 x 4 batches, but 60 samples and 15 conditions gathered (each condition k times,
+    # so every check that reads only what was gathered passes)
+    code, report = run_cli(tmp_path, arithmetic_log(conditions=15))
+    assert code == 1 and report.status == verify.FAIL
+    samples = status(report, "sample_arithmetic", 0)
+    assert samples.status == verify.FAIL
+    assert "8 replicas x 2 per device x 4 batches = 64 samples expected, but 60 were gathered" in samples.detail
+    assert (samples.numbers["expected_samples"], samples.numbers["gathered_samples"]) == (64, 60)
+    conditions = status(report, "condition_arithmetic", 0)
+    assert conditions.status == verify.FAIL
+    assert "/ k=4 = 16 unique conditions expected, but 15 were gathered" in conditions.detail
+    assert status(report, "count_per_condition", 0).status == verify.PASS  # 15 x 4: consistent, and wrong
+    md = (tmp_path / "report.md").read_text()
+    assert "**Result: FAIL**" in md and "64 samples expected, but 60 were gathered" in md
+    assert not any("read but not used" in n and "replicas" in n for n in report.notes)  # used, not ignored
+    # the same log with the 64 samples its arithmetic gives passes
+    code, report = run_cli(tmp_path, arithmetic_log(conditions=16))
+    assert code == 0, [(c.name, c.detail) for c in report.checks if c.status != verify.PASS]
+    assert status(report, "sample_arithmetic", 0).detail == ("8 replicas x 2 per device x 4 batches = 64 samples, "
+                                                             "as gathered")
+    assert status(report, "condition_arithmetic", 0).numbers["expected_conditions"] == 16
+
+
+@pytest.mark.parametrize("header", ["world_size: 8, per_device_batch_size: 2, batches per epoch: 4",
+                                    "num_processes=8 sample.batch_size=2 num_batches=4",
+                                    "global_batch_size: 16, num_batches_per_epoch: 4"])
+def test_the_arithmetic_is_read_in_the_forms_logs_print_it(tmp_path, header):
+    _, report = run_cli(tmp_path, arithmetic_log(conditions=15, header=header))
+    assert status(report, "sample_arithmetic", 0).status == verify.FAIL
+    assert "64 samples expected, but 60 were gathered" in status(report, "sample_arithmetic", 0).detail
+
+
+def test_arithmetic_that_cannot_be_evaluated_is_never_a_pass(tmp_path):
+    # batches per epoch never printed: replicas x batch alone says nothing of an epoch's samples
+    code, report = run_cli(tmp_path, arithmetic_log(header="num_replicas: 8, batch_size: 2"))
+    c = status(report, "sample_arithmetic", 0)
+    assert c.status == verify.WARN and c.detail.startswith("could not evaluate") and "batches per epoch" in c.detail
+    assert status(report, "condition_arithmetic", 0).status == verify.WARN
+    assert code == 0 and report.status == verify.WARN  # nothing failed, and nothing unevaluated passed
+    # a log that prints none of it: the checks are not run, and the report says so
+    text = "\n".join(line for line in arithmetic_log().splitlines() if "num_replicas" not in line
+                     and "Gathered samples" not in line)
+    _, report = run_cli(tmp_path, text + "\n")
+    assert report.find("sample_arithmetic", 0) == []
+    assert any("never prints its batch arithmetic" in n for n in report.notes)
+    # k not printed: conditions = samples / k cannot be evaluated
+    text = arithmetic_log().replace(", k: 4", "")
+    _, report = run_cli(tmp_path, text)
+    c = status(report, "condition_arithmetic", 0)
+    assert c.status == verify.WARN and "k is not printed" in c.detail
+
+
+def test_reward_shapes_are_held_against_the_samples_and_the_log_s_t(tmp_path):
+    _, report = run_cli(tmp_path, arithmetic_log(reward_shape=(64, 10)))
+    c = status(report, "reward_shapes", 0)
+    assert c.status == verify.FAIL and "reward avg has shape (64, 10), but the advantages have T=18" in c.detail
+    _, report = run_cli(tmp_path, arithmetic_log(reward_shape=(60, 18)))
+    assert "reward avg has shape (60, 18), but 64 samples were gathered" in status(report, "reward_shapes", 0).detail
+    # without a 2-D advantages shape or a printed T, a (N, T) reward's T is not compared: a warning, not a pass
+    text = arithmetic_log().replace("[GRPO Debug] Advantages shape: (64, 18)\n", "")
+    _, report = run_cli(tmp_path, text)
+    c = status(report, "reward_shapes", 0)
+    assert c.status == verify.WARN and "could not compare reward avg's T" in c.detail
+    _, report = run_cli(tmp_path, text.replace("k: 4", "k: 4, num_train_timesteps: 18"))
+    assert status(report, "reward_shapes", 0).status == verify.PASS
+
+
+def test_unique_conditions_with_nothing_to_compare_is_not_a_pass():
+    log = verify.parse_debug_log("[GRPO Debug] Gathered dataset_indices: [3, 5, 3, 5]\n")
+    c = verify.check_debug_unique(log.epochs[0], None)
+    assert c.status == verify.WARN and c.detail.startswith("not compared")
+    log = verify.parse_debug_log("[GRPO Debug] k=2\n[GRPO Debug] Gathered dataset_indices: [3, 5, 3, 5]\n")
+    assert verify.check_debug_unique(log.epochs[0], 2).status == verify.PASS  # 2 conditions x k=2 = 4 samples

@@ -29,9 +29,11 @@ from recam.engine.health import (
     _rollback,
     _sorted,
     _where,
+    critic_metrics,
     diagnose_step,
     reward_evidence,
     rule_advantage_signal,
+    rule_critic,
     rule_first_step_ratio,
     rule_non_finite,
     rule_reward,
@@ -382,6 +384,9 @@ def epoch_metrics(record: dict) -> dict:
     signs = advantage_sign_errors(record)
     if signs is not None and signs[0]:
         m["advantage_sign_errors"], m["advantage_sign_compared"] = signs
+    critic = critic_metrics(record)
+    if critic:  # nested, so that rule_non_finite reads the critic's loss as the critic's rule does, not as a blow-up
+        m["critic"] = critic
     counts = excluded_count(record)
     if counts is not None:
         m["excluded_samples"], m["samples"] = counts
@@ -442,13 +447,14 @@ def rule_advantage_sign(m: dict, history, th: Thresholds, run_dir: str) -> list[
 
 def diagnose_epoch(record: dict, earlier_epochs=(), *, thresholds: Thresholds | None = None,
                    run_dir: str = "<run_dir>") -> list[Finding]:
-    """Findings for one epoch record (rewards, advantage signal, first on-policy ratio, NaN in its scalars)."""
+    """Findings for one epoch record (rewards, advantage signal, first on-policy ratio, NaN in its scalars, the
+    learned critic's state)."""
     th = thresholds or DEFAULT
     m = epoch_metrics(record)
     history = [epoch_metrics(r) for r in earlier_epochs]
     out = []
     for rule in (rule_non_finite, rule_non_finite_samples, rule_advantage_sign, rule_advantage_signal, rule_reward,
-                 rule_reward_term, rule_first_step_ratio, rule_exclusions):
+                 rule_reward_term, rule_first_step_ratio, rule_exclusions, rule_critic):
         out += rule(m, history, th, run_dir)
     return _sorted(out)
 
@@ -464,6 +470,12 @@ GUARD_CANNOT_JUDGE = {
     "advantage_sign": "it reads the advantages' summary, not each sample's advantage against its reward",
     "update_below_noise_scale": "it reads the gradient noise scale's running means, an epoch statistic",
 }
+# The critic's rules read the discriminator/* fields its hook adds to the epoch record; the guard reads none of them
+# (the hook logs the same findings as it trains the critic).
+GUARD_CANNOT_JUDGE.update(dict.fromkeys(
+    ("critic_saturated", "critic_separates", "critic_overconfident", "critic_learns_nothing", "critic_score_drift",
+     "critic_diverged"),
+    "it reads no discriminator/* field of an epoch record; the critic's hook logs these as it trains the critic"))
 _GUARD_EPOCH_KEYS = frozenset({"zero_std_ratio", "mean_reward", "epoch", "step"})
 
 

@@ -43,6 +43,21 @@ class Finding:
 
 
 @dataclass(frozen=True)
+class CriticThresholds:
+    """Where the learned critic's rules fire (critic_findings). Its accuracy alone cannot tell a saturated critic from
+    one that orders every pair by a hair, so saturation is read from the mean margin in temperatures, z = mean(s_teacher
+    - s_student) / T, the argument of the pairwise sigmoid: at z the average pair's gradient is sigmoid(-z), against
+    1/2 at z = 0."""
+
+    saturation_margin: float = 3.0  # z at which the average pair's gradient is under 10% of its value at z = 0
+    saturation_min_acc: float = 0.75  # below this, a large mean margin is a few pairs' large scores, not separation
+    target_margin: float = 1.0  # the advice aims the temperature at this mean margin: the sigmoid's useful range
+    overconfident: float = 0.9  # d_acc above which a critic whose margin is not logged cannot be judged
+    learns_nothing: float = 0.6  # d_acc below which, after warm-up, its reward is noise
+    score_reg_info: float = 1.0  # score regulariser above this: scores drift past the threshold
+
+
+@dataclass(frozen=True)
 class Thresholds:
     """Where each rule fires; defaults suit diffusion GRPO, whose ratios sit within ~1e-3 of 1."""
 
@@ -54,6 +69,9 @@ class Thresholds:
     ratio_max_critical: float = 100.0
     ref_drift_warn: float = 1.0  # nats per element between current and reference log-density
     ref_drift_critical: float = 10.0
+    # a per-element log-density is of order 1 to 10 (a Gaussian step's, in nats); a logged mean log-prob beyond this
+    # is a sum over elements, the first cause of an exploded ratio (ratio_explosion_advice)
+    per_element_log_prob_max: float = 1e3
     loss_critical: float = 100.0
     loss_median_factor: float = 20.0
     loss_floor: float = 1.0  # losses below this never count as blown up relative to the median
@@ -76,6 +94,7 @@ class Thresholds:
     update_noise_min_steps: int = 10
     # an update this small a fraction of the gradient noise scale (or smaller) is mostly noise: said with the number
     noise_scale_fraction: float = 0.1
+    critic: CriticThresholds = CriticThresholds()  # the learned critic's rules (critic_findings)
 
 
 DEFAULT = Thresholds()
@@ -121,7 +140,8 @@ def rule_non_finite(m: dict, history, th: Thresholds, run_dir: str) -> list[Find
                     f"{', '.join(bad)} {'is' if len(bad) == 1 else 'are'} NaN or Inf: an update overflowed, and the "
                     "weights it touched carry the damage into every later step.",
                     [_rollback(run_dir), "lower `train.learning_rate`",
-                     "keep `train.log_ratio_clamp` finite and small (5-10) and `train.max_grad_norm` at ~1",
+                     "keep `train.log_ratio_clamp` finite (5-10) and `train.max_grad_norm` at ~1: safeguards against "
+                     "overflow, not fixes; if the clamp binds, ratio_explosion names the causes",
                      "if `mixed_precision` is fp16, try bf16 or 'no'"])]
 
 
@@ -148,13 +168,105 @@ def rule_ratio(m: dict, history, th: Thresholds, run_dir: str) -> list[Finding]:
     else:
         why = (f"The largest importance ratio is {rmax:.4g}: some sample's log-density moved by "
                f"{math.log(rmax):.2f} nats per element since it was drawn.")
-    return [Finding("ratio_explosion", severity, nums, why,
-                    ["lower `train.learning_rate` (e.g. by 10x)",
-                     "keep `train.log_ratio_clamp` small (5-10) so exp(log-ratio) cannot explode; "
-                     "tighten `train.clip_range`",
-                     "check that sampling and training compute log-probs the same way (same `sample.noise_level`, "
-                     "`sample.sde_type`, precision, no dropout): the first step of each epoch must have ratio 1",
-                     _rollback(run_dir)])]
+    causes, actions, measured = ratio_explosion_advice(m, th)
+    return [Finding("ratio_explosion", severity, {**nums, **measured}, why + causes, [*actions, _rollback(run_dir)])]
+
+
+def learning_rate_tier(log_ratio: float, th: Thresholds) -> tuple[int, float]:
+    """(tier, factor to divide train.learning_rate by) for a worst log-ratio of |log_ratio| nats: within
+    log(ratio_critical_high) (a ratio in [0.5, 2]) 2x; within log(ratio_max_critical) 10x; beyond, 100x, and only
+    once the causes before it are ruled out (no step size at a per-element mean moves a log-density that far)."""
+    size = abs(log_ratio)
+    if size <= math.log(th.ratio_critical_high):
+        return 1, 2.0
+    if size <= math.log(th.ratio_max_critical):
+        return 2, 10.0
+    return 3, 100.0
+
+
+def kl_tier(gap: float, th: Thresholds) -> int:
+    """0: the policy is within ref_drift_warn nats per element of the reference, the KL holds it; 1: within
+    ref_drift_critical, a stronger KL (train.beta 10x) can pull it back; 2: beyond, no KL weight pulls that back
+    within a run, and the run restarts from where the gap was small."""
+    if gap <= th.ref_drift_warn:
+        return 0
+    return 1 if gap <= th.ref_drift_critical else 2
+
+
+def worst_log_ratio(m: dict) -> float | None:
+    """The largest |log r| among the step's mean, max and min importance ratios (those that are finite and > 0)."""
+    logs = [abs(math.log(r)) for r in (_num(m, "mean_ratio"), _num(m, "ratio_max"), _num(m, "ratio_min"))
+            if _ok(r) and r > 0]
+    return max(logs) if logs else None
+
+
+def ratio_explosion_advice(m: dict, th: Thresholds) -> tuple[str, list[str], dict]:
+    """(the causes in the order to rule them out, with what the metrics measure of each; the tiered remedies; their
+    numbers) for an exploded importance ratio. The causes: log-probs summed over elements (a ratio of e^20 is 20
+    nats summed, 4e-4 per element over 51,548 motion elements: an ordinary step), a reference that trains, LoRA bound
+    to nothing (the base trains, and with it the reference, the same network with the adapter off), and only then the
+    learning rate. A clamp on the log-ratio bounds exp() and so the loss, which hides the cause without fixing it."""
+    log_ratio = worst_log_ratio(m)
+    cur, ref = _num(m, "mean_log_prob_current"), _num(m, "mean_log_prob_ref")
+    gap = abs(cur - ref) if _ok(cur) and _ok(ref) else None
+    # the larger logged mean log-prob, which a sum over elements would give away
+    key, big = max(((k, x) for k, x in (("mean_log_prob_current", cur), ("mean_log_prob_ref", ref)) if _ok(x)),
+                   key=lambda kx: abs(kx[1]), default=(None, None))
+    loss, mean = _num(m, "loss", "policy_loss"), _num(m, "mean_ratio")
+    nums = {"worst_log_ratio": log_ratio, "log_prob_gap": gap}
+    summed = big is not None and abs(big) > th.per_element_log_prob_max
+    causes = ["(1) log-probs summed over elements instead of averaged: a log-ratio of L nats summed over D elements "
+              "is L / D per element, an ordinary step for D in the thousands (`motion.log_prob_reduction` \"mean\"; "
+              "a custom domain's log_prob must average too)"
+              + (f"; measured here: {key} {big:.4g} is no per-element log-density (those are of order 1 to 10), it "
+                 "is a sum" if summed else ""),
+              "(2) a reference that trains: its weights in an optimizer group, or shared with the policy, so the KL "
+              "pulls toward a moving target and holds nothing",
+              "(3) LoRA bound to nothing: adapter targets that match no module leave the base network training (recam "
+              "refuses them; other code may not), and with it the reference, the same network with the adapter off",
+              "(4) the learning rate"]
+    clamp = _num(m, "log_ratio_clamp")
+    why = (" Causes, most likely first: " + "; ".join(causes) + ". A clamp on the log-ratio (`train.log_ratio_clamp`"
+           + (f", {clamp:g}" if _ok(clamp) else "") + ") caps exp(log-ratio) and so the loss: it hides the cause, "
+           "since the ratios it cuts are still wrong and the weights still move, and fixes none of them.")
+    actions = ["check that log-probs are per-element means over the sampled elements (`motion.log_prob_reduction` "
+               "\"mean\"), not sums" + (f": {key} {big:.4g} is a sum" if summed else ""),
+               "check the reference is frozen and only LoRA trains: no reference parameter takes a gradient or sits "
+               "in an optimizer group, and with `model.lora_rank` > 0 the trainable parameters are the adapter's "
+               "alone (`model.lora_targets` must match modules)"]
+    if log_ratio is not None:
+        tier, factor = learning_rate_tier(log_ratio, th)
+        lr = _num(m, "learning_rate")
+        to = f" ({lr:.3g} -> {lr / factor:.3g})" if _ok(lr) else ""
+        nums |= {"learning_rate_tier": tier, "learning_rate_divisor": factor}
+        after = (f"; at {log_ratio:.1f} nats only after (1)-(3) are ruled out: no step size moves a per-element "
+                 "log-density that far in one epoch" if tier == 3 else "")
+        actions.append(f"learning-rate tier {tier} of 3 (worst |log-ratio| {log_ratio:.3g} nats): lower "
+                       f"`train.learning_rate` {factor:g}x{to}{after}")
+    if gap is not None:
+        tier = kl_tier(gap, th)
+        nums["kl_tier"] = tier
+        if tier == 1:
+            actions.append(f"KL tier 1 of 2 (policy {gap:.3g} nats per element from the reference): raise `train.beta` "
+                           "10x")
+        elif tier == 2:
+            actions.append(f"KL tier 2 of 2 (policy {gap:.3g} nats per element from the reference, past "
+                           f"{th.ref_drift_critical:g}): no KL weight pulls that back within a run; after (1)-(3), "
+                           "resume from a checkpoint where the gap was under "
+                           f"{th.ref_drift_warn:g} nat with `train.beta` 10x")
+    if _ok(loss) and _ok(mean) and mean > th.ratio_max_warn:
+        nums["loss_over_ratio"] = abs(loss) / mean
+        if _num(m, "zero_std_ratio") == 1.0:
+            why += (f" The loss {loss:.3g} is not this ratio's: every advantage is 0 (zero_std_ratio 1), so the "
+                    "clipped objective is 0 whatever the ratio, and the loss comes from elsewhere "
+                    "(no_advantage_signal).")
+        else:
+            why += (f" The loss {loss:.3g} is this ratio's: |loss| / mean_ratio = {abs(loss) / mean:.3g}, an "
+                    "advantage-sized factor, so bounding the advantages or the loss would hide the ratio as the clamp "
+                    "does.")
+    actions.append("check that sampling and training compute log-probs the same way (same `sample.noise_level`, "
+                   "`sample.sde_type`, precision, no dropout): the first step of each epoch must have ratio 1")
+    return why, actions, nums
 
 
 def rule_reference_drift(m: dict, history, th: Thresholds, run_dir: str) -> list[Finding]:
@@ -198,8 +310,9 @@ def rule_loss(m: dict, history, th: Thresholds, run_dir: str) -> list[Finding]:
                            f"{why}. A GRPO loss is a mean of advantage x ratio terms of order 1 plus beta x KL; a "
                            "value this size means the ratio or the KL term has exploded.",
                            ["lower `train.learning_rate`",
-                            "bound the per-sample loss: `train.adv_clip_max` (advantages) and "
-                            "`train.log_ratio_clamp` (log-ratio before exp)",
+                            "find what made it this large (ratio_explosion names the causes of a ratio that did): "
+                            "bounding it with `train.adv_clip_max` or `train.log_ratio_clamp` keeps it finite and "
+                            "hides that cause",
                             "if kl_penalty dominates, the policy drifted: raise `train.beta` earlier in the run, "
                             "not now", _rollback(run_dir)]))
         break  # loss and policy_loss blow up together; one finding says it
@@ -367,6 +480,181 @@ def rule_first_step_ratio(m: dict, history, th: Thresholds, run_dir: str) -> lis
                     ["use the same `sample.noise_level` and `sample.sde_type` (and sigma schedule) in rollout and "
                      "training", "compute log-probs in float32 whatever `mixed_precision` is",
                      "make sure dropout is off in the policy during training (model in eval-equivalent mode)"])]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the learned critic (rewards/discriminator.py): its metrics arrive unprefixed here (d_acc, score_diff, temperature,
+# ranking_loss, margin, ...), from the critic's hook live or from an epoch record's discriminator/* fields offline
+
+_CRITIC = "reward.discriminator"
+
+
+def _sigmoid(x: float) -> float:
+    return 1 / (1 + math.exp(-x)) if x >= 0 else math.exp(x) / (1 + math.exp(x))
+
+
+def critic_margin(metrics: dict) -> tuple[float | None, str]:
+    """The critic's mean margin in temperatures, z = mean(d) / T over the differences d that enter its ranking term,
+    and where it came from: the logged `margin` (exact, normalised scores included), else score_diff / temperature
+    (the raw scores'), else (None, why)."""
+    margin = _num(metrics, "margin")
+    if _ok(margin):
+        return margin, "margin"
+    diff, temperature = _num(metrics, "score_diff"), _num(metrics, "temperature")
+    if _ok(diff) and _ok(temperature) and temperature > 0:
+        return diff / temperature, "score_diff / temperature"
+    return None, "neither margin nor score_diff with temperature logged"
+
+
+def margin_at_least(ranking_loss: float) -> float:
+    """The mean margin a ranking loss proves: softplus(-z) is convex, so mean_i softplus(-z_i) >= softplus(-mean z),
+    and mean z >= -log(e^loss - 1). At or above log 2 it proves nothing (returns 0 or less)."""
+    if ranking_loss <= 0:
+        return math.inf
+    return -math.log(math.expm1(ranking_loss))
+
+
+def gradient_share_at_least(ranking_loss: float, d_acc: float) -> float | None:
+    """The mean pair gradient, as a share of its value at margin 0, that a ranking loss proves when the critic wins
+    every pair (d_acc 1); None otherwise. A won pair's gradient g = sigmoid(-z) lies in (0, 1/2], and its loss
+    -log(1 - g) is convex in g, so it lies below the chord 2 log 2 g: ranking_loss <= 2 log 2 mean(g), and the mean
+    share 2 mean(g) >= ranking_loss / log 2. A lost pair breaks the chord (its loss grows without bound)."""
+    if d_acc < 1.0 or not math.isfinite(ranking_loss):
+        return None
+    return min(1.0, ranking_loss / math.log(2))
+
+
+def _critic_saturated(m: dict, acc, margin, how, rank, th: CriticThresholds) -> Finding:
+    temperature = _num(m, "temperature")
+    share = 2 * _sigmoid(-margin)  # the average pair's gradient against a pair at margin 0
+    nums = {"d_acc": acc, "score_diff": _num(m, "score_diff"), "temperature": temperature, "margin": margin,
+            "ranking_loss": rank, "pair_gradient_share": share}
+    shown = ", ".join(f"{k} {v:.4g}" for k, v in (("d_acc", acc), ("score_diff", nums["score_diff"]),
+                                                   ("temperature", temperature)) if _ok(v))
+    bound = how.startswith("at least")  # a margin the ranking loss proves: the gradient is at most this
+    why = (f"The critic separates teacher from student ({shown}) by a mean margin of {margin:.3g} temperatures "
+           f"({how}): the pairwise sigmoid has saturated, and the average pair's gradient is {'at most ' * bound}"
+           f"{share:.1%} of its value at margin 0. The critic stops learning from the pairs it already wins, its "
+           "scores grow in magnitude with only the regulariser to hold them, and its reward ranks the policy's "
+           "samples by whatever feature separated the sets, which the policy then chases.")
+    actions = []
+    needed = temperature * margin / th.target_margin if _ok(temperature) else None
+    at = f" to about {needed:.3g} (the average pair {th.target_margin:g} temperature apart)" if needed else ""
+    adaptive, bound = _num(m, "adaptive_temperature"), _num(m, "temperature_at_bound")
+    if adaptive == 1.0 and bound == 1.0:
+        actions.append(f"the adaptive temperature sits at its upper bound: raise `{_CRITIC}.max_temperature`{at}")
+    elif adaptive == 1.0:
+        actions.append(f"the adaptive temperature trails the margins: lower `{_CRITIC}.temperature_momentum` (T moves "
+                       "by 1 - momentum of the gap each step)")
+    else:
+        actions.append(f"raise `{_CRITIC}.temperature`{at}, or set `{_CRITIC}.adaptive_temperature=True` (T follows "
+                       f"the spread of the differences, within [`{_CRITIC}.min_temperature`, "
+                       f"`{_CRITIC}.max_temperature`]"
+                       + (f"; max_temperature at least {needed:.3g}" if needed else "") + ")")
+    if _num(m, "normalize_scores") != 1.0:
+        actions.append(f"set `{_CRITIC}.normalize_scores=True`: the ranking term sees each batch's standardised "
+                       "scores, so the critic cannot widen its margins by scaling them up")
+    actions += [f"hold the scores' magnitude: raise `{_CRITIC}.reg_weight` or lower `{_CRITIC}.reg_threshold`",
+                f"train the critic less: lower `{_CRITIC}.lr` or `{_CRITIC}.steps_per_epoch`"]
+    return Finding("critic_saturated", "warn", nums, why, actions)
+
+
+def critic_findings(metrics: dict, th: CriticThresholds | None = None, *, step: int | None = None,
+                    warmup_steps: int | None = None) -> list[Finding]:
+    """Findings over one step's (or an epoch's last) critic metrics, most severe first; [] when healthy.
+
+    d_acc is read together with the margin (critic_margin) and the ranking loss, because accuracy alone misleads both
+    ways: d_acc 0.88 at score_diff 9.81 and T 2 is a margin of 4.9 temperatures, where the average pair's gradient is
+    1.5% of its value at margin 0 (saturated, though under the old 0.9 line); d_acc 1.0 at score_diff 0.0025 with
+    ranking_loss 0.691 (log 2 = 0.693) orders every pair by a hair, in the sigmoid's linear part (a mean gradient of
+    at least 99.7% of that value, gradient_share_at_least), and is not saturation. Without a margin, a ranking loss
+    under softplus(-saturation_margin) proves saturation (margin_at_least). "learns nothing" waits for warm-up (step
+    and warmup_steps from the arguments, else from the metrics). A non-finite loss is critical."""
+    th = th or DEFAULT.critic
+    out = []
+    loss = _num(metrics, "loss")
+    if loss is not None and not math.isfinite(loss):
+        out.append(Finding("critic_diverged", "critical", {"loss": loss},
+                           f"The critic's loss is {loss}: its weights hold NaN or Inf, and so does every reward it "
+                           "hands out.", [f"restore the critic from its last checkpoint and lower `{_CRITIC}.lr`"]))
+    acc, rank = _num(metrics, "d_acc"), _num(metrics, "ranking_loss")
+    margin, how = critic_margin(metrics)
+    share = 2 * _sigmoid(-margin) if _ok(margin) else None
+    if margin is None and _ok(rank) and margin_at_least(rank) >= th.saturation_margin:
+        margin, how = margin_at_least(rank), f"at least, from ranking_loss {rank:.4g}"
+    elif margin is None and _ok(rank) and _ok(acc):
+        share = gradient_share_at_least(rank, acc)
+        how = f"every pair won and ranking_loss {rank:.4g}" if share is not None else how
+    if step is None:
+        s = _num(metrics, "step")
+        step = int(s) if s is not None else None
+    if warmup_steps is None:
+        w = _num(metrics, "warmup_steps")
+        warmup_steps = int(w) if w is not None else 0
+    warmed_up = step is None or step >= warmup_steps
+    saturated_share = 2 * _sigmoid(-th.saturation_margin)
+    if _ok(acc) and _ok(margin) and margin >= th.saturation_margin and acc >= th.saturation_min_acc:
+        out.append(_critic_saturated(metrics, acc, margin, how, rank, th))
+    elif _ok(acc) and acc > th.overconfident and share is not None and share > saturated_share:
+        said = f"ranking_loss {rank:.4g} against log 2 = {math.log(2):.4g} for margins of 0" if _ok(rank) else ""
+        size = (f"a mean margin of {margin:.3g} temperatures ({how}; {said + '; ' if said else ''}the average "
+                f"pair's gradient is {share:.1%} of its value at margin 0)" if _ok(margin) else
+                f"margins too small to saturate (every pair won, and {said} puts the mean pair gradient at least "
+                f"{share:.1%} of its value at margin 0)")
+        out.append(Finding("critic_separates", "info", {"d_acc": acc, "margin": margin, "ranking_loss": rank,
+                                                         "pair_gradient_share": share},
+                           f"The critic orders {acc:.0%} of the pairs, by {size}: saturation takes a margin of "
+                           f"{th.saturation_margin:g} temperatures (a gradient share under {saturated_share:.1%}), so "
+                           "this is not saturation, and the critic still learns from every pair."))
+    elif _ok(acc) and acc > th.overconfident:
+        bound = (f"; ranking_loss {rank:.4g} proves a mean margin of only {max(margin_at_least(rank), 0):.3g}"
+                 if _ok(rank) else "")
+        out.append(Finding("critic_overconfident", "warn", {"d_acc": acc, "ranking_loss": rank},
+                           f"d_acc {acc:.3f} > {th.overconfident:g}, but no margin is logged{bound}: a saturated "
+                           "critic and one that orders every pair by a hair look the same in d_acc alone.",
+                           ["log score_diff and temperature with d_acc (rewards/discriminator.py's train_step does)",
+                            f"if it has saturated: raise `{_CRITIC}.temperature` or set "
+                            f"`{_CRITIC}.adaptive_temperature=True`"]))
+    elif _ok(acc) and acc < th.learns_nothing and warmed_up:
+        near = (f" Its ranking_loss {rank:.4g} sits near log 2 = {math.log(2):.4g}, the loss of scores that do not "
+                "separate the sets at all." if _ok(rank) and abs(rank - math.log(2)) < 0.05 else "")
+        actions = [f"raise `{_CRITIC}.lr`, `{_CRITIC}.width` (capacity) or `{_CRITIC}.steps_per_epoch`",
+                   "check the teacher videos: they must be the conditions' ground-truth renders, paired with the "
+                   "student samples of the same condition"]
+        if _num(metrics, "adaptive_temperature") == 1.0 and _num(metrics, "temperature_at_bound") == 1.0:
+            actions.insert(0, f"the adaptive temperature sits at `{_CRITIC}.max_temperature` and divides the margins "
+                              "by it: lower that bound")
+        out.append(Finding("critic_learns_nothing", "warn",
+                           {"d_acc": acc, "margin": margin, "ranking_loss": rank, "critic_step": step,
+                            "warmup_steps": warmup_steps},
+                           f"d_acc {acc:.3f} < {th.learns_nothing:g} after {step} critic steps (warm-up "
+                           f"{warmup_steps}): the critic cannot tell teacher from student, and its reward is noise."
+                           + near, actions))
+    reg = _num(metrics, "score_reg")
+    if _ok(reg) and reg > th.score_reg_info:
+        out.append(Finding("critic_score_drift", "info", {"score_reg": reg},
+                           f"score_reg {reg:.3g}: the critic's scores drift past its threshold.",
+                           [f"raise `{_CRITIC}.reg_weight` or lower `{_CRITIC}.reg_threshold`"]))
+    return _sorted(out)
+
+
+def critic_metrics(record: dict) -> dict:
+    """The critic's numbers of an epoch record (its discriminator/* fields, as the critic's hook writes them),
+    unprefixed; {} when the run trained no critic."""
+    prefix = "discriminator/"
+    return {k[len(prefix):]: v for k, v in record.items()
+            if k.startswith(prefix) and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def rule_critic(m: dict, history, th: Thresholds, run_dir: str) -> list[Finding]:
+    """critic_findings over the critic's metrics an epoch carries (m["critic"], diagnosis.epoch_metrics)."""
+    critic = m.get("critic")
+    if not isinstance(critic, dict) or not critic:
+        return []
+    found = critic_findings(critic, th.critic)
+    for f in found:
+        f.numbers = {**_where(m), **f.numbers}
+    return found
 
 
 STEP_RULES = (rule_non_finite, rule_ratio, rule_reference_drift, rule_loss, rule_advantage_signal, rule_kl,

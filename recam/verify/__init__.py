@@ -65,18 +65,23 @@ from recam.verify.checks_noise import check_noise_scale
 from recam.verify.checks_shared import check_missing_epochs, check_unreadable
 from recam.verify.checks_text import (
     check_debug_advantages,
+    check_debug_condition_arithmetic,
     check_debug_condition_samples,
     check_debug_counts,
     check_debug_ranks,
+    check_debug_reward_shapes,
+    check_debug_sample_arithmetic,
     check_debug_sampling_facts,
     check_debug_shape,
     check_debug_unique,
+    expected_samples,
     verify_debug_log,
 )
 from recam.verify.core import FAIL, PASS, WARN, Check, Report, Unreadable, worst
 from recam.verify.parse_metrics import ParsedLog, looks_like_jsonl, parse_jsonl
 from recam.verify.parse_text import (
     DEBUG_LOG_FORMS,
+    RUN_SETTINGS,
     SAMPLING_FIELDS,
     TAG,
     DebugEpoch,
@@ -92,7 +97,8 @@ __all__ = [
     "PASS", "WARN", "FAIL", "Check", "Unreadable", "Report", "worst",
     # parsing
     "ParsedLog", "parse_jsonl", "looks_like_jsonl",
-    "TAG", "DEBUG_LOG_FORMS", "SAMPLING_FIELDS", "DebugEpoch", "DebugLog", "parse_debug_log", "has_debug_tag",
+    "TAG", "DEBUG_LOG_FORMS", "SAMPLING_FIELDS", "RUN_SETTINGS", "DebugEpoch", "DebugLog", "parse_debug_log",
+    "has_debug_tag",
     # advantages
     "GroupStat", "recompute_advantages",
     # checks
@@ -105,7 +111,8 @@ __all__ = [
     "check_trained_prompt_num", "check_reward_std_mean", "check_excluded_samples", "check_step_records",
     "check_epoch_steps", "verify_metrics", "check_noise_scale",
     "check_debug_sampling_facts", "check_debug_counts", "check_debug_unique", "check_debug_shape",
-    "check_debug_condition_samples", "check_debug_advantages", "check_debug_ranks", "verify_debug_log",
+    "check_debug_condition_samples", "check_debug_advantages", "check_debug_ranks", "check_debug_sample_arithmetic",
+    "check_debug_condition_arithmetic", "check_debug_reward_shapes", "expected_samples", "verify_debug_log",
     # report and plots
     "render_markdown", "debug_log_forms_markdown", "write_plots",
 ]

@@ -1,6 +1,9 @@
 """Checks over the epochs read from a `[GRPO Debug]` text log, and `verify_debug_log`, which runs them into a
 `Report`. An epoch whose sampling facts were not read fails "could not verify"; a check a log gives no facts
-for is not run, and the report notes so."""
+for is not run, and the report notes so; a check it gives only some of its facts for warns "could not evaluate" and
+never passes. The plan's arithmetic is checked where the log prints it: replicas x per-device batch x batches per
+epoch = the samples gathered, the unique conditions = those samples / k, and each reward's shape (N,) or (N, T)
+against the samples gathered and the advantages' T."""
 
 from __future__ import annotations
 
@@ -96,6 +99,10 @@ def check_debug_unique(ep: DebugEpoch, k: int | None) -> Check:
             problems.append(f"{len(counts)} conditions x k={k} != {n} samples (conditions off k: {off})")
     if problems:
         return Check(name, FAIL, nums, "; ".join(problems))
+    if ep.unique is None and not k and (ep.indices is None or ep.counts is None):
+        # one source of the conditions and nothing to hold it against: counted, not verified
+        return Check(name, WARN, nums, f"not compared: {len(counts)} conditions read, but the log prints neither their "
+                                       "number nor k, nor both the indices and the counts")
     said = f"printed {ep.unique} = " if ep.unique is not None else ""
     return Check(name, PASS, nums, f"{said}{len(counts)} unique conditions")
 
@@ -196,6 +203,114 @@ def check_debug_advantages(ep: DebugEpoch, tol: float, eps: float = 1e-4) -> Che
     return Check(name, PASS, nums, f"{len(rows)} conditions with mean 0 and std 1 (or exactly 0)", table=rows)
 
 
+_SETTING_WORDS = {"replicas": "replicas", "batch": "per device", "batches": "batches", "global_batch": "global batch"}
+
+
+def expected_samples(settings: dict) -> tuple[int | None, str, list[str]]:
+    """(samples an epoch gathers by the log's batch arithmetic, how, the settings still missing): replicas x batch x
+    batches, or global batch x batches; with a global batch as well, replicas x batch must equal it (checked by the
+    caller). None when the printed settings do not determine it."""
+    p, b, nb, g = (settings.get(k) for k in ("replicas", "batch", "batches", "global_batch"))
+    if p is not None and b is not None and nb is not None:
+        return p * b * nb, f"{p} replicas x {b} per device x {nb} batches = {p * b * nb}", []
+    if g is not None and nb is not None:
+        return g * nb, f"global batch {g} x {nb} batches = {g * nb}", []
+    missing = ["batches per epoch"] if nb is None else []
+    if g is None:
+        missing += [word for key, word in (("replicas", "replicas"), ("batch", "per-device batch size"))
+                    if settings.get(key) is None]
+    return None, "", missing
+
+
+def check_debug_sample_arithmetic(ep: DebugEpoch) -> Check:
+    """replicas x per-device batch x batches per epoch = the samples gathered (and the samples the log says it
+    gathered). A part of the arithmetic the log does not print leaves the check unevaluated: a warning, never a pass."""
+    name = "sample_arithmetic"
+    s = ep.settings
+    total, how, missing = expected_samples(s)
+    gathered = ep.n_samples()
+    nums: dict[str, Any] = {**{k: s.get(k) for k in ("replicas", "batch", "batches", "global_batch")},
+                            "expected_samples": total, "gathered_samples": gathered, "printed_samples": ep.samples}
+    if total is None:
+        printed = ", ".join(f"{w} {s[k]}" for k, w in _SETTING_WORDS.items() if k in s) or "nothing of it"
+        return Check(name, WARN, nums, f"could not evaluate: the log prints {printed}, but not the "
+                                       f"{' or '.join(missing)} the arithmetic needs")
+    problems = []
+    p, b, g = s.get("replicas"), s.get("batch"), s.get("global_batch")
+    if p is not None and b is not None and g is not None and p * b != g:
+        problems.append(f"{p} replicas x {b} per device = {p * b}, but the log prints a global batch of {g}")
+    if gathered is not None and gathered != total:
+        problems.append(f"{how} samples expected, but {gathered} were gathered")
+    if ep.samples is not None and ep.samples != total:
+        problems.append(f"{how} samples expected, but the log says {ep.samples} were gathered")
+    if gathered is not None and ep.samples is not None and gathered != ep.samples:
+        problems.append(f"the log says {ep.samples} samples were gathered, the indices hold {gathered}")
+    if problems:
+        return Check(name, FAIL, nums, "; ".join(dict.fromkeys(problems)))
+    if gathered is None and ep.samples is None:
+        return Check(name, WARN, nums, f"could not evaluate: {how} samples expected, but no gathered samples were read")
+    src = "gathered" if gathered is not None else "said gathered"
+    return Check(name, PASS, nums, f"{how} samples, as {src}")
+
+
+def check_debug_condition_arithmetic(ep: DebugEpoch, k: int | None) -> Check:
+    """The unique conditions of an epoch = the samples its batch arithmetic gives / k. Unevaluated (a warning) when
+    k, the arithmetic or the conditions are not in the log."""
+    name = "condition_arithmetic"
+    total, how, missing = expected_samples(ep.settings)
+    counts = ep.sampled_counts()
+    found = len(counts) if counts is not None else ep.unique
+    nums: dict[str, Any] = {"expected_samples": total, "k": k, "unique_conditions": found}
+    if total is None or k is None or found is None:
+        why = ("the batch arithmetic is incomplete (" + ", ".join(missing) + " not printed)" if total is None else
+               "k is not printed" if k is None else "no conditions were read")
+        return Check(name, WARN, nums, f"could not evaluate: {why}")
+    if k < 1 or total % k:
+        return Check(name, FAIL, nums, f"k={k} does not divide the {total} samples of {how}")
+    nums["expected_conditions"] = total // k
+    said = f"; the log says {ep.unique}" if counts is not None and ep.unique is not None and ep.unique != found else ""
+    if found != total // k or said:
+        return Check(name, FAIL, nums, f"{how} samples / k={k} = {total // k} unique conditions expected, but "
+                                       f"{found} were {'gathered' if counts is not None else 'printed'}{said}")
+    return Check(name, PASS, nums, f"{how} samples / k={k} = {found} unique conditions")
+
+
+def check_debug_reward_shapes(ep: DebugEpoch) -> Check:
+    """Each printed reward shape against the log's N (the samples gathered) and T (the advantages' second dimension,
+    else the printed timesteps): (N,) or (N, T). What the log does not give is not compared, and said so."""
+    name = "reward_shapes"
+    n = ep.n_samples() if ep.n_samples() is not None else ep.samples
+    t_adv = ep.shape[1] if ep.shape is not None and len(ep.shape) == 2 else None
+    t_set = ep.settings.get("timesteps")
+    t = t_adv if t_adv is not None else t_set
+    nums: dict[str, Any] = {"N": n, "T": t, "shapes": {k or "(unnamed)": list(v) for k, v in ep.reward_shapes.items()}}
+    if not ep.reward_shapes:
+        return Check(name, WARN, nums, "no reward shape printed for this epoch")
+    problems, unknown = [], []
+    if t_adv is not None and t_set is not None and t_adv != t_set:
+        problems.append(f"the advantages have T={t_adv} timesteps but the log prints T={t_set}")
+    for key, shape in sorted(ep.reward_shapes.items()):
+        label = f"reward {key}" if key else "the reward"
+        if len(shape) not in (1, 2):
+            problems.append(f"{label} has shape {shape}: neither (N,) nor (N, T)")
+            continue
+        if n is None:
+            unknown.append(f"{label}'s N (no gathered samples read)")
+        elif shape[0] != n:
+            problems.append(f"{label} has shape {shape}, but {n} samples were gathered")
+        if len(shape) == 2 and t is None:
+            unknown.append(f"{label}'s T (the log prints neither a 2-D advantages shape nor T)")
+        elif len(shape) == 2 and shape[1] != t:
+            src = "the advantages" if t_adv is not None else "the log's T"
+            problems.append(f"{label} has shape {shape}, but {src} have T={t}")
+    if problems:
+        return Check(name, FAIL, nums, "; ".join(problems))
+    if unknown:
+        return Check(name, WARN, nums, "could not compare " + ", ".join(unknown))
+    return Check(name, PASS, nums, f"{len(ep.reward_shapes)} reward shape(s), each (N,) or (N, T) = ({n}, {t})"
+                 if t is not None else f"{len(ep.reward_shapes)} reward shape(s), each ({n},)")
+
+
 def check_debug_ranks(ep: DebugEpoch) -> Check:
     name = "ranks_agree"
     repeats = sum(len(v) - 1 for v in ep.sources.values())
@@ -229,6 +344,9 @@ def verify_debug_log(log: DebugLog, tol: float = 1e-3, source: str = "train.log"
                          [ep.epoch for ep in log.epochs if ep.epoch is not None])
     printed = {
         "shape": any(ep.shape is not None or any(f == "shape" for f, _, _ in ep.unread) for ep in log.epochs),
+        "arithmetic": bool(log.setting_values) or any(ep.samples is not None for ep in log.epochs),
+        "reward_shapes": any(ep.reward_shapes or any(f == "reward_shape" for f, _, _ in ep.unread)
+                             for ep in log.epochs),
         "stats": any("mean" in s or "std" in s for ep in log.epochs for s in ep.cond_stats.values()),
         "samples": any("samples" in s for ep in log.epochs for s in ep.cond_stats.values()),
     }
@@ -238,6 +356,11 @@ def verify_debug_log(log: DebugLog, tol: float = 1e-3, source: str = "train.log"
         epoch_checks += _guard("unique_conditions", check_debug_unique, ep, ep.k)
         if printed["shape"]:
             epoch_checks += _guard("advantage_shape", check_debug_shape, ep)
+        if printed["arithmetic"]:
+            epoch_checks += _guard("sample_arithmetic", check_debug_sample_arithmetic, ep)
+            epoch_checks += _guard("condition_arithmetic", check_debug_condition_arithmetic, ep, ep.k)
+        if printed["reward_shapes"]:
+            epoch_checks += _guard("reward_shapes", check_debug_reward_shapes, ep)
         if printed["samples"]:
             epoch_checks += _guard("condition_samples", check_debug_condition_samples, ep, ep.k)
         if printed["stats"]:
@@ -256,9 +379,13 @@ def verify_debug_log(log: DebugLog, tol: float = 1e-3, source: str = "train.log"
     elif len(ks) > 1:
         notes.append(f"k printed with different values {ks}: each epoch uses the last one printed before its end")
     for what, key in (("advantages shape", "shape"), ("per-condition advantage mean/std", "stats"),
-                      ("per-condition samples=", "samples")):
+                      ("per-condition samples=", "samples"), ("reward shapes", "reward_shapes")):
         if log.epochs and not printed[key]:
             notes.append(f"the log never prints the {what}: that check was not run")
+    if log.epochs and not printed["arithmetic"]:
+        notes.append("the log never prints its batch arithmetic (replicas, per-device batch size, batches per epoch) "
+                     "or the samples it gathered: replicas x batch x batches = samples and conditions = samples / k "
+                     "were not checked")
     if log.ignored:
         notes.append("keys read but not used by any check: "
                      + ", ".join(f"{k} ({n})" for k, n in sorted(log.ignored.items())[:20]))

@@ -60,6 +60,12 @@ DEBUG_LOG_FORMS: tuple[tuple[str, str], ...] = (
                                         "'std': 1.0}}"),
     ("keys in any case, with `_` or spaces, `nan` / `inf`, several `key: value` pairs per line",
      "[GRPO Debug] epoch 3: GATHERED_DATASET_INDICES: [3 5 3 5]"),
+    ("the batch arithmetic: replicas (`num_replicas`, `world_size`, `num_processes`), per-device `batch_size`, "
+     "`num_batches_per_epoch` (or a `global_batch_size`), `num_train_timesteps`; like k, the last value printed "
+     "before an epoch's end holds for it", "[GRPO Debug] num_replicas: 8, batch_size: 2, num_batches_per_epoch: 4"),
+    ("the samples gathered (`gathered samples`, `total samples`) and reward shapes (`rewards['avg'] shape`, "
+     "`reward avg shape`, `reward shapes: {'avg': (64, 18), ...}`)",
+     "[GRPO Debug] Gathered samples: 64, rewards['avg'] shape: (64, 18)"),
     ("several ranks printing the same epoch: duplicates that agree are accepted, ones that disagree fail", ""),
     ("progress bars (`\\r`, `|###| 3/10 [00:01<00:02, 2.1it/s]`), warnings and other output in between", ""),
 )
@@ -84,8 +90,27 @@ _FIELD_NAMES = {
                       "per condition advantage", "per condition advantages", "advantage stats"),
     "epoch": ("epoch",),
     "subject": ("condition", "cond", "condition id", "prompt", "prompt id", "group", "group id"),
+    "samples": ("samples", "samples gathered", "samples per epoch", "gathered samples count"),
+    # the run's batch arithmetic (RUN_SETTINGS): the keys after the fillers are dropped ("num_replicas" -> "replicas")
+    "replicas": ("replicas", "processes", "world size", "gpus", "npus", "devices", "ranks"),  # not "workers": loaders
+    "batch": ("batch size", "per device batch size", "per device batch", "batch size per device", "sample batch size",
+              "local batch size", "batch per device", "per replica batch size", "batch size per replica",
+              "per gpu batch size", "batch size per gpu", "samples per device"),
+    "batches": ("batches per epoch", "batches", "sample batches per epoch", "sampling batches per epoch",
+                "sample batches", "sampling batches"),
+    # not a bare "t": a log may print the current timestep under it
+    "timesteps": ("timesteps", "train timesteps", "trained timesteps", "training timesteps"),
 }
+# keys whose filler word is what they mean: looked up before the fillers are dropped ("global batch size" is the
+# samples of one sampling batch over all replicas, not a per-device batch size)
+_RAW_FIELD_NAMES = {"global_batch": ("global batch size", "total batch size", "global batch")}
 _FIELDS = {name: fld for fld, names in _FIELD_NAMES.items() for name in names}
+_RAW_FIELDS = {name: fld for fld, names in _RAW_FIELD_NAMES.items() for name in names}
+# run settings rather than epoch facts: like k, the last value printed before an epoch's end holds for it
+RUN_SETTINGS = ("k", "replicas", "batch", "batches", "global_batch", "timesteps")
+# `rewards avg shape`, `reward shape`, `reward shapes` (a dict of them); `rewards['avg'] shape` reads as an item
+# `rewards` holding ['avg'] followed by an item `shape`
+_REWARD_SHAPE = re.compile(r"^rewards?(?: (.+?))? shapes?$")
 _STATS = {**{n: "samples" for n in ("samples", "count", "n", "copies", "size", "sample count")},
           **{n: "mean" for n in ("mean", "advantage mean", "advantages mean", "adv mean", "mean advantage")},
           **{n: "std" for n in ("std", "advantage std", "advantages std", "adv std", "std advantage", "stdev")}}
@@ -200,20 +225,45 @@ class _Record:
 
 def _fact_of(fld: str | None, key: str, subject: Any) -> str | None:
     """Which fact an unreadable value was meant to state (None: none the checks use)."""
-    if fld in ("indices", "unique", "counts", "shape", "k"):
+    if fld in ("indices", "unique", "counts", "shape", "samples", "reward_shape", *RUN_SETTINGS):
         return fld
     if fld in ("subject", "per_condition") or (subject is not None and key in _STATS):
         return "cond"
     return None
 
 
+def _reward_name(value: Any) -> str | None:
+    """The name in `rewards['avg']` (read as the list ['avg']), None for anything else."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str) and value[0].strip():
+        return value[0].strip()
+    return None
+
+
 def _interpret(rec: _Record, items: list[tuple[str, str, Any]], stop: tuple[str, str] | None) -> None:
     subject = None
+    reward_name = None  # `rewards['avg']`, waiting for the `shape` item after it
     for key, printed, value in items:
+        raw_field = _RAW_FIELDS.get(key)
         key = _strip_fillers(key)
-        fld = _FIELDS.get(key)
+        fld = raw_field or _FIELDS.get(key)
+        shape_of = _REWARD_SHAPE.match(key)
+        named, reward_name = reward_name, None
         try:
-            if fld == "subject" and not isinstance(value, (list, tuple, dict)) and _cond_id(value) is not None:
+            if key in ("reward", "rewards") and _reward_name(value) is not None:
+                reward_name = _reward_name(value)
+            elif named is not None and key in ("shape", "shapes", "size"):
+                rec.facts.append(("reward_shape", (named, _as_shape(value))))
+            elif shape_of and isinstance(value, dict):
+                for name, shape in value.items():
+                    rec.facts.append(("reward_shape", (str(name), _as_shape(shape))))
+            elif shape_of:
+                rec.facts.append(("reward_shape", ((shape_of.group(1) or "").replace(" ", "_"), _as_shape(value))))
+            elif fld in ("samples", "replicas", "batch", "batches", "global_batch", "timesteps") and subject is None:
+                if _int(value) is None and not isinstance(value, _Elided):
+                    rec.ignored.append(key)  # a list, a string, a fraction: not the count these names mean here
+                else:
+                    rec.facts.append((fld, _as_int(value)))
+            elif fld == "subject" and not isinstance(value, (list, tuple, dict)) and _cond_id(value) is not None:
                 subject = _cond_id(value)
                 rec.facts.append(("cond", (subject, {})))
             elif subject is not None and key in _STATS:
@@ -244,7 +294,8 @@ def _interpret(rec: _Record, items: list[tuple[str, str, Any]], stop: tuple[str,
             else:
                 rec.ignored.append(key)
         except ValueError as e:
-            rec.bad.append((_fact_of(fld, key, subject), f"'{printed}' {e}"))
+            what = "reward_shape" if shape_of or named is not None else _fact_of(fld, key, subject)
+            rec.bad.append((what, f"'{printed}' {e}"))
     if stop is not None:
         printed, reason = stop
         key = _strip_fillers(_norm_key(printed.split())) if printed else ""
@@ -355,6 +406,9 @@ class DebugEpoch:
     counts: dict | None = None
     shape: tuple[int, ...] | None = None
     k: int | None = None
+    samples: int | None = None  # the samples the log says were gathered (checked against the indices and arithmetic)
+    reward_shapes: dict = field(default_factory=dict)  # reward name ("" when unnamed) -> shape as printed
+    settings: dict = field(default_factory=dict)  # RUN_SETTINGS other than k -> the value holding for this epoch
     cond_stats: dict = field(default_factory=dict)  # condition id -> {"samples", "mean", "std"} as printed
     lines: list[int] = field(default_factory=list)
     sources: dict[str, list[int]] = field(default_factory=dict)  # fact -> lines that stated it
@@ -385,6 +439,7 @@ class DebugLog:
     explicit_epochs: bool
     ignored: dict[str, int] = field(default_factory=dict)  # keys read but not used -> how many lines
     k_values: list[tuple[int, int]] = field(default_factory=list)  # (line, k) as printed
+    setting_values: list[tuple[int, str, int]] = field(default_factory=list)  # (line, setting, value): not k
 
 
 def _count_diff(a: dict, b: dict) -> list[str]:
@@ -403,6 +458,14 @@ def _disagreement(fld: str, old: Any, new: Any) -> str:
 
 
 def _put(ep: DebugEpoch, fld: str, value: Any, line: int) -> None:
+    if fld == "reward_shape":
+        name, shape = value
+        if name in ep.reward_shapes and ep.reward_shapes[name] != shape:
+            ep.conflicts.append(f"reward {name or '(unnamed)'} shape: {ep.reward_shapes[name]} here, {shape} on line "
+                                f"{line}")
+        ep.reward_shapes.setdefault(name, shape)
+        _source(ep, f"reward shape {name}", line)
+        return
     if fld == "cond":
         cid, stats = value
         have = ep.cond_stats.setdefault(cid, {})
@@ -428,8 +491,9 @@ def _source(ep: DebugEpoch, fact: str, line: int) -> None:
 
 
 def _fields_of(rec: _Record) -> set[str]:
-    out = {f"cond {v[0]}" if f == "cond" else f for f, v in rec.facts if f != "k"}
-    return out | {f for f, _ in rec.bad if f not in (None, "k", "cond")}
+    out = {f"cond {v[0]}" if f == "cond" else f"reward shape {v[0]}" if f == "reward_shape" else f
+           for f, v in rec.facts if f not in RUN_SETTINGS}
+    return out | {f for f, _ in rec.bad if f not in (None, "cond", "reward_shape", *RUN_SETTINGS)}
 
 
 def parse_debug_log(text: str) -> DebugLog:
@@ -451,6 +515,7 @@ def parse_debug_log(text: str) -> DebugLog:
     unreadable: list[Unreadable] = []
     ignored: Counter = Counter()
     k_values: list[tuple[int, int]] = []
+    setting_values: list[tuple[int, str, int]] = []
     explicit = False
     latest: int | None = None  # the last epoch number stated by any rank
 
@@ -464,6 +529,7 @@ def parse_debug_log(text: str) -> DebugLog:
             unreadable.append(Unreadable(rec.line, "; ".join(reason for _, reason in rec.bad), rec.text))
         ignored.update(rec.ignored)
         k_values += [(rec.line, v) for f, v in rec.facts if f == "k"]
+        setting_values += [(rec.line, f, v) for f, v in rec.facts if f in RUN_SETTINGS and f != "k"]
         fields = _fields_of(rec)
         s = rec.stream
         if rec.epoch is not None:
@@ -490,10 +556,10 @@ def parse_debug_log(text: str) -> DebugLog:
         ep = epoch_for(label, is_explicit)
         stated.setdefault((s, label), set()).update(fields)
         for fld, value in rec.facts:
-            if fld != "k":
+            if fld not in RUN_SETTINGS:
                 _put(ep, fld, value, rec.line)
         for fld, reason in rec.bad:
-            if fld not in (None, "k"):
+            if fld not in (None, *RUN_SETTINGS):
                 ep.unread.append((fld, rec.line, reason))
             elif fld is None and _SAMPLING_WORDS.search(rec.text):
                 ep.unread.append(("unrecognised", rec.line, reason))
@@ -506,7 +572,22 @@ def parse_debug_log(text: str) -> DebugLog:
         before = [k for line, k in k_values if line <= last_line]
         # one value printed anywhere holds for the whole run; if it changed, the latest one before counts
         ep.k = before[-1] if before else (next(iter(distinct_k)) if len(distinct_k) == 1 else None)
-    return DebugLog(ordered, unreadable, n_tagged, explicit, dict(ignored), k_values)
+        ep.settings = _settings_for(setting_values, last_line)
+    return DebugLog(ordered, unreadable, n_tagged, explicit, dict(ignored), k_values, setting_values)
+
+
+def _settings_for(values: list[tuple[int, str, int]], last_line: int) -> dict:
+    """The run settings holding for an epoch that ends at `last_line`, as k's: the last value printed before its end,
+    else the one value printed anywhere (a setting printed with several values and none before is left out)."""
+    out = {}
+    for name in {n for _, n, _ in values}:
+        before = [v for line, n, v in values if n == name and line <= last_line]
+        distinct = {v for _, n, v in values if n == name}
+        if before:
+            out[name] = before[-1]
+        elif len(distinct) == 1:
+            out[name] = next(iter(distinct))
+    return out
 
 
 def has_debug_tag(text: str) -> bool:

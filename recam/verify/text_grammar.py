@@ -253,7 +253,7 @@ class _Reader:
         return _Opaque(name)
 
 
-_ITEM_SEPS = {",", ";", ":", "|", "-", "=", "*", "#", "–", "—", ">"}
+_ITEM_SEPS = {",", ";", ":", "|", "-", "=", "*", "#", "–", "—", ">", "."}  # ".": `rewards['avg'].shape`
 
 
 def _norm_key(words: list[str]) -> str:
