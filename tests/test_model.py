@@ -462,3 +462,41 @@ def test_ray_pathway_trims_and_checkpoints_like_the_plain_model():
         assert torch.allclose(out, ref_out, atol=1e-5, rtol=1e-4)
         for name, g in ref_grads.items():
             assert torch.allclose(grads[name], g, atol=1e-6, rtol=1e-4), name
+
+
+def test_pretrain_resumes_where_it_stopped_and_ends_where_an_unbroken_run_ends(tmp_path, monkeypatch):
+    """--state-every / --resume: a run stopped after its third step and resumed reaches the unbroken run's weights,
+    losses and evaluations; a state saved with other arguments is refused by name, and a damaged one by its file."""
+    pretrain = _load_pretrain_script()
+    common = ["--steps", "5", "--batch-size", "2", "--num-train-conditions", "3", "--num-eval-conditions", "2",
+              "--eval-every", "2", "--eval-ode-steps", "2", "--timing-repeats", "0", "--state-every", "1"]
+    whole = pretrain.main(["--out", str(tmp_path / "whole"), *common])
+
+    real_loss, calls = pretrain.flow_matching_loss, {"n": 0}
+
+    def stops_on_the_fourth(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt
+        return real_loss(*a, **k)
+
+    monkeypatch.setattr(pretrain, "flow_matching_loss", stops_on_the_fourth)
+    with pytest.raises(KeyboardInterrupt):
+        pretrain.main(["--out", str(tmp_path / "broken"), *common])
+    monkeypatch.setattr(pretrain, "flow_matching_loss", real_loss)
+    state = json.loads((tmp_path / "broken" / "train_state" / "state.json").read_text())
+    assert state["step"] == 3 and len(state["losses"]) == 3
+    resumed = pretrain.main(["--out", str(tmp_path / "broken"), "--resume", *common])
+    assert resumed["final_train_loss"] == pytest.approx(whole["final_train_loss"], rel=1e-5)
+    assert [e["step"] for e in resumed["eval_history"]] == [2, 4, 5]
+    for a, b in zip(resumed["eval_history"], whole["eval_history"], strict=True):
+        assert a["mse_to_ground_truth"] == pytest.approx(b["mse_to_ground_truth"], rel=1e-4)
+    w = ReCamTransformer3DModel.from_pretrained(tmp_path / "whole").state_dict()
+    r = ReCamTransformer3DModel.from_pretrained(tmp_path / "broken").state_dict()
+    assert all(torch.allclose(w[k], r[k], atol=1e-6, rtol=1e-5) for k in w)
+
+    with pytest.raises(SystemExit, match="other arguments .*lr"):
+        pretrain.main(["--out", str(tmp_path / "broken"), "--resume", *common, "--lr", "5e-4"])
+    (tmp_path / "broken" / "train_state" / "state.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(SystemExit, match="cannot read .*train_state"):
+        pretrain.main(["--out", str(tmp_path / "broken"), "--resume", *common])

@@ -31,6 +31,7 @@ import json
 import math
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -38,7 +39,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -152,9 +154,11 @@ def evaluate(
         batch = stack_batch(conds)
         gt = batch["target_video"]
         noise = torch.randn(gt.shape, generator=gen)
+        device = next(model.parameters()).device
         video = euler_ode_sample(
-            model, noise, batch["source_video"], batch["source_cams"], batch["target_cams"], ode_steps
-        )
+            model, *(t.to(device) for t in (noise, batch["source_video"], batch["source_cams"], batch["target_cams"])),
+            ode_steps,
+        ).cpu()
         sq_err += torch.sum((video - gt) ** 2).item()
         n_elems += gt.numel()
         if with_cam_score:
@@ -228,6 +232,60 @@ def init_provenance(folder: Path | None) -> dict | None:
             "git_commit": prov.get("git_commit")}
 
 
+STATE_DIR = "train_state"
+# arguments that may differ between a run and its resumption: where and how fast it runs, not what it computes
+RESUMABLE_ANYWHERE = ("threads", "device", "state_every", "resume", "timing_repeats")
+
+
+def save_state(out: Path, model, optimizer, gen: torch.Generator, perm: torch.Tensor, info: dict) -> None:
+    """Write everything a run needs to continue bit for bit into out/train_state, replacing the last one only once the
+    new one is complete (a crash mid-write leaves the previous state)."""
+    tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    opt = optimizer.state_dict()
+    for idx, entry in opt["state"].items():
+        for key, value in entry.items():
+            tensors[f"opt.{idx}.{key}"] = torch.as_tensor(value).detach().cpu().contiguous()
+    tensors["generator"] = gen.get_state()
+    tensors["perm"] = perm.contiguous()
+    tmp = out / f"{STATE_DIR}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file(tensors, tmp / "state.safetensors")
+    (tmp / "state.json").write_text(json.dumps({**info, "param_groups": opt["param_groups"]}, indent=1) + "\n")
+    final = out / STATE_DIR
+    old = out / f"{STATE_DIR}.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def load_state(out: Path, model, optimizer, args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Restore out/train_state into model and optimizer; returns (generator state, data order, info). Refuses, by
+    name, a state saved with other arguments and a state that cannot be read."""
+    folder = out / STATE_DIR
+    try:
+        info = json.loads((folder / "state.json").read_text())
+        tensors = load_file(folder / "state.safetensors")
+    except (OSError, ValueError, SafetensorError) as err:
+        raise SystemExit(f"--resume: cannot read {folder} ({err})") from None
+    now = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k not in RESUMABLE_ANYWHERE}
+    was = {k: v for k, v in info["args"].items() if k not in RESUMABLE_ANYWHERE}
+    if now != was:
+        diff = sorted(k for k in set(now) | set(was) if now.get(k) != was.get(k))
+        raise SystemExit(f"--resume: {folder} was saved with other arguments ({', '.join(diff)}); rerun with its own "
+                         "or start a new --out")
+    model.load_state_dict({k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")})
+    state: dict = {}
+    for key, value in tensors.items():
+        if key.startswith("opt."):
+            _, idx, name = key.split(".", 2)
+            state.setdefault(int(idx), {})[name] = value
+    optimizer.load_state_dict({"state": state, "param_groups": info["param_groups"]})
+    return tensors["generator"], tensors["perm"], info
+
+
 def load_base(folder: Path, add_rays: bool = False) -> ReCamTransformer3DModel:
     """A base folder's model; with add_rays, a base without the ray pathway gains one, zero-initialised."""
     if not add_rays:
@@ -270,9 +328,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--plucker-rays", action="store_true",
                    help="give the model the ray pathway (ReCamTransformer3DModel's plucker_rays); with --init-from, a "
                         "base without one gets it zero-initialised, so training starts from that base's exact outputs")
+    p.add_argument("--device", default="cpu",
+                   help="torch device to train on (cuda, npu, ...); batches and noise are drawn on the CPU, so a run's "
+                        "draws do not depend on it")
+    p.add_argument("--state-every", type=int, default=0,
+                   help="every N steps write <out>/train_state (weights, AdamW moments, the data order and noise "
+                        "generator, losses and evaluations; safetensors + JSON, replaced atomically); 0: never")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from <out>/train_state on the same schedule (the arguments must match the saved "
+                        "ones but for --threads, --device, --state-every and --resume)")
     p.add_argument("--keep-eval-checkpoints", action="store_true",
                    help="also save the model at every evaluation under <out>/eval_step_<N>/")
     args = p.parse_args(argv)
+    if args.state_every < 0:
+        raise SystemExit(f"--state-every must be >= 0, got {args.state_every}")
     for name in ("steps", "batch_size", "num_train_conditions", "num_eval_conditions", "eval_every",
                  "eval_ode_steps", "threads"):
         if getattr(args, name) < 1:
@@ -310,7 +379,8 @@ def main(argv: list[str] | None = None) -> dict:
         if args.num_layers is not None:
             config["num_layers"] = args.num_layers
         model = ReCamTransformer3DModel(**config, plucker_rays=args.plucker_rays)
-    model.train()
+    device = torch.device(args.device)
+    model.to(device).train()
     num_params = sum(p.numel() for p in model.parameters())
     print(f"ReCam-Tiny parameters: {num_params}")
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
@@ -319,7 +389,17 @@ def main(argv: list[str] | None = None) -> dict:
     losses: list[float] = []
     evals: list[dict] = []
     perm, cursor = torch.randperm(n_train, generator=gen), 0
-    bar = tqdm(range(args.steps), desc="pretrain")
+    first, seconds_before = 0, 0.0
+    if args.resume and (args.out / STATE_DIR).exists():
+        gen_state, perm, info = load_state(args.out, model, optimizer, args)
+        gen.set_state(gen_state)
+        first, cursor, losses, evals = info["step"], info["cursor"], info["losses"], info["evals"]
+        seconds_before = info["seconds"]
+        print(f"resumed {args.out / STATE_DIR} at step {first} of {args.steps}")
+    elif args.resume:
+        print(f"--resume: no {args.out / STATE_DIR} yet; starting at step 0")
+    run_start = time.time()
+    bar = tqdm(range(first, args.steps), desc="pretrain", initial=first, total=args.steps)
     for step in bar:
         if cursor + args.batch_size > n_train:
             perm, cursor = torch.randperm(n_train, generator=gen), 0
@@ -332,8 +412,8 @@ def main(argv: list[str] | None = None) -> dict:
         noise = torch.randn(x0.shape, generator=gen)
         sigma = sample_sigmas(len(idx), args.sigma_sampling, gen)
         loss = flow_matching_loss(
-            model, x0, noise, sigma,
-            train["source_video"][idx], train["source_cams"][idx], train["target_cams"][idx],
+            model, *(t.to(device) for t in (x0, noise, sigma, train["source_video"][idx], train["source_cams"][idx],
+                                            train["target_cams"][idx])),
         )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -351,7 +431,14 @@ def main(argv: list[str] | None = None) -> dict:
             tqdm.write(json.dumps(result))
             if args.keep_eval_checkpoints:
                 model.save_pretrained(args.out / f"eval_step_{step + 1:06d}")
+        if args.state_every and ((step + 1) % args.state_every == 0 or step + 1 == args.steps):
+            args.out.mkdir(parents=True, exist_ok=True)
+            info = {"step": step + 1, "cursor": cursor, "losses": losses, "evals": evals,
+                    "seconds": seconds_before + time.time() - run_start,
+                    "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
+            save_state(args.out, model, optimizer, gen, perm, info)
 
+    model.cpu()
     timings = measure_timings(model, repeats=args.timing_repeats) if args.timing_repeats > 0 else None
     args.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(args.out)
@@ -361,6 +448,7 @@ def main(argv: list[str] | None = None) -> dict:
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "git_commit": git_commit(),
         "wall_time_s": time.time() - t_start,
+        "training_seconds": seconds_before + time.time() - run_start,  # over every resumption
         "num_parameters": num_params,
         # a staged budget: the weights this run started from, and every optimizer step behind the result
         "init_from": init,
