@@ -816,7 +816,9 @@ class VariantInputs:
         out["seq_log_prob"], out["seq_old_log_prob"] = seq, mb.old_log_probs.to(seq.device)
         keys = [tuple(r) for r in mb.traj_ids.tolist()]
         if self.ema is not None:
-            raw = importance_weights(seq, out["seq_old_log_prob"], self.t.log_ratio_clamp)
+            # float64: the weights sit within ~1e-3 of 1, where float32 keeps about four digits of their deviation,
+            # which the blend and the variances would round further
+            raw = importance_weights(seq, out["seq_old_log_prob"], self.t.log_ratio_clamp).double()
             if mb.policy_updates == 0:
                 # on-policy (no optimizer step since sampling): the weights are 1 and pass through, leaving no state
                 out["ema"], blended = raw, torch.zeros(len(keys), dtype=torch.bool)
