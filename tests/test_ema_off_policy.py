@@ -13,7 +13,6 @@ from config.validate import ConfigError, validate
 from recam.engine import records
 from recam.engine.extensions.variants import (
     EMA_STATE_FILE,
-    EMAImportanceState,
     VariantInputs,
     off_policy_visits,
     optimizer_steps_per_pass,

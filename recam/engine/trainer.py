@@ -271,6 +271,7 @@ class GRPOTrainer:
                     h.before_step(self.global_step, self.model)
                 acc_metrics = []
                 for c, sel in self.noise.micro_batches(chunk, keep_all, self.rank):  # measures them as they go
+                    # every step in `steps` was applied (a refused one ends the epoch): the policy's updates so far
                     mb = self.micro_batch(rollouts, sel, adv, traj, weight, inner, policy_updates=len(steps))
                     acc_metrics += self.objective.accumulate(mb, self.budget.timed(accumulating_backward(
                         self.accelerator, self.policy, last_micro_batch=c == len(chunk) - 1)))
@@ -287,8 +288,6 @@ class GRPOTrainer:
 
     def micro_batch(self, rollouts: Rollouts, sel: torch.Tensor, adv, traj, weight, inner: int,
                     policy_updates: int = 0) -> MicroBatch:
-        """policy_updates: optimizer steps applied since the epoch's samples were drawn (every step in `steps` was
-        applied: a refused one ends the epoch)."""
         dev, t, dom, counted = self.accelerator.device, self.config.train, self.domain, self.budget.counted
         indices = [int(i) for i in rollouts.index[sel]]
         batch = dom.collate(self.train_set, indices, self.epoch_cache)
