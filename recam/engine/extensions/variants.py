@@ -6,7 +6,7 @@ noisiest trained step. The trainer runs one backward per timestep j and is assum
 per-timestep losses (Flow-GRPO's gradient accumulation), so a per-token loss term is "1/T of a sequence".
 
 Variants (research plan numbering):
-    2.1 EMA-smoothed importance weights  -> EMAImportanceState, ema_weight_metrics, loss input ema_weight
+    2.1 EMA-smoothed importance weights  -> EMAImportanceState, ema_step_metrics, loss input ema_weight
     2.2 gradient-adaptive timestep weights -> policy_gradient_norms, gradient_adaptive_weights, grad_weight
     2.3 AMIC (arithmetic-mean sequence ratio) and GSPO (geometric mean) -> amic_token_weight, gspo_token_weight
     2.4 PTRW Gaussian trust gate in place of hard clipping -> ptrw_trust_weight
@@ -84,7 +84,8 @@ class VariantSettings(ClipSettings):
     loss; they are the loss's because only it uses those weights, so their switches need it too.
 
     Diffusion importance ratios sit within ~1e-3 of 1 (Flow-GRPO clips at 1e-4..1e-3), far tighter than the 0.2 of
-    language models, so every ratio-scale default below lives on that scale."""
+    language models, so every ratio-scale default below lives on that scale: the trust-region widths as multiples of
+    clip_range (CLIP_RATIO_POS_SCALE, CLIP_RATIO_NEG_SCALE, PTRW_SIGMA_SCALE)."""
 
     use_ema_smoothing: bool = False  # 2.1
     # 2.1: the value the published EMA variant recommends; keeps 90% of the fresh weight per update.
