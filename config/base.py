@@ -7,7 +7,12 @@ recam.engine.extensions.variants.VariantSettings, where each default's reason is
 
 import ml_collections
 
-from recam.engine.extensions.variants import VariantSettings
+from recam.engine.extensions.variants import (
+    CLIP_RATIO_NEG_SCALE,
+    CLIP_RATIO_POS_SCALE,
+    PTRW_SIGMA_SCALE,
+    VariantSettings,
+)
 from recam.engine.losses import ClipSettings
 
 
@@ -215,6 +220,9 @@ def get_config() -> ml_collections.ConfigDict:
     v = VariantSettings()
     c.train.use_ema_smoothing = v.use_ema_smoothing  # 2.1 EMA of per-trajectory importance weights across updates
     c.train.ema_beta = v.ema_beta  # 2.1 weight of the fresh importance weight (1 = no smoothing)
+    # 2.1 keep each sample id's EMA state into later epochs (one process only); off: it ends with the epoch, and
+    # smoothing needs two off-policy visits within it (validation says which train.num_inner_epochs gives them)
+    c.train.ema_across_epochs = v.ema_across_epochs
     # 2.2 per-timestep weights from each step's ||grad_theta log p||
     c.train.use_gradient_adaptive_weighting = v.use_gradient_adaptive_weighting
     # 2.2 w_t = m_t^(1/tau) / mean_s m_s^(1/tau) per trajectory (mean 1); inf = neutral, every weight exactly 1
@@ -225,14 +233,18 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.use_amic = v.use_amic  # 2.3 arithmetic-mean sequence importance weight, clipped at sequence level
     c.train.use_gspo = v.use_gspo  # 2.3 alternative: GSPO's geometric-mean sequence weight (exclusive with AMIC)
     c.train.use_ptrw = v.use_ptrw  # 2.4 Gaussian trust-region gate in place of hard clipping
-    c.train.ptrw_sigma = v.ptrw_sigma  # 2.4 gate width, on the scale of diffusion ratios (|r - 1| ~ 1e-3)
+    # 2.4 gate width: 2 x train.clip_range unless set (a reference: it follows the preset's or command line's
+    # clip_range), so the gate is 0.88 where the hard clip would start to cut and 0.14 at four clip ranges
+    c.train.ptrw_sigma = c.train.get_ref("clip_range") * PTRW_SIGMA_SCALE
     c.train.use_temporal_decay = v.use_temporal_decay  # 2.5 advantage weight gamma^t over trained steps, t = 0 noisiest
     c.train.temporal_decay_gamma = v.temporal_decay_gamma  # 2.5 decay per trained step
     c.train.temporal_decay_normalize = v.temporal_decay_normalize  # 2.5 rescale the decay weights to mean 1
     # 2.6 separate clip ranges for positive / negative advantages
     c.train.use_asymmetric_clipping = v.use_asymmetric_clipping
-    c.train.clip_ratio_pos = v.clip_ratio_pos  # 2.6 upper clip for A > 0 (clip-higher at diffusion scale)
-    c.train.clip_ratio_neg = v.clip_ratio_neg  # 2.6 lower clip for A < 0
+    # 2.6 bounds as multiples of train.clip_range unless set (references, like ptrw_sigma): upper 1.4 x for A > 0
+    # (DAPO's clip-higher 0.28 / 0.2), lower 1 x for A < 0
+    c.train.clip_ratio_pos = c.train.get_ref("clip_range") * CLIP_RATIO_POS_SCALE
+    c.train.clip_ratio_neg = c.train.get_ref("clip_range") * CLIP_RATIO_NEG_SCALE
 
     # ---- advantages ----
     c.advantage = ml_collections.ConfigDict()

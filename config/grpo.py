@@ -325,21 +325,45 @@ def mdm_humanml3d_8npu():
     return c
 
 
+def ema_passes(c) -> int:
+    """The fewest passes over an epoch's samples (train.num_inner_epochs) at which the EMA of importance weights smooths
+    anything: a sample needs two off-policy visits, and its first pass is on-policy until the epoch's first optimizer
+    step. 3 when a pass is one optimizer step (tiny_cpu's 16 micro-batches of one step: pass 1 on-policy, pass 2
+    starts each sample's average, pass 3 smooths every sample), 2 when a pass takes two or more (config/validate.py
+    refuses fewer)."""
+    from recam.engine.extensions.variants import optimizer_steps_per_pass
+
+    s, t = c.sample, c.train
+    steps = optimizer_steps_per_pass(s.batch_size * s.num_batches_per_epoch, t.batch_size,
+                                     t.gradient_accumulation_steps)
+    return max(t.num_inner_epochs, 3 if steps == 1 else 2)
+
+
 def _variants(c, name, **flags):
     """tiny_cpu with policy-optimization variants switched on (config/base.py, recam/engine/extensions/variants.py)."""
     c.run_name = name
     c.run_dir = f"runs/{name}"
     c.train.policy_loss = "grpo_variants"
-    # Smoothing across inner updates needs more than one inner update per trajectory.
-    c.train.num_inner_epochs = 2 if flags.get("use_ema_smoothing") else c.train.num_inner_epochs
+    # smoothing across passes needs two off-policy visits of each sample
+    c.train.num_inner_epochs = ema_passes(c) if flags.get("use_ema_smoothing") else c.train.num_inner_epochs
     for k, v in flags.items():
         c.train[k] = v
     return c
 
 
 def ema():
-    """2.1 temporally smoothed (EMA) importance weights."""
+    """2.1 temporally smoothed (EMA) importance weights, over ema_passes passes per epoch (3 here): it differs from
+    tiny_cpu in the EMA and in its extra passes, and ema_control has the passes without the EMA."""
     return _variants(tiny_cpu(), "ema", use_ema_smoothing=True)
+
+
+def ema_control():
+    """The GRPO control of ema, conservative and balanced: their passes per epoch (ema_passes) and every variant off,
+    so that what the EMA does is the difference to this preset, and what the extra passes do the difference between
+    this one and tiny_cpu."""
+    c = _variants(tiny_cpu(), "ema_control")
+    c.train.num_inner_epochs = ema_passes(c)
+    return c
 
 
 def gradient_adaptive():
@@ -384,7 +408,7 @@ def balanced():
 
 
 VARIANT_PRESETS = (ema, gradient_adaptive, amic, ptrw, temporal_decay, asymmetric, conservative, aggressive,
-                   balanced)
+                   balanced, ema_control)
 def tiny_gpu():
     """tiny_cpu at the batch sizes one GPU affords: 2,048 samples per update (2 sampling batches of 1,024 = 512
     conditions x k 4, one optimizer step of 4 micro-batches of 512), because a camera update's signal share measured

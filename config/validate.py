@@ -296,7 +296,7 @@ def check_window_and_objective(config: ml_collections.ConfigDict) -> None:
                  f"(here {latest}; a progressive window slides from the one to the other)")
 
 
-def check_policy_loss(config: ml_collections.ConfigDict) -> None:
+def check_policy_loss(config: ml_collections.ConfigDict, num_processes: int | None = None) -> None:
     """The settings of the chosen train.policy_loss, as its registration states them (recam.engine.losses.
     register_policy_loss): each is in config.train with its default's type, in the range its `check` states; and
     no switch (a bool setting named use_*) of another loss is on, since the chosen one would not read it."""
@@ -311,7 +311,7 @@ def check_policy_loss(config: ml_collections.ConfigDict) -> None:
         ok = isinstance(value, kind) if kind in (bool, str) else _is_int(value) if kind is int else _is_number(value)
         _require(ok, f"train.{name} must be a {kind.__name__} like its default {default!r}, got {value!r}")
     if entry.check is not None:
-        entry.check(FieldChecks(config))
+        entry.check(FieldChecks(config, num_processes))
     for switch, readers in policy_loss_switches().items():
         _require(switch not in t or not t[switch] or switch in entry.fields(),
                  f"train.{switch} needs train.policy_loss in {sorted(readers)}, got {t.policy_loss!r}")
@@ -393,7 +393,7 @@ def validate(config: ml_collections.ConfigDict, num_processes: int) -> RunNumber
     )
     _require(t.policy_loss in known_policy_losses(),
              f"train.policy_loss={t.policy_loss!r} is not registered; known: {known_policy_losses()}")
-    check_policy_loss(config)
+    check_policy_loss(config, num_processes)
     _require(t.kl_type in KL_ESTIMATORS, f"train.kl_type={t.kl_type!r} unknown; use one of {sorted(KL_ESTIMATORS)}")
     _require(t.step_weighting in STEP_WEIGHTINGS,
              f"train.step_weighting={t.step_weighting!r} unknown; use one of {list(STEP_WEIGHTINGS)}")

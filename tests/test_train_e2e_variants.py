@@ -54,6 +54,12 @@ def test_every_variant_preset_runs_at_smoke_size_and_logs_its_metrics(tmp_path, 
         assert logged == bool(t[flag]), (flag, sorted(steps[0]))
     if t.use_ema_smoothing:
         assert all(s["ema/missing_state"] == 0 for s in steps)
+        # one epoch of three passes, one optimizer step each: on-policy, then each sample's first off-policy visit
+        # (starts its average), then every weight smoothed, with a measured ratio (tests/test_ema_off_policy.py)
+        assert [s["ema/smoothed_fraction"] for s in steps] == [0.0, 0.0, 1.0]
+        assert "ema/variance_reduction_ratio" not in steps[0] and "ema/variance_reduction_ratio" not in steps[1]
+        ratio = steps[2]["ema/variance_reduction_ratio"]
+        assert np.isfinite(ratio) and abs(ratio - 1 / t.ema_beta**2) > 1e-3, ratio
 
 
 def test_constrained_reward_weight_follows_the_dual_step_and_is_checkpointed(tmp_path):

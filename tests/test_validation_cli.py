@@ -156,6 +156,8 @@ def test_a_variant_switch_needs_the_loss_that_reads_it(switch):
         validate(c, 1)
     assert str(err.value) == f"train.{switch} needs train.policy_loss in ['grpo_variants'], got 'grpo_clip'"
     c.train.policy_loss = "grpo_variants"
+    if switch == "use_ema_smoothing":  # and something to smooth: a second off-policy visit (tests/test_ema_off_policy)
+        c.train.num_inner_epochs = 3
     validate(c, 1)
 
 

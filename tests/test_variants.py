@@ -11,6 +11,8 @@ from recam.engine.extensions.variants import (
     EMAImportanceState,
     VariantSettings,
     amic_token_weight,
+    ema_moment_sums,
+    ema_step_metrics,
     ema_weight_metrics,
     gradient_adaptive_weights,
     grpo_variants,
@@ -85,32 +87,62 @@ def test_the_presets_defaults_are_the_settings_defaults():
 def test_ema_first_visit_returns_raw_weights_not_a_blend_with_one():
     state = EMAImportanceState(beta=0.5)
     raw = _t([[1.3, 0.7], [0.9, 1.1]])
+    assert not state.has_history(["a", "b"]).any()
     smoothed = state.update(["a", "b"], raw)
     # A 1.0 initial state would have given 0.5 * raw + 0.5 = [[1.15, 0.85], [0.95, 1.05]].
     assert torch.equal(smoothed, raw)
-    m = state.metrics(raw, smoothed)
-    assert m["ema/variance_reduction_ratio"].item() == 1.0
-    assert m["ema/smoothing_strength"].item() == 0.0
+    assert state.has_history(["a", "b", "c"]).tolist() == [True, True, False]
+    m = state.metrics(raw, smoothed, torch.tensor([False, False]))
+    # nothing was smoothed: the step's metrics carry the share smoothed (0) and no variance ratio at all
+    assert m["ema/sums/weights"].item() == 4.0 and m["ema/sums/smoothed"].item() == 0.0
     assert m["ema/active_sequences"].item() == 2.0 and m["ema/missing_state"].item() == 0.0
     assert _all_scalar_detached(m)
+    step = ema_step_metrics({k: float(v) for k, v in m.items()})
+    assert step["ema/smoothed_fraction"] == 0.0
+    assert "ema/variance_reduction_ratio" not in step and not any(k.startswith("ema/sums/") for k in step)
 
 
 def test_ema_second_update_hand_values_and_variance_reduction():
     state = EMAImportanceState(beta=0.5)
-    state.update([0, 1], torch.ones(2, 2, dtype=F64))  # on-policy first visit
+    state.update([0, 1], _t([[1.0, 1.0], [1.0, 1.0]]))  # first off-policy visit: starts the state
     raw = _t([[1.2, 0.8], [0.9, 1.1]])
+    blended = state.has_history([0, 1])
     smoothed = state.update([0, 1], raw, expect_state=True)
     torch.testing.assert_close(smoothed, _t([[1.1, 0.9], [0.95, 1.05]]))
-    m = state.metrics(raw, smoothed)
+    m = ema_step_metrics({k: float(v) for k, v in state.metrics(raw, smoothed, blended).items()})
     # deviations from 1: raw (.2, .2, .1, .1) -> var .025; smoothed half of them -> var .00625
-    torch.testing.assert_close(m["ema/raw_weights_variance"], torch.tensor(0.025))
-    torch.testing.assert_close(m["ema/smoothed_weights_variance"], torch.tensor(0.00625))
-    torch.testing.assert_close(m["ema/variance_reduction_ratio"], torch.tensor(4.0))
-    torch.testing.assert_close(m["ema/smoothing_strength"], torch.tensor(0.75))
-    assert m["ema/missing_state"].item() == 0.0
+    assert m["ema/smoothed_fraction"] == 1.0
+    assert m["ema/raw_weights_variance"] == pytest.approx(0.025, rel=1e-12)
+    assert m["ema/smoothed_weights_variance"] == pytest.approx(0.00625, rel=1e-12)
+    assert m["ema/variance_reduction_ratio"] == pytest.approx(4.0, rel=1e-12)
+    assert m["ema/smoothing_strength"] == pytest.approx(0.75, rel=1e-12)
+    assert m["ema/missing_state"] == 0.0
+    # the same numbers as the plain definition over those weights
+    plain = ema_weight_metrics(raw, smoothed)
+    assert m["ema/variance_reduction_ratio"] == pytest.approx(plain["ema/variance_reduction_ratio"].item(), rel=1e-6)
     # A third update blends with the stored smoothed state, not with the previous raw weights.
     third = state.update([0, 1], _t([[1.0, 1.0], [1.0, 1.0]]))
     torch.testing.assert_close(third, _t([[1.05, 0.95], [0.975, 1.025]]))
+
+
+def test_ema_step_metrics_pool_micro_batches_and_count_only_smoothed_rows():
+    """Two micro-batches of one step, one row of each smoothed: the step's variances are over those two rows'
+    weights together (pooled, means included), whatever the unsmoothed rows hold; the means over passes that
+    recam.engine.records.step_metrics takes scale every sum alike and cancel."""
+    raw_a, sm_a = _t([[1.01, 0.99], [5.0, -3.0]]), _t([[1.005, 0.995], [5.0, -3.0]])
+    raw_b, sm_b = _t([[1.03, 1.02], [7.0, 7.0]]), _t([[1.02, 1.01], [7.0, 7.0]])
+    a = ema_moment_sums(raw_a, sm_a, torch.tensor([True, False]))
+    b = ema_moment_sums(raw_b, sm_b, torch.tensor([True, False]))
+    T = 2  # each micro-batch's metrics are repeated in each of its T timesteps' passes
+    means = {k: float(torch.stack([a[k]] * T + [b[k]] * T).mean()) for k in a}
+    m = ema_step_metrics(means)
+    raw = torch.tensor([1.01, 0.99, 1.03, 1.02], dtype=F64)
+    smooth = torch.tensor([1.005, 0.995, 1.02, 1.01], dtype=F64)
+    assert m["ema/smoothed_fraction"] == pytest.approx(0.5)
+    assert m["ema/raw_weights_variance"] == pytest.approx(raw.var(unbiased=False).item(), rel=1e-9)
+    assert m["ema/smoothed_weights_variance"] == pytest.approx(smooth.var(unbiased=False).item(), rel=1e-9)
+    assert m["ema/variance_reduction_ratio"] == pytest.approx(
+        (raw.var(unbiased=False) / smooth.var(unbiased=False)).item(), rel=1e-9)
 
 
 def test_ema_beta_one_is_no_smoothing_and_ratio_exactly_one():

@@ -370,17 +370,63 @@ def rule_kl(m: dict, history, th: Thresholds, run_dir: str) -> list[Finding]:
     return []
 
 
+def clip_settings_read(m: dict) -> tuple[str, list[str]]:
+    """Which trust region a step's metrics come from, and the config fields that set its width, from the keys its
+    loss logs: ("ptrw", [train.ptrw_sigma]) for PTRW's Gaussian gate (no hard clip: its clipfrac is measured against
+    train.clip_range for comparison only), ("asymmetric", [train.clip_ratio_pos, train.clip_ratio_neg]) for
+    asymmetric clipping, ("awm", [train.awm_clip_range]) for AWM's matching-loss ratio, else ("symmetric",
+    [train.clip_range]). Advice names these fields: widening one the active loss does not read changes nothing."""
+    if _num(m, "ptrw/trust_weights_mean") is not None:
+        return "ptrw", ["train.ptrw_sigma"]
+    if _num(m, "asymmetric/clipfrac_pos") is not None or _num(m, "asymmetric/clipfrac_neg") is not None:
+        return "asymmetric", ["train.clip_ratio_pos", "train.clip_ratio_neg"]
+    if _num(m, "fm_loss") is not None:
+        return "awm", ["train.awm_clip_range"]
+    return "symmetric", ["train.clip_range"]
+
+
 def rule_clipfrac(m: dict, history, th: Thresholds, run_dir: str) -> list[Finding]:
+    kind, fields = clip_settings_read(m)
+    fewer_steps = "fewer optimizer steps per epoch: `train.num_inner_epochs` 1, a larger `train.batch_size`"
+    if kind == "ptrw":
+        # the gate's mean is the share of the gradient it lets through, the counterpart of 1 - clipfrac
+        trust = _num(m, "ptrw/trust_weights_mean")
+        if not _ok(trust) or trust >= 1.0 - th.clipfrac_warn:
+            return []
+        severity = "critical" if trust < 1.0 - th.clipfrac_critical else "warn"
+        return [Finding("clip_saturation", severity, {**_where(m), "ptrw/trust_weights_mean": trust},
+                        f"PTRW's trust gate passes {trust:.0%} of the gradient on average: the ratios have moved so "
+                        "many gate widths from 1 within the epoch that most samples barely train. PTRW has no hard "
+                        "clip, so `train.clip_range` does not bound it.",
+                        ["lower `train.learning_rate`",
+                         "widen `train.ptrw_sigma` (by default a multiple of `train.clip_range`) if it is below the "
+                         "ratio noise of your sampler", fewer_steps])]
     cf = _num(m, "clipfrac")
     if not _ok(cf) or cf <= th.clipfrac_warn:
         return []
     severity = "critical" if cf > th.clipfrac_critical else "warn"
-    return [Finding("clip_saturation", severity, {**_where(m), "clipfrac": cf},
-                    f"{cf:.0%} of the ratios are clipped: the policy has gone so far off-policy within the epoch "
-                    "that most samples give no gradient.",
-                    ["lower `train.learning_rate`",
-                     "widen `train.clip_range` if it is below the ratio noise of your sampler",
-                     "fewer optimizer steps per epoch: `train.num_inner_epochs` 1, a larger `train.batch_size`"])]
+    numbers = {**_where(m), "clipfrac": cf}
+    why = (f"{cf:.0%} of the ratios are clipped: the policy has gone so far off-policy within the epoch that most "
+           "samples give no gradient.")
+    if kind == "asymmetric":
+        sides = {"train.clip_ratio_pos": _num(m, "asymmetric/clipfrac_pos"),
+                 "train.clip_ratio_neg": _num(m, "asymmetric/clipfrac_neg")}
+        numbers.update({f"asymmetric/clipfrac_{f[-3:]}": v for f, v in sides.items() if _ok(v)})
+        # the side whose own samples are mostly clipped, else both
+        named = [f for f, v in sides.items() if _ok(v) and v > th.clipfrac_warn] or list(sides)
+        widen = " and ".join(f"`{f}`" for f in named) + " (by default multiples of `train.clip_range`)"
+        per_side = ", ".join(f"{v:.0%} of the {'positive' if f.endswith('pos') else 'negative'}-advantage ones"
+                             for f, v in sides.items() if _ok(v))
+        why = (f"{cf:.0%} of the ratios are outside [1 - `train.clip_ratio_neg`, 1 + `train.clip_ratio_pos`], the "
+               f"asymmetric clip's bounds" + (f"; clipped, so without gradient: {per_side}" if per_side else "")
+               + ". The policy has gone far off-policy within the epoch. Asymmetric clipping does not read "
+               "`train.clip_range`.")
+        below = "they are" if len(named) > 1 else "it is"
+        widen_action = f"widen {widen} if {below} below the ratio noise of your sampler"
+    else:
+        widen_action = f"widen `{fields[0]}` if it is below the ratio noise of your sampler"
+    return [Finding("clip_saturation", severity, numbers, why,
+                    ["lower `train.learning_rate`", widen_action, fewer_steps])]
 
 
 def _reward_of(m: dict) -> float | None:

@@ -116,6 +116,8 @@ class MicroBatch:
 
     step_offset: int = 0
     epoch: int = 0  # the training epoch (keys per-epoch randomness such as forward-process re-noising)
+    # optimizer steps applied to the policy since these samples were drawn: 0 = on-policy, every importance weight 1
+    policy_updates: int = 0
 
 
 class Objective:
@@ -149,6 +151,12 @@ class Objective:
 
     def end_epoch(self) -> None:
         """After the epoch's last optimizer step (or a step the guard refused)."""
+
+    def finish_step_metrics(self, metrics: dict) -> dict:
+        """One optimizer step's metrics, averaged over its backward passes and processes, as they are logged and
+        judged: an objective whose passes report sums that only the whole step can turn into a number computes it
+        here (the EMA's variance ratio)."""
+        return metrics
 
 
 def step_weights(scheduler, start: int, T: int, mode: str) -> torch.Tensor:
@@ -223,6 +231,20 @@ class GRPOObjective(Objective):
     def end_epoch(self) -> None:
         self.step_inputs.retire_epoch()  # this epoch's samples are retired with it
 
+    # a loss's inputs class may predate these three methods (NoStepInputs states them): without one, it has nothing
+    def finish_step_metrics(self, metrics: dict) -> dict:
+        finish = getattr(self.step_inputs, "finish_step_metrics", None)
+        return finish(metrics) if finish is not None else metrics
+
+    def side_files(self) -> dict:
+        files = getattr(self.step_inputs, "side_files", None)
+        return files() if files is not None else {}
+
+    def load_side_files(self, folder, info) -> None:
+        load = getattr(self.step_inputs, "load_side_files", None)
+        if load is not None:
+            load(folder, info)
+
 
 class NoStepInputs:
     """The extra inputs of a policy loss that reads only its timestep's own tensors: none. A loss registered with
@@ -242,3 +264,15 @@ class NoStepInputs:
 
     def retire_epoch(self) -> None:
         """After the epoch's last optimizer step: state kept per sample ends with the samples."""
+
+    def finish_step_metrics(self, metrics: dict) -> dict:
+        """An optimizer step's metrics (means over its passes and processes) as logged: sums reported by prepare's
+        "metrics" become the step's numbers here (recam.engine.objective.Objective.finish_step_metrics)."""
+        return metrics
+
+    def side_files(self) -> dict:
+        """Checkpoint side files (name -> JSON-able state) of state that outlives an epoch."""
+        return {}
+
+    def load_side_files(self, folder, info) -> None:
+        """Restore what side_files saved, from checkpoint folder `folder`; info(line) tells the user."""

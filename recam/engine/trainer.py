@@ -271,7 +271,8 @@ class GRPOTrainer:
                     h.before_step(self.global_step, self.model)
                 acc_metrics = []
                 for c, sel in self.noise.micro_batches(chunk, keep_all, self.rank):  # measures them as they go
-                    mb = self.micro_batch(rollouts, sel, adv, traj, weight, inner)
+                    # every step in `steps` was applied (a refused one ends the epoch): the policy's updates so far
+                    mb = self.micro_batch(rollouts, sel, adv, traj, weight, inner, policy_updates=len(steps))
                     acc_metrics += self.objective.accumulate(mb, self.budget.timed(accumulating_backward(
                         self.accelerator, self.policy, last_micro_batch=c == len(chunk) - 1)))
                 stats = self.optimizer_step(acc_metrics, signal, kept=int(keep_all[:, positions].sum()))
@@ -285,7 +286,8 @@ class GRPOTrainer:
         self.objective.end_epoch()
         return EpochResult(steps)
 
-    def micro_batch(self, rollouts: Rollouts, sel: torch.Tensor, adv, traj, weight, inner: int) -> MicroBatch:
+    def micro_batch(self, rollouts: Rollouts, sel: torch.Tensor, adv, traj, weight, inner: int,
+                    policy_updates: int = 0) -> MicroBatch:
         dev, t, dom, counted = self.accelerator.device, self.config.train, self.domain, self.budget.counted
         indices = [int(i) for i in rollouts.index[sel]]
         batch = dom.collate(self.train_set, indices, self.epoch_cache)
@@ -308,7 +310,7 @@ class GRPOTrainer:
                           policy_rows, element_mask(self.domain, batch, self.accelerator.device),
                           final=None if rollouts.final is None else rollouts.final[sel].to(dev),
                           old_means=None if rollouts.means is None else rollouts.means[sel].to(dev),
-                          step_offset=rollouts.start, epoch=self.epoch, **frozen)
+                          step_offset=rollouts.start, epoch=self.epoch, policy_updates=policy_updates, **frozen)
 
     def optimizer_step(self, acc_metrics: list[dict], signal: dict, kept: int = 0) -> StepStats:
         """Clip, average metrics over processes, ask the guard, and apply the update only if it found nothing
@@ -318,6 +320,7 @@ class GRPOTrainer:
         cosine = self.gradient_cosine(self.policy.parameters()) if self.gradient_cosine is not None else None
         m = records.mean_over_processes(records.step_metrics(acc_metrics, float(grad_norm), kept, cosine,
                                                              self.optimizer.param_groups[0]["lr"]), self.accelerator)
+        m = self.objective.finish_step_metrics(m)  # after the processes' mean: sums pool over all of them
         findings = diagnose_step({**m, **signal}, self.history, run_dir=str(self.run_dir))
         applied = not any(f.severity == "critical" for f in findings)
         if applied:

@@ -86,8 +86,9 @@ class FieldChecks:
     """The checks above bound to one config, handed to a reward's `check` (rewards.register_reward): a reward states
     the ranges of its own config section in its module, and that module needs no import of config/."""
 
-    def __init__(self, config: ml_collections.ConfigDict):
+    def __init__(self, config: ml_collections.ConfigDict, num_processes: int | None = None):
         self.config = config
+        self.num_processes = num_processes  # the launch's process count, where the caller knows it
 
     def require(self, cond: bool, msg: str) -> None:
         _require(cond, msg)

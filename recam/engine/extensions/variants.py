@@ -6,7 +6,7 @@ noisiest trained step. The trainer runs one backward per timestep j and is assum
 per-timestep losses (Flow-GRPO's gradient accumulation), so a per-token loss term is "1/T of a sequence".
 
 Variants (research plan numbering):
-    2.1 EMA-smoothed importance weights  -> EMAImportanceState, ema_weight_metrics, loss input ema_weight
+    2.1 EMA-smoothed importance weights  -> EMAImportanceState, ema_step_metrics, loss input ema_weight
     2.2 gradient-adaptive timestep weights -> policy_gradient_norms, gradient_adaptive_weights, grad_weight
     2.3 AMIC (arithmetic-mean sequence ratio) and GSPO (geometric mean) -> amic_token_weight, gspo_token_weight
     2.4 PTRW Gaussian trust gate in place of hard clipping -> ptrw_trust_weight
@@ -21,9 +21,11 @@ computes for the GRPO objective what 2.1-2.3 read beyond one timestep. The regis
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -36,23 +38,44 @@ if TYPE_CHECKING:
     from recam.engine.objective import MicroBatch
 
 __all__ = [
+    "CLIP_RATIO_NEG_SCALE",
+    "CLIP_RATIO_POS_SCALE",
     "EMAImportanceState",
+    "EMA_STATE_FILE",
+    "EMA_SUMS",
+    "PTRW_SIGMA_SCALE",
     "VariantInputs",
     "VariantSettings",
     "amic_token_weight",
     "check_variant_settings",
+    "check_ema_has_something_to_smooth",
+    "ema_moment_sums",
+    "ema_step_metrics",
     "ema_weight_metrics",
     "gradient_adaptive_weights",
     "grpo_variants_policy_loss",
     "gspo_token_weight",
     "importance_weights",
     "log_prob_output_gradient",
+    "off_policy_visits",
+    "optimizer_steps_per_pass",
     "output_gradient_norm",
     "parameter_probe_projections",
     "policy_gradient_norms",
     "ptrw_trust_weight",
     "temporal_decay_weights",
 ]
+
+# The trust-region widths of 2.4 and 2.6 as multiples of train.clip_range, the preset's own scale for how far a ratio
+# may move: a fixed width would be 50x too tight on a preset clipping at 0.05 (the toy's), where asymmetric clipping
+# at 1.4e-3 / 1e-3 clipped 87-95% of the ratios. config/base.py defines the fields as these multiples of
+# train.clip_range, so they follow a preset's or the command line's clip range unless set explicitly.
+CLIP_RATIO_POS_SCALE = 1.4  # 2.6: DAPO's clip-higher proportion, 0.28 / 0.2, above the symmetric range for A > 0
+CLIP_RATIO_NEG_SCALE = 1.0  # 2.6: the symmetric range itself on the negative-advantage side
+# 2.4: the gate is exp(-1/8) ~ 0.88 at |r - 1| = clip_range, where a hard clip would start to cut, and exp(-2) ~ 0.14
+# at four clip ranges.
+PTRW_SIGMA_SCALE = 2.0
+
 
 @dataclass(frozen=True)
 class VariantSettings(ClipSettings):
@@ -61,11 +84,15 @@ class VariantSettings(ClipSettings):
     loss; they are the loss's because only it uses those weights, so their switches need it too.
 
     Diffusion importance ratios sit within ~1e-3 of 1 (Flow-GRPO clips at 1e-4..1e-3), far tighter than the 0.2 of
-    language models, so every ratio-scale default below lives on that scale."""
+    language models, so every ratio-scale default below lives on that scale: the trust-region widths as multiples of
+    clip_range (CLIP_RATIO_POS_SCALE, CLIP_RATIO_NEG_SCALE, PTRW_SIGMA_SCALE)."""
 
     use_ema_smoothing: bool = False  # 2.1
     # 2.1: the value the published EMA variant recommends; keeps 90% of the fresh weight per update.
     ema_beta: float = 0.9
+    # 2.1: keep each sample id's (dataset index, copy) EMA state from one epoch to the next, so that a condition drawn
+    # again continues the average of its earlier off-policy weights; off: the state ends with the epoch's samples.
+    ema_across_epochs: bool = False
     use_gradient_adaptive_weighting: bool = False  # 2.2
     # 2.2: on log-magnitudes tau = 1 makes timestep weights proportional to the per-token gradient norm.
     gradient_weighting_temperature: float = 1.0
@@ -74,18 +101,17 @@ class VariantSettings(ClipSettings):
     use_amic: bool = False  # 2.3
     use_gspo: bool = False  # 2.3
     use_ptrw: bool = False  # 2.4
-    # 2.4: gate ~0.88 where a 1e-3 hard clip would cut and ~0.14 at |r - 1| = 4e-3.
-    ptrw_sigma: float = 2e-3
+    # 2.4: PTRW_SIGMA_SCALE x clip_range (config/base.py ties the field to train.clip_range).
+    ptrw_sigma: float = PTRW_SIGMA_SCALE * ClipSettings.clip_range
     use_temporal_decay: bool = False  # 2.5
     # 2.5: with T ~ 10 trained steps the last weight is ~0.39 of the first, favouring the high-noise steps.
     temporal_decay_gamma: float = 0.9
     # 2.5: mean-1 weights keep the loss scale (and hence the tuned learning rate) unchanged.
     temporal_decay_normalize: bool = True
     use_asymmetric_clipping: bool = False  # 2.6
-    # 2.6: DAPO's 0.28 / 0.2 clip-higher proportion moved to Wan's 1e-3 clip scale.
-    clip_ratio_pos: float = 1.4e-3
-    # 2.6: Wan's symmetric Flow-GRPO clip range, kept for the negative-advantage side.
-    clip_ratio_neg: float = 1e-3
+    # 2.6: CLIP_RATIO_POS_SCALE / CLIP_RATIO_NEG_SCALE x clip_range (config/base.py ties them to train.clip_range).
+    clip_ratio_pos: float = CLIP_RATIO_POS_SCALE * ClipSettings.clip_range
+    clip_ratio_neg: float = CLIP_RATIO_NEG_SCALE * ClipSettings.clip_range
 
 
 def check_variant_settings(checks) -> None:
@@ -108,6 +134,55 @@ def check_variant_settings(checks) -> None:
     checks.require(not (t.use_ema_smoothing and (t.use_amic or t.use_gspo)),
                    "train.use_ema_smoothing cannot combine with train.use_amic/train.use_gspo: the EMA smooths one "
                    "timestep's weight, the sequence forms are built from all raw weights")
+    check_ema_has_something_to_smooth(checks)
+
+
+def optimizer_steps_per_pass(samples_per_process: int, batch_size: int, accumulation_steps: int) -> int:
+    """Optimizer steps in one pass over a process's samples of an epoch, as recam.engine.trainer walks them:
+    micro-batches of batch_size, accumulation_steps of them per step."""
+    return math.ceil(math.ceil(samples_per_process / batch_size) / accumulation_steps)
+
+
+def off_policy_visits(num_inner_epochs: int, steps_per_pass: int) -> tuple[int, int]:
+    """(fewest, most) visits within one epoch at which a sample's importance weights are off-policy.
+
+    A weight is off-policy once an optimizer step has moved the policy since the sample was drawn. The samples of the
+    epoch's first optimizer step are on-policy in the first pass (every weight exactly 1) and off-policy in each later
+    one: num_inner_epochs - 1 visits. The samples of any later step of the first pass are off-policy in every pass."""
+    fewest = num_inner_epochs - 1
+    return fewest, num_inner_epochs if steps_per_pass >= 2 else fewest
+
+
+def check_ema_has_something_to_smooth(checks) -> None:
+    """Refuse an EMA that can never blend two off-policy weights of one sample (its metrics would say nothing), with
+    one line naming the fields and what to set; and cross-epoch state where it would be per process."""
+    t, s = checks.config.train, checks.config.sample
+    if not t.use_ema_smoothing:
+        checks.require(not t.ema_across_epochs,
+                       "train.ema_across_epochs=True keeps the EMA's state, and train.use_ema_smoothing is False: set "
+                       "train.use_ema_smoothing=True or train.ema_across_epochs=False")
+        return
+    steps = optimizer_steps_per_pass(s.batch_size * s.num_batches_per_epoch, t.batch_size,
+                                     t.gradient_accumulation_steps)
+    _, most = off_policy_visits(t.num_inner_epochs, steps)
+    # within an epoch the first off-policy visit starts a sample's state, the second is the first one smoothed;
+    # across epochs a sample id's first off-policy visit of the epoch can blend with the state of its last epoch
+    smooths = most >= 2 or (t.ema_across_epochs and most >= 1)
+    passes = 3 if steps == 1 else 2
+    checks.require(
+        smooths,
+        f"train.use_ema_smoothing has nothing to smooth: with train.num_inner_epochs={t.num_inner_epochs} and "
+        f"{steps} optimizer step(s) per pass (train.gradient_accumulation_steps={t.gradient_accumulation_steps}, "
+        f"train.batch_size={t.batch_size}) no sample has two off-policy importance weights (the first pass before "
+        f"an update is on-policy, every weight exactly 1); set train.num_inner_epochs={passes}"
+        + (" or train.ema_across_epochs=True" if most >= 1 else "")
+        + ", or train.use_ema_smoothing=False")
+    processes = getattr(checks, "num_processes", None)
+    checks.require(
+        not t.ema_across_epochs or processes is None or processes == 1,
+        f"train.ema_across_epochs=True with {processes} processes: a sample id lands on another process in a later "
+        f"epoch, whose EMA state is its own, and only the main process's would be checkpointed; run one process, or "
+        f"set train.ema_across_epochs=False and train.num_inner_epochs={passes}")
 
 
 def _population_var(x: Tensor) -> Tensor:
@@ -130,15 +205,29 @@ def importance_weights(seq_log_prob: Tensor, seq_old_log_prob: Tensor, log_ratio
 
 
 # ----------------------------------------------------------------------------------------------- 2.1 EMA
+#
+# What the EMA smooths: a sample's importance weights w = pi_theta / pi_old at the visits after an optimizer step has
+# moved the policy (off-policy). Before the first step of an epoch the weights are on-policy, exactly 1: blending with
+# them is a fixed shrink of the next deviation toward 1, which a variance ratio reports as 1 / beta^2 whatever the data.
+# So on-policy visits neither start nor read a sample's state; its first off-policy visit starts the state at its own
+# weights (there is nothing yet to average) and each later one, in a later pass or (train.ema_across_epochs) a later
+# epoch, is smoothed. The metrics are over the smoothed weights only, pooled over an optimizer step and its processes
+# from sums each micro-batch reports (ema_moment_sums -> ema_step_metrics).
+
+# One micro-batch's sums (ema_moment_sums), in every pass's metrics; ema_step_metrics turns a step's means of them
+# into the logged metrics and removes them.
+EMA_SUMS = ("ema/sums/weights", "ema/sums/smoothed", "ema/sums/raw", "ema/sums/raw_sq", "ema/sums/smoothed_w",
+            "ema/sums/smoothed_w_sq")
+EMA_STATE_FILE = "ema_importance_state.json"  # checkpoint side file of train.ema_across_epochs
 
 
 def ema_weight_metrics(raw: Tensor, smoothed: Tensor) -> dict[str, Tensor]:
-    """Variance diagnostics of one EMA update over all n * T entries (population variances, float64 inside).
+    """Variance diagnostics of a set of weights before and after smoothing, over all their entries (population
+    variances, float64 inside); the definition ema_step_metrics computes over a step's smoothed weights.
 
     ema/variance_reduction_ratio = Var(raw) / Var(smoothed): 1 when both variances are 0 (nothing to
-    reduce, e.g. an on-policy first visit where every weight is exactly 1), +inf when only Var(smoothed)
-    is 0 (the spread was removed entirely). ema/smoothing_strength = 1 - Var(smoothed) / Var(raw), 0 when
-    Var(raw) is 0. Returns detached float32 0-dim tensors.
+    reduce), +inf when only Var(smoothed) is 0 (the spread was removed entirely). ema/smoothing_strength =
+    1 - Var(smoothed) / Var(raw), 0 when Var(raw) is 0. Returns detached float32 0-dim tensors.
     """
     if raw.shape != smoothed.shape:
         raise ValueError(f"raw {tuple(raw.shape)} and smoothed {tuple(smoothed.shape)} must have the same shape")
@@ -159,6 +248,58 @@ def ema_weight_metrics(raw: Tensor, smoothed: Tensor) -> dict[str, Tensor]:
     }
 
 
+def ema_moment_sums(raw: Tensor, smoothed: Tensor, blended: Tensor) -> dict[str, Tensor]:
+    """One micro-batch's share of its optimizer step's EMA metrics, as float64 0-dim tensors keyed by EMA_SUMS: the
+    number of weights (all n * T), the number smoothed (the T weights of each row of `blended`, (n,) bool: the rows
+    the EMA averaged with history), and over those the sums of x and x^2 for x = raw - 1 and x = smoothed - 1. Centred
+    at 1 so that weights within 1e-3 of 1 keep their digits in E[x^2] - E[x]^2."""
+    if raw.shape != smoothed.shape or raw.dim() != 2:
+        raise ValueError(f"raw {tuple(raw.shape)} and smoothed {tuple(smoothed.shape)} must both be (n, T)")
+    rows = torch.as_tensor(blended, dtype=torch.bool, device=raw.device).reshape(-1)
+    if rows.shape[0] != raw.shape[0]:
+        raise ValueError(f"blended has {rows.shape[0]} rows, the weights {raw.shape[0]}")
+    x = raw.detach().double()[rows] - 1.0
+    y = smoothed.detach().double()[rows] - 1.0
+    f64 = {"dtype": torch.float64}
+    return dict(zip(EMA_SUMS, (torch.tensor(float(raw.numel()), **f64), torch.tensor(float(x.numel()), **f64),
+                               x.sum().cpu(), x.square().sum().cpu(), y.sum().cpu(), y.square().sum().cpu()),
+                    strict=True))
+
+
+def ema_step_metrics(m: dict) -> dict:
+    """One optimizer step's metrics with its EMA sums (EMA_SUMS; each the mean over the step's passes and processes,
+    i.e. a total times a factor common to all of them, which cancels) replaced by what they measure:
+
+        ema/smoothed_fraction          share of the step's importance weights the EMA smoothed (on-policy weights and
+                                       a sample's first off-policy visit are not smoothed)
+        ema/raw_weights_variance       Var of those weights before smoothing (population, pooled over the step)
+        ema/smoothed_weights_variance  Var of the same weights after smoothing
+        ema/variance_reduction_ratio   Var(raw) / Var(smoothed): > 1 when the EMA reduced their spread
+        ema/smoothing_strength         1 - Var(smoothed) / Var(raw)
+
+    The variances need a smoothed weight, each ratio a positive denominator; a step without one logs only the
+    fraction (a constant such as 1.0 in its place would read as a measurement). Returns a new dict."""
+    out = {k: v for k, v in m.items() if k not in EMA_SUMS}
+    if any(k not in m for k in EMA_SUMS):
+        return out
+    total, count = float(m["ema/sums/weights"]), float(m["ema/sums/smoothed"])
+    out["ema/smoothed_fraction"] = count / total if total > 0 else 0.0
+    if count <= 0:
+        return out
+
+    def variance(key: str) -> float:
+        mean = float(m[key]) / count
+        return max(float(m[key + "_sq"]) / count - mean * mean, 0.0)
+
+    var_raw, var_smooth = variance("ema/sums/raw"), variance("ema/sums/smoothed_w")
+    out["ema/raw_weights_variance"], out["ema/smoothed_weights_variance"] = var_raw, var_smooth
+    if var_smooth > 0:
+        out["ema/variance_reduction_ratio"] = var_raw / var_smooth
+    if var_raw > 0:
+        out["ema/smoothing_strength"] = 1.0 - var_smooth / var_raw
+    return out
+
+
 def _id_list(ids: Tensor | Iterable[Hashable]) -> list[Hashable]:
     keys = ids.tolist() if isinstance(ids, Tensor) else list(ids)
     for key in keys:
@@ -170,7 +311,7 @@ def _id_list(ids: Tensor | Iterable[Hashable]) -> list[Hashable]:
 
 
 class EMAImportanceState:
-    """Per-trajectory EMA of importance weights across the inner updates that revisit the trajectory.
+    """Per-trajectory EMA of off-policy importance weights across the visits that revisit the trajectory.
 
         w~_k = beta * w_k + (1 - beta) * w~_(k-1),   beta in (0, 1]   (beta = 1: no smoothing)
 
@@ -178,16 +319,12 @@ class EMAImportanceState:
     or the int64 entries of a tensor), so it survives all-gather, shuffling and mini-batch splitting; keying
     by a group id shared by the k copies would blend different samples' weights.
 
-    Initialisation: the first time an id is seen its state is its own raw weights, so that first update
-    returns w exactly and later updates average real past weights. Initialising at 1.0 instead means that
-    a trajectory seen once (num_inner_epochs = 1, the usual setting) gets w~ = 1 + beta * (w - 1): no
-    history is averaged at all, the smoothing as a temporal average vanishes and what is left is a fixed
-    shrink of the off-policy deviation toward 1, which the metrics would then misreport as a variance
-    reduction of 1 / beta^2 whatever the data.
+    Feed it off-policy weights only (the section comment says why; VariantInputs does). The first time an id is seen
+    its state is its own raw weights, so that update returns w exactly and later updates average real past weights.
 
     Raw weights must be detached (from importance_weights on the trainer's no-grad all-T pass); the state
-    never holds autograd graphs. State lives on the rank that updates it; retire() the ids at the end of
-    the epoch when their samples are dropped (or retire_all()).
+    never holds autograd graphs. State lives on the rank that updates it; retire() the ids whose samples are
+    dropped (or retire_all() at the end of an epoch, unless the state is to carry over to later epochs).
     """
 
     def __init__(self, beta: float = VariantSettings.ema_beta):
@@ -203,6 +340,10 @@ class EMAImportanceState:
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self._state
+
+    def has_history(self, ids: Tensor | Sequence[Hashable]) -> Tensor:
+        """(n,) bool: which ids have state, i.e. which rows the next update() blends with history."""
+        return torch.tensor([key in self._state for key in _id_list(ids)], dtype=torch.bool)
 
     def update(self, ids: Tensor | Sequence[Hashable], raw_weights: Tensor, expect_state: bool = False) -> Tensor:
         """Smooth raw_weights (n, T) row by row against the state of ids (n,); returns smoothed (n, T).
@@ -247,12 +388,40 @@ class EMAImportanceState:
         """Drop every trajectory's state (end of epoch); missing_state is cumulative and kept."""
         self._state.clear()
 
-    def metrics(self, raw: Tensor, smoothed: Tensor) -> dict[str, Tensor]:
-        """ema_weight_metrics(raw, smoothed) plus ema/active_sequences and ema/missing_state."""
-        out = ema_weight_metrics(raw, smoothed)
+    def metrics(self, raw: Tensor, smoothed: Tensor, blended: Tensor) -> dict[str, Tensor]:
+        """ema_moment_sums(raw, smoothed, blended) plus ema/active_sequences and ema/missing_state."""
+        out = ema_moment_sums(raw, smoothed, blended)
         out["ema/active_sequences"] = torch.tensor(float(self.active_sequences))
         out["ema/missing_state"] = torch.tensor(float(self.missing_state))
         return out
+
+    def state_dict(self) -> dict:
+        """The state as JSON-able data (ids: ints, strings or tuples of them; weights as floats, which round-trip
+        float32 and float64 exactly)."""
+        keys = list(self._state)
+        for key in keys:
+            if not isinstance(key, (int, str, tuple)):
+                raise TypeError(f"EMA state id {key!r} cannot be saved: ids must be ints, strings or tuples")
+        dtypes = {str(v.dtype) for v in self._state.values()}
+        return {"beta": self.beta, "missing_state": self.missing_state,
+                "dtype": dtypes.pop() if len(dtypes) == 1 else "torch.float32",
+                "ids": [list(k) if isinstance(k, tuple) else k for k in keys],
+                "weights": [self._state[k].detach().cpu().tolist() for k in keys]}
+
+    def load_state_dict(self, data: dict) -> None:
+        """Restore what state_dict() gave; ValueError when it is not that."""
+        ids, weights = data["ids"], data["weights"]
+        if len(ids) != len(weights):
+            raise ValueError(f"{len(ids)} ids but {len(weights)} weight rows")
+        dtype = {"torch.float32": torch.float32, "torch.float64": torch.float64}.get(data.get("dtype"), torch.float32)
+        state = {}
+        for key, row in zip(ids, weights, strict=True):
+            values = torch.tensor(row, dtype=dtype)
+            if values.dim() != 1 or not bool(torch.isfinite(values).all()):
+                raise ValueError(f"the state of {key!r} is not a finite vector")
+            state[tuple(key) if isinstance(key, list) else key] = values
+        self._state = state
+        self.missing_state = int(data.get("missing_state", 0))
 
 
 # ------------------------------------------------------------------------------- 2.2 gradient-adaptive
@@ -633,6 +802,7 @@ class VariantInputs:
     def __init__(self, train_config, scheduler):
         self.t, self.scheduler = train_config, scheduler
         self.ema = EMAImportanceState(train_config.ema_beta) if train_config.use_ema_smoothing else None
+        self.across_epochs = bool(getattr(train_config, "ema_across_epochs", False))
         self.needs_pass = (train_config.use_ema_smoothing or train_config.use_gradient_adaptive_weighting
                            or train_config.use_amic or train_config.use_gspo)
 
@@ -647,9 +817,17 @@ class VariantInputs:
         out["seq_log_prob"], out["seq_old_log_prob"] = seq, mb.old_log_probs.to(seq.device)
         keys = [tuple(r) for r in mb.traj_ids.tolist()]
         if self.ema is not None:
-            raw = importance_weights(seq, out["seq_old_log_prob"], self.t.log_ratio_clamp)
-            out["ema"] = self.ema.update(keys, raw, expect_state=mb.inner_epoch > 0)
-            out["metrics"].update(self.ema.metrics(raw, out["ema"]))
+            # float64: the weights sit within ~1e-3 of 1, where float32 keeps about four digits of their deviation,
+            # which the blend and the variances would round further
+            raw = importance_weights(seq, out["seq_old_log_prob"], self.t.log_ratio_clamp).double()
+            if mb.policy_updates == 0:
+                # on-policy (no optimizer step since sampling): the weights are 1 and pass through, leaving no state
+                out["ema"], blended = raw, torch.zeros(len(keys), dtype=torch.bool)
+            else:
+                # from the third pass on every sample has had an off-policy visit in this epoch, so has state
+                blended = self.ema.has_history(keys)
+                out["ema"] = self.ema.update(keys, raw, expect_state=mb.inner_epoch >= 2)
+            out["metrics"].update(self.ema.metrics(raw, out["ema"], blended))
         if self.t.use_gradient_adaptive_weighting:
             norms = torch.stack([self.gradient_norms(mb, j, o) for j, o in enumerate(steps)], 1)
             out["grad"], metrics = gradient_adaptive_weights(norms, self.t.gradient_weighting_temperature)
@@ -684,9 +862,36 @@ class VariantInputs:
         return kw
 
     def retire_epoch(self) -> None:
-        # the EMA state is kept per sample, and an epoch's samples are not seen again
-        if self.ema is not None:
+        # the EMA state is kept per sample id; without train.ema_across_epochs an epoch's samples are not seen again
+        if self.ema is not None and not self.across_epochs:
             self.ema.retire_all()
+
+    def finish_step_metrics(self, m: dict) -> dict:
+        """An optimizer step's metrics (averaged over its passes and processes) with the EMA's sums turned into its
+        variance metrics (ema_step_metrics)."""
+        return ema_step_metrics(m) if self.ema is not None else m
+
+    def side_files(self) -> dict:
+        """Checkpoint side files: the EMA state when it outlives the epoch (train.ema_across_epochs)."""
+        return {EMA_STATE_FILE: self.ema.state_dict()} if self.ema is not None and self.across_epochs else {}
+
+    def load_side_files(self, folder, info) -> None:
+        """Restore the cross-epoch EMA state saved with checkpoint `folder`; a checkpoint without it (written before
+        train.ema_across_epochs was on) starts the state empty, and says so."""
+        if self.ema is None or not self.across_epochs:
+            return
+        from recam.infra.checkpoint import CheckpointCorrupt
+
+        path = Path(folder) / EMA_STATE_FILE
+        if not path.exists():
+            self.ema.retire_all()
+            info(f"{folder} holds no {EMA_STATE_FILE}: the EMA of importance weights (train.ema_across_epochs) "
+                 "starts empty, so each sample id's next off-policy visit starts its average again")
+            return
+        try:
+            self.ema.load_state_dict(json.loads(path.read_bytes()))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise CheckpointCorrupt(f"{path} is unreadable ({type(e).__name__}: {e})") from e
 
 
 class _Bound(torch.nn.Module):
@@ -775,13 +980,13 @@ def grpo_variants_policy_loss(
     use_amic: bool = False,
     use_gspo: bool = False,
     use_ptrw: bool = False,
-    ptrw_sigma: float = VariantSettings.ptrw_sigma,
+    ptrw_sigma: float | None = None,
     use_temporal_decay: bool = False,
     temporal_decay_gamma: float = VariantSettings.temporal_decay_gamma,
     temporal_decay_normalize: bool = VariantSettings.temporal_decay_normalize,
     use_asymmetric_clipping: bool = False,
-    clip_ratio_pos: float = VariantSettings.clip_ratio_pos,
-    clip_ratio_neg: float = VariantSettings.clip_ratio_neg,
+    clip_ratio_pos: float | None = None,
+    clip_ratio_neg: float | None = None,
     sample_weight: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GRPO loss for timestep j of n trajectories with the plan's variants; all off == grpo_policy_loss.
@@ -815,7 +1020,12 @@ def grpo_variants_policy_loss(
     EMA and gradient-adaptive metrics come from EMAImportanceState.metrics and gradient_adaptive_weights.
     Raises ValueError for AMIC with GSPO, PTRW with asymmetric clipping, and ema_weight with AMIC or GSPO
     (w~ smooths one timestep's weight; the sequence forms are built from all T raw weights).
+    ptrw_sigma, clip_ratio_pos, clip_ratio_neg left None are PTRW_SIGMA_SCALE, CLIP_RATIO_POS_SCALE and
+    CLIP_RATIO_NEG_SCALE times clip_range, as config/base.py defines them.
     """
+    ptrw_sigma = PTRW_SIGMA_SCALE * clip_range if ptrw_sigma is None else ptrw_sigma
+    clip_ratio_pos = CLIP_RATIO_POS_SCALE * clip_range if clip_ratio_pos is None else clip_ratio_pos
+    clip_ratio_neg = CLIP_RATIO_NEG_SCALE * clip_range if clip_ratio_neg is None else clip_ratio_neg
     _check_variant_inputs(
         log_prob, old_log_prob, advantages, clip_range, adv_clip_max, log_ratio_clamp, kl, beta,
         timestep_index=timestep_index, num_timesteps=num_timesteps, seq_log_prob=seq_log_prob,
