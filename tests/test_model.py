@@ -500,3 +500,11 @@ def test_pretrain_resumes_where_it_stopped_and_ends_where_an_unbroken_run_ends(t
     (tmp_path / "broken" / "train_state" / "state.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(SystemExit, match="cannot read .*train_state"):
         pretrain.main(["--out", str(tmp_path / "broken"), "--resume", *common])
+
+
+def test_pretrain_can_train_on_the_evaluated_conditions_as_an_upper_bound(tmp_path):
+    pretrain = _load_pretrain_script()
+    saved = pretrain.main(["--out", str(tmp_path / "m"), "--steps", "1", "--batch-size", "2", "--num-train-conditions",
+                           "16", "--num-eval-conditions", "3", "--eval-every", "1", "--eval-ode-steps", "2",
+                           "--timing-repeats", "0", "--train-on-eval"])
+    assert saved["args"]["train_on_eval"] and saved["num_train_conditions_used"] == 3

@@ -325,6 +325,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--init-from", type=Path, default=None,
                    help="continue from this base folder's weights (a longer budget in stages); its sizes win over "
                         "--num-layers, and provenance records it with the steps it had")
+    p.add_argument("--train-on-eval", action="store_true",
+                   help="train on the evaluated held-out conditions themselves (their ground truth): an upper bound "
+                        "on how far any training can move the evaluation in a budget, not a base to use")
     p.add_argument("--plucker-rays", action="store_true",
                    help="give the model the ray pathway (ReCamTransformer3DModel's plucker_rays); with --init-from, a "
                         "base without one gets it zero-initialised, so training starts from that base's exact outputs")
@@ -362,8 +365,9 @@ def main(argv: list[str] | None = None) -> dict:
     with_cam_score = CAM_SCORE_FILE.is_file()
     print(f"cam_score evaluation: {'on' if with_cam_score else 'off (rewards/cam_score.py missing)'}")
 
-    train_world = SyntheticWorld("train", num_conditions=args.num_train_conditions, seed=args.seed)
     eval_world = SyntheticWorld("heldout", num_conditions=args.num_eval_conditions, seed=args.seed)
+    train_world = eval_world if args.train_on_eval else SyntheticWorld(
+        "train", num_conditions=args.num_train_conditions, seed=args.seed)
     # Rendering is done once up front: the world is deterministic per index, and re-rendering every
     # step would cost more CPU than the model itself at this size.
     train_conditions, train_skipped = render_conditions(train_world, "render train")
