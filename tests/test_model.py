@@ -508,3 +508,27 @@ def test_pretrain_can_train_on_the_evaluated_conditions_as_an_upper_bound(tmp_pa
                            "16", "--num-eval-conditions", "3", "--eval-every", "1", "--eval-ode-steps", "2",
                            "--timing-repeats", "0", "--train-on-eval"])
     assert saved["args"]["train_on_eval"] and saved["num_train_conditions_used"] == 3
+
+
+def test_detail_weights_match_a_pixel_loop_and_keep_their_mean():
+    pretrain = _load_pretrain_script()
+    g = torch.Generator().manual_seed(0)
+    x0 = torch.rand(2, 3, 2, 5, 6, generator=g) * 2 - 1
+    x0[1, :, 1] = 0.3  # a flat frame has no detail
+    out = pretrain.detail_weights(x0, 4.0)
+    assert out.shape == (2, 1, 2, 5, 6)
+    for b in range(2):
+        for f in range(2):
+            frame = x0[b, :, f]
+            detail = torch.zeros(5, 6)
+            for i in range(5):
+                for j in range(6):
+                    patch = frame[:, max(0, i - 1):i + 2, max(0, j - 1):j + 2]
+                    detail[i, j] = (frame[:, i, j] - patch.mean(dim=(1, 2))).abs().sum()
+            if detail.mean() > 0:
+                expected = 1 + 4.0 * detail / detail.mean()
+                assert torch.allclose(out[b, 0, f], expected, atol=1e-5)
+                assert out[b, 0, f].mean().item() == pytest.approx(5.0, rel=1e-5)
+            else:
+                assert torch.allclose(out[b, 0, f], torch.ones(5, 6))
+    assert torch.equal(pretrain.detail_weights(x0, 0.0), torch.ones(2, 1, 2, 5, 6))
