@@ -6,12 +6,13 @@ The real run (motion, 4,096 samples per run, the seeds of issue 61; resumable, s
     python scripts/measure/ablate.py --preset motion_tiny_cpu --seeds 0 1 2 --samples 4096 --parallel 2 \
         --threads 1 --out runs/ablation_motion
 
-Its CPU time, from motion_tiny_cpu's measured cost (`--estimate` prints the sum): 17 runnable rows x 3 seeds = 51 runs
-of 64 epochs, about 20.6 core-hours; on 2 cores (--parallel 2) about 10 to 11 hours of wall time. The rows'
-training at 0.23 s per sample on one core (docs/results.md) scaled by their passes and trained steps, plus 5
-held-out evaluations a run at about 18 s each (128 held-out and 32 validation captions, measured here) and about
-20 s of start-up and reports. grpo_guard is refused on motion (its objective is derived for the flow SDE; motion
-samples with DDIM) and listed as not run.
+Its CPU time, from motion_tiny_cpu's measured cost (`--estimate` prints it): 17 runnable rows x 3 seeds = 51 runs of
+64 epochs, about 19.5 core-hours, so about 10 hours of wall time at --parallel 2 on 2 free cores. Each row trains at
+0.23 s per sample on one core (docs/results.md), its update's share (about half) scaled by its passes and trained
+steps (training_factor: 2.5x for the EMA's two passes, 5x for balanced, a third for flow_grpo_fast's two trained
+steps), plus 5 evaluations a run at about 18 s (128 held-out and 32 validation captions, measured) and about 20 s
+of start-up and reports. grpo_guard is refused on motion (its objective is derived for the flow SDE; motion samples
+with DDIM) and listed as not run.
 
 Rows (`--rows` picks some; GRPO and its placebo are always run, every comparison needs them):
 - `grpo`: the preset as it is; `placebo`: the same with `advantage.placebo=True` (each group's advantages permuted
@@ -259,7 +260,7 @@ def run_one(cmd: list[str], folder: Path, threads: int) -> int:
     if finished(folder):
         return 0
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "command.txt").write_text(shlex.join(cmd[1:]) + "\n")
+    (folder / "command.txt").write_text("python " + shlex.join(cmd[1:]) + "\n")  # to rerun one run by hand
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "WANDB_MODE": "disabled"}
     with (folder / "console.log").open("a") as log:
         return subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
