@@ -480,7 +480,8 @@ def report(results: dict[str, RowResult], rows: list[Row], ctx: dict) -> str:
     lines = [f"# Ablation on {ctx['preset']}: the plan's variants, the methods and a two-pass control against GRPO "
              "and its placebo", "", f"Made by: `{ctx['command']}`", "",
              f"{len(ctx['seeds'])} seed(s) ({', '.join(map(str, ctx['seeds']))}) per row, {ctx['samples']:,} training "
-             f"samples per run ({ctx['epochs']} epochs), held-out evaluation every {ctx['eval_samples']:,} samples. "
+             f"samples per run ({ctx['epochs']} epoch{'s' if ctx['epochs'] != 1 else ''}), held-out evaluation "
+             f"every {ctx['eval_samples']:,} samples. "
              f"Endpoint: **{metric} at {when}** (the preset's eval.primary_endpoint / eval.primary_time), change from "
              "each run's base. Differences are paired by seed and held-out condition where the arms' seeds match "
              "(every seed evaluates the same conditions), over seeds with the seeds x conditions interval "
