@@ -51,6 +51,8 @@ def test_budget_command_and_resumable_runs(tmp_path, monkeypatch):
     assert ablate.budget(100, 10, PER_EPOCH) == (2, 1)  # whole epochs, at least the budget
     with pytest.raises(ValueError, match="positive"):
         ablate.budget(0, 1024, PER_EPOCH)
+    with pytest.raises(SystemExit, match="sets config.sample.num_batches_per_epoch itself"):
+        ablate.main(["--estimate", "--config.sample.num_batches_per_epoch=2"])  # would change the budget
     row = {r.name: r for r in ablate.ablation_rows("motion_tiny_cpu", ["ema"])}["ema"]
     folder = tmp_path / "ema" / "seed1"
     cmd = ablate.run_command(row, 1, folder, 64, 16, 1, ["--config.data.num_train_conditions=128"])

@@ -69,7 +69,6 @@ from config.validate import ConfigError, step_plan, validate  # noqa: E402
 from recam.infra.runlog import read_records  # noqa: E402
 from recam.infra.stats import holm, mean_interval  # noqa: E402
 from scripts import seed_gains  # noqa: E402
-from scripts.bench.bench_time_to_reward import first_reach  # noqa: E402
 
 VARIANTS = ("ema", "gradient_adaptive", "amic", "ptrw", "temporal_decay", "asymmetric")
 COMBINATIONS = ("conservative", "balanced", "aggressive")
@@ -92,6 +91,7 @@ CLIPFRAC = "clipfrac"  # every row's: the share of ratios outside the trust regi
 ALPHA = 0.05
 # the sample budget at which motion GRPO's held-out R@3 first cleared its placebo (docs/results.md, 16,000 samples)
 CLEARED_AT = 4096
+UNFINISHED = "Not finished (rerun the command to continue them)"  # the report's heading; the exit status reads it
 
 
 @dataclass(frozen=True)
@@ -186,6 +186,22 @@ def ablation_rows(preset: str, names=ROW_NAMES) -> list[Row]:
 
 def samples_per_epoch(preset: str) -> int:
     return validate(get_config(preset), 1).samples_per_epoch
+
+
+# the fields ablate.py sets itself, or that the sample budget is computed from: a --config.* override of one of them
+# would make the runs differ from the budget and folders the report states
+OWN_FIELDS = ("seed", "run_dir", "num_epochs", "eval.freq", "num_threads", "sample.batch_size",
+              "sample.num_batches_per_epoch", "advantage.placebo")
+
+
+def check_extra(extra: list[str]) -> None:
+    """Refuse a --config.* override of a field ablate.py sets or computes the budget from, naming the option that
+    sets it instead."""
+    for arg in extra:
+        name = arg.removeprefix("--config.").split("=", 1)[0]
+        if name in OWN_FIELDS:
+            raise SystemExit(f"{arg}: ablate.py sets config.{name} itself (--seeds, --out, --samples, --eval-every, "
+                             "--threads, the placebo row); the budget is in samples of the preset's epoch")
 
 
 def budget(samples: int, eval_every: int, per_epoch: int) -> tuple[int, int]:
@@ -356,6 +372,7 @@ def verdict(r: RowResult, arm: str) -> str:
     """What the row's difference from `arm` says after Holm's adjustment; for the placebo, a row that did not clear
     it also says whether it ever led it at an evaluation point (before any adjustment, the most generous reading)."""
     est, p = r.vs.get(arm), r.holm.get(arm, math.nan)
+    # the presets' primary endpoints (grader R@3, cam_score, the toy's target) are all higher-is-better
     if est is None:
         return "—"
     if math.isfinite(p) and p < ALPHA:
@@ -389,7 +406,7 @@ def gain_curve(runs: list[Path], metric: str) -> dict[int, tuple[float, float]]:
 def time_to_gain(curve: dict[int, tuple[float, float]], target: float) -> dict | None:
     """The first evaluation point whose seed-mean change reaches `target` (GRPO's final gain): its samples and
     training seconds; None when none does. A target at or below 0 is no gain to reach (the caller says so)."""
-    n = first_reach({k: v[0] for k, v in curve.items() if k > 0}, target)
+    n = next((k for k in sorted(curve) if k > 0 and curve[k][0] >= target), None)
     return None if n is None else {"samples": n, "seconds": curve[n][1]}
 
 
@@ -495,7 +512,7 @@ def report(results: dict[str, RowResult], rows: list[Row], ctx: dict) -> str:
         "", "GRPO and its placebo have not both finished every seed: nothing is compared yet."]
     for title, items in (("Not run (the validation refuses the row's config)",
                           [f"{r.name} (`{r.preset}`): {r.refused}" for r in rows if r.refused]),
-                         ("Not finished (rerun the command to continue them)",
+                         (UNFINISHED,
                           [f"{name}: {text}" for name, text in ctx["unfinished"].items()])):
         if items:
             lines += ["", f"{title}:", ""] + [f"- {x}" for x in items]
@@ -583,6 +600,7 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--report-only", action="store_true", help="reread finished runs, run nothing")
     ap.add_argument("--estimate", action="store_true", help="print the CPU-time estimate, run nothing")
     args = ap.parse_args([a for a in argv if not a.startswith("--config.")])
+    check_extra(extra)
     out = args.out if args.out.is_absolute() else ROOT / args.out
     rows = ablation_rows(args.preset, args.rows)
     per_epoch = samples_per_epoch(args.preset)
@@ -635,4 +653,4 @@ def main(argv: list[str] | None = None) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(1 if UNFINISHED in main() else 0)  # a run that did not finish: rerun the same command
