@@ -28,7 +28,7 @@ Rows (`--rows` picks some; GRPO and its placebo are always run, every comparison
 
 Each (row, seed) run goes to <out>/<row>/seed<k>: `scripts/train_recam.py` with `--config.seed`, the sample budget
 as `num_epochs` (--samples over the preset's samples per epoch), a held-out evaluation every --eval-every samples,
-`--threads` torch threads, and any --config.* argument given here. A finished run (summary.md present) is skipped
+`--threads` torch threads, and any --config.* argument given here (but not of the fields it sets). A finished run (summary.md present) is skipped
 and an interrupted one resumes from its checkpoints, so the same command picks up where it stopped. `--parallel`
 runs at a time, seed by seed, GRPO and its placebo first.
 
@@ -37,7 +37,8 @@ held-out endpoint at its time point (eval.primary_endpoint, eval.primary_time: m
 last epoch):
 - its change from the base, the row minus GRPO and the row minus the placebo: paired by seed and condition where
   the arms' seeds match (every seed evaluates the same held-out conditions), over seeds the seeds x conditions
-  interval (scripts/seed_gains.py, recam.infra.stats.crossed_interval); each column Holm-adjusted across its rows;
+  interval (scripts/seed_gains.py, recam.infra.stats.crossed_interval); each column Holm-adjusted across its rows
+  (GRPO's own difference from the placebo is one of that column's looks);
 - whether it cleared the placebo, and for a row that did not, whether it ever led it at an evaluation point
   (rows that never did say so);
 - its own metrics (mean over the optimizer steps that logged them, over seeds a t-interval): the EMA's variance
