@@ -28,9 +28,9 @@ Rows (`--rows` picks some; GRPO and its placebo are always run, every comparison
 
 Each (row, seed) run goes to <out>/<row>/seed<k>: `scripts/train_recam.py` with `--config.seed`, the sample budget
 as `num_epochs` (--samples over the preset's samples per epoch), a held-out evaluation every --eval-every samples,
-`--threads` torch threads, and any --config.* argument given here (but not of the fields it sets). A finished run (summary.md present) is skipped
-and an interrupted one resumes from its checkpoints, so the same command picks up where it stopped. `--parallel`
-runs at a time, seed by seed, GRPO and its placebo first.
+`--threads` torch threads, and any --config.* argument given here (but not of the fields it sets). A finished run
+(summary.md present) is skipped and an interrupted one resumes from its checkpoints, so the same command picks up
+where it stopped. `--parallel` runs at a time, seed by seed, GRPO and its placebo first.
 
 The report (<out>/report.md, docs-ready, and <out>/results.json) gives for each row, on the preset's primary
 held-out endpoint at its time point (eval.primary_endpoint, eval.primary_time: motion's is the grader's R@3 at the
