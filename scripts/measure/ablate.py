@@ -1,137 +1,657 @@
-"""Ablation harness: presets x seeds on the embedded default, compared against plain GRPO.
+"""The ablation of issue 63: the research plan's variants, their three combinations, the two-pass GRPO control and
+the policy-optimisation methods, each against GRPO and against its placebo on one preset, seeds x rows.
 
-    python scripts/measure/ablate.py --out runs/ablation --seeds 0 1 2 --epochs 4 \
-        --config.sample.num_batches_per_epoch=2
+The real run (motion, 4,096 samples per run, the seeds of issue 61; resumable, so the same command continues):
 
-Any --config.* argument is passed to every run. The default preset list is plain GRPO (tiny_cpu, the baseline)
-followed by the six single variants and the three combinations.
+    python scripts/measure/ablate.py --preset motion_tiny_cpu --seeds 0 1 2 --samples 4096 --parallel 2 \
+        --threads 1 --out runs/ablation_motion
 
-Each (preset, seed) run goes to <out>/<preset>/seed<k>; finished runs (summary.md present) are skipped and
-interrupted ones resume from their checkpoints, so re-running the same command continues where it stopped.
-The report (<out>/report.md) gives held-out cam_score and fidelity (mean and 95% t-interval over seeds),
-reward curves (PNG), importance-weight variance, KL and wall time per epoch, and the command that made it.
+Its CPU time, from motion_tiny_cpu's measured cost (`--estimate` prints it): 17 runnable rows x 3 seeds = 51 runs of
+64 epochs, about 19.5 core-hours, so about 10 hours of wall time at --parallel 2 on 2 free cores. Each row trains at
+0.23 s per sample on one core (docs/results.md), its update's share (about half) scaled by its passes and trained
+steps (training_factor: 2.5x for the EMA's two passes, 5x for balanced, a third for flow_grpo_fast's two trained
+steps), plus 5 evaluations a run at about 18 s (128 held-out and 32 validation captions, measured) and about 20 s
+of start-up and reports. grpo_guard is refused on motion (its objective is derived for the flow SDE; motion samples
+with DDIM) and listed as not run.
+
+Rows (`--rows` picks some; GRPO and its placebo are always run, every comparison needs them):
+- `grpo`: the preset as it is; `placebo`: the same with `advantage.placebo=True` (each group's advantages permuted
+  among its samples: the loop without reward information).
+- The variants `ema`, `gradient_adaptive`, `amic`, `ptrw`, `temporal_decay`, `asymmetric`, the combinations
+  `conservative`, `balanced`, `aggressive` and the control `ema_control`: the fields each preset of that name in
+  config/grpo.py sets (`train.policy_loss` and its `train.use_*` flags), applied to --preset, with the passes per
+  epoch `ema_passes` gives --preset where the variant preset runs more than one (two on motion, whose pass takes
+  two optimizer steps). `ema_control` is those passes without any variant, so what the EMA does is ema minus
+  ema_control and what the extra pass does is ema_control minus grpo.
+- The methods `flow_grpo_fast`, `mixgrpo`, `mixgrpo_flash`, `grpo_guard`, `nft`, `awm`: `<preset>+<method>`
+  (config/methods.py). A row whose config the validation refuses is listed with its reason and not run.
+
+Each (row, seed) run goes to <out>/<row>/seed<k>: `scripts/train_recam.py` with `--config.seed`, the sample budget
+as `num_epochs` (--samples over the preset's samples per epoch), a held-out evaluation every --eval-every samples,
+`--threads` torch threads, and any --config.* argument given here (but not of the fields it sets). A finished run
+(summary.md present) is skipped and an interrupted one resumes from its checkpoints, so the same command picks up
+where it stopped. `--parallel` runs at a time, seed by seed, GRPO and its placebo first.
+
+The report (<out>/report.md, docs-ready, and <out>/results.json) gives for each row, on the preset's primary
+held-out endpoint at its time point (eval.primary_endpoint, eval.primary_time: motion's is the grader's R@3 at the
+last epoch):
+- its change from the base, the row minus GRPO and the row minus the placebo: paired by seed and condition where
+  the arms' seeds match (every seed evaluates the same held-out conditions), over seeds the seeds x conditions
+  interval (scripts/seed_gains.py, recam.infra.stats.crossed_interval); each column Holm-adjusted across its rows
+  (GRPO's own difference from the placebo is one of that column's looks);
+- whether it cleared the placebo, and for a row that did not, whether it ever led it at an evaluation point
+  (rows that never did say so);
+- its own metrics (mean over the optimizer steps that logged them, over seeds a t-interval): the EMA's variance
+  reduction, PTRW's trust-weight mean, asymmetric clipping's per-side clip fractions, ... and every row's clipfrac;
+- training seconds and denoiser evaluations (NFE) per sample, and the samples and training seconds it took to
+  reach GRPO's final gain (seed means on the evaluation grid).
+
+`--report-only` rereads finished runs and runs nothing; `--estimate` prints the CPU-time estimate and runs nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import shlex
 import subprocess
 import sys
-import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
-
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from config.grpo import ema_passes, get_config  # noqa: E402
+from config.validate import ConfigError, step_plan, validate  # noqa: E402
 from recam.infra.runlog import read_records  # noqa: E402
-from recam.infra.stats import mean_interval  # noqa: E402
+from recam.infra.stats import holm, mean_interval  # noqa: E402
+from scripts import seed_gains  # noqa: E402
+
+VARIANTS = ("ema", "gradient_adaptive", "amic", "ptrw", "temporal_decay", "asymmetric")
+COMBINATIONS = ("conservative", "balanced", "aggressive")
+CONTROL = "ema_control"
+METHODS = ("flow_grpo_fast", "mixgrpo", "mixgrpo_flash", "grpo_guard", "nft", "awm")
+ROW_NAMES = ("grpo", "placebo", *VARIANTS, *COMBINATIONS, CONTROL, *METHODS)
+
+# A variant's own metrics: what it claims to change, as the loss logs it (recam/engine/extensions/variants.py).
+# temporal decay's weights are fixed by its config, so its first and last weight say what it did to the steps.
+OWN_METRICS = {
+    "use_ema_smoothing": ("ema/variance_reduction_ratio", "ema/smoothed_fraction"),
+    "use_gradient_adaptive_weighting": ("gradient_adaptive/weight_variance",),
+    "use_amic": ("amic/sequence_weights_variance",),
+    "use_gspo": ("gspo/sequence_weights_variance",),
+    "use_ptrw": ("ptrw/trust_weights_mean",),
+    "use_temporal_decay": ("temporal_decay/first_weight", "temporal_decay/last_weight"),
+    "use_asymmetric_clipping": ("asymmetric/clipfrac_pos", "asymmetric/clipfrac_neg"),
+}
+CLIPFRAC = "clipfrac"  # every row's: the share of ratios outside the trust region in force (PTRW: for comparison)
+ALPHA = 0.05
+# the sample budget at which motion GRPO's held-out R@3 first cleared its placebo (docs/results.md, 16,000 samples)
+CLEARED_AT = 4096
+UNFINISHED = "Not finished (rerun the command to continue them)"  # the report's heading; the exit status reads it
 
 
-def run_one(preset: str, seed: int, run_dir: Path, extra: list[str]) -> float:
-    if (run_dir / "summary.md").exists():
-        return 0.0
-    cmd = [sys.executable, str(ROOT / "scripts" / "train_recam.py"), f"--config=config/grpo.py:{preset}",
-           f"--config.seed={seed}", f"--config.run_dir={run_dir}", "--config.logging.wandb_mode=disabled",
-           *extra]
-    t0 = time.time()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with (run_dir / "stdout.log").open("a") as log:
-        p = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    if p.returncode not in (0, 3):  # 3 = stopped by the health guard, still a result worth reporting
-        raise RuntimeError(f"{preset} seed {seed} failed (exit {p.returncode}); see {run_dir / 'stdout.log'}")
-    return time.time() - t0
+@dataclass(frozen=True)
+class Cost:
+    """A preset's measured cost on one core, for the estimate: training seconds per sample of GRPO, the share of
+    that in the update (the rest is sampling), one evaluation's seconds (held-out and validation), and a run's
+    start-up and reports."""
+
+    seconds_per_sample: float
+    training_share: float
+    eval_seconds: float
+    overhead_seconds: float
 
 
-def collect(run_dir: Path) -> dict:
-    recs = read_records(run_dir / "metrics.jsonl")
-    evals = {r["tag"]: r for r in recs if r["type"] == "eval"}
-    steps = [r for r in recs if r["type"] == "step"]
-    epochs = [r for r in recs if r["type"] == "epoch"]
-    return {
-        "cam_before": evals["start"]["eval/cam_score"], "cam_after": evals["final"]["eval/cam_score"],
-        "fid_before": evals["start"]["eval/fidelity"], "fid_after": evals["final"]["eval/fidelity"],
-        "reward_curve": [e["reward_avg"] for e in epochs],
-        "iw_var": float(np.mean([s.get("importance_weight_var", np.nan) for s in steps])),
-        "kl": float(np.mean([s["kl_penalty"] for s in steps])),
-        "epoch_seconds": float(np.median([e["epoch_seconds"] for e in epochs])),
-    }
+# motion_tiny_cpu: 0.23 s per sample (docs/results.md, "What 2 cores reach"); one epoch of 64 samples measured here
+# (`scripts/train_recam.py --config config/grpo.py:motion_tiny_cpu --config.num_epochs=1 --config.num_threads=1`)
+# took 7.4 s sampling and 6.7 s training, 14.5 s per held-out evaluation of 128 captions plus 3.8 s for 32
+# validation captions, 70 s in all
+COSTS = {"motion_tiny_cpu": Cost(0.23, 0.48, 18.0, 20.0)}
 
 
-def report(out: Path, presets: list[str], seeds: list[int], results: dict, command: str) -> str:
-    import matplotlib
+# ---------------------------------------------------------------------------------------------------------------
+# the rows
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for p in presets:
-        curves = np.array([results[(p, s)]["reward_curve"] for s in seeds])
-        ax.plot(curves.mean(0), label=p, lw=2 if p == presets[0] else 1)
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("mean training reward (avg), over seeds")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "reward_curves.png", dpi=110)
-    plt.close(fig)
+@dataclass(frozen=True)
+class Row:
+    name: str
+    kind: str  # "GRPO", "placebo", "variant", "combination", "control", "method"
+    preset: str  # a config/grpo.py name, "<preset>+<method>" for a method
+    overrides: tuple[tuple[str, object], ...] = ()
+    own: tuple[str, ...] = ()
+    refused: str | None = None  # the validation's reason, for a row that is not run
 
-    base = presets[0]
-    base_delta = [results[(base, s)]["cam_after"] - results[(base, s)]["cam_before"] for s in seeds]
-    lines = ["# Ablation: policy-optimization variants vs plain GRPO", "",
-             f"Made by: `{command}`", "",
-             f"{len(seeds)} seeds per preset ({', '.join(map(str, seeds))}); held-out conditions, ODE sampling, "
-             "fixed noise. Intervals are 95% Student-t over seeds. Δ = after − before on the same seed.", "",
-             "| preset | cam_score after | Δ cam_score | Δ vs plain (paired) | fidelity after | Δ fidelity | "
-             "importance-weight var | KL | s/epoch |", "|---|---|---|---|---|---|---|---|---|"]
-    for p in presets:
-        rs = [results[(p, s)] for s in seeds]
-        cam, cam_ci = mean_interval([r["cam_after"] for r in rs])
-        dcam, dcam_ci = mean_interval([r["cam_after"] - r["cam_before"] for r in rs])
-        rel, rel_ci = mean_interval([r["cam_after"] - r["cam_before"] - b for r, b in zip(rs, base_delta, strict=True)])
-        fid, fid_ci = mean_interval([r["fid_after"] for r in rs])
-        dfid, dfid_ci = mean_interval([r["fid_after"] - r["fid_before"] for r in rs])
-        lines.append(f"| {p} | {cam:.4f} ± {cam_ci:.4f} | {dcam:+.4f} ± {dcam_ci:.4f} | "
-                     f"{'—' if p == base else f'{rel:+.4f} ± {rel_ci:.4f}'} | {fid:.4f} ± {fid_ci:.4f} | "
-                     f"{dfid:+.4f} ± {dfid_ci:.4f} | {np.mean([r['iw_var'] for r in rs]):.3g} | "
-                     f"{np.mean([r['kl'] for r in rs]):.3g} | {np.mean([r['epoch_seconds'] for r in rs]):.1f} |")
-    lines += ["", "![reward curves](reward_curves.png)", "",
-              "Importance-weight var: mean over optimizer steps of the variance of exp(logp - logp_old) within a "
-              "micro-batch timestep (the variance the EMA and AMIC variants aim to reduce)."]
-    text = "\n".join(lines) + "\n"
+    def argv(self) -> list[str]:
+        return [f"--config.{k}={v}" for k, v in self.overrides]
+
+
+def resolve(preset: str, overrides) -> object:
+    """The config of `preset` with the (dotted field, value) overrides set, as the command line would set them."""
+    c = get_config(preset)
+    for key, value in overrides:
+        *path, leaf = key.split(".")
+        node = c
+        for part in path:
+            node = node[part]
+        node[leaf] = value
+    return c
+
+
+def variant_overrides(name: str, preset: str) -> tuple[tuple[str, object], ...]:
+    """The fields the config/grpo.py preset `name` (a variant, combination or ema_control, all built on tiny_cpu)
+    sets beyond tiny_cpu: train.policy_loss and the train.use_* flags, as (field, value); and where that preset runs
+    more passes per epoch than tiny_cpu (the EMA's two off-policy visits), the passes ema_passes gives `preset`, which
+    depend on its optimizer steps per pass (3 for tiny_cpu, 2 for motion_tiny_cpu)."""
+    variant, plain = get_config(name), get_config("tiny_cpu")
+    fields = [(f"train.{k}", variant.train[k]) for k in sorted(variant.train.keys())
+              if k != "num_inner_epochs" and variant.train[k] != plain.train[k]]
+    if variant.train.num_inner_epochs != plain.train.num_inner_epochs:
+        fields.append(("train.num_inner_epochs", ema_passes(resolve(preset, fields))))
+    return tuple(fields)
+
+
+def own_metrics(overrides) -> tuple[str, ...]:
+    flags = dict(overrides)
+    return tuple(m for flag, keys in OWN_METRICS.items() if flags.get(f"train.{flag}") for m in keys)
+
+
+def ablation_rows(preset: str, names=ROW_NAMES) -> list[Row]:
+    """The rows named (GRPO and the placebo always), each validated as a one-process run of `preset`."""
+    rows = []
+    for name in ROW_NAMES:
+        if name not in names and name not in ("grpo", "placebo"):
+            continue
+        if name == "grpo":
+            row = Row(name, "GRPO", preset)
+        elif name == "placebo":
+            row = Row(name, "placebo", preset, (("advantage.placebo", True),))
+        elif name in METHODS:
+            row = Row(name, "method", f"{preset}+{name}")
+        else:
+            kind = "variant" if name in VARIANTS else "combination" if name in COMBINATIONS else "control"
+            overrides = variant_overrides(name, preset)
+            row = Row(name, kind, preset, overrides, own_metrics(overrides))
+        try:
+            validate(resolve(row.preset, row.overrides), 1)
+        except (ConfigError, ValueError) as e:
+            row = Row(row.name, row.kind, row.preset, row.overrides, row.own, refused=str(e).splitlines()[0])
+        rows.append(row)
+    return rows
+
+
+def samples_per_epoch(preset: str) -> int:
+    return validate(get_config(preset), 1).samples_per_epoch
+
+
+# the fields ablate.py sets itself, or that the sample budget is computed from: a --config.* override of one of them
+# would make the runs differ from the budget and folders the report states
+OWN_FIELDS = ("seed", "run_dir", "num_epochs", "eval.freq", "num_threads", "sample.batch_size",
+              "sample.num_batches_per_epoch", "advantage.placebo")
+
+
+def check_extra(extra: list[str]) -> None:
+    """Refuse a --config.* override of a field ablate.py sets or computes the budget from, naming the option that
+    sets it instead."""
+    for arg in extra:
+        name = arg.removeprefix("--config.").split("=", 1)[0]
+        if name in OWN_FIELDS:
+            raise SystemExit(f"{arg}: ablate.py sets config.{name} itself (--seeds, --out, --samples, --eval-every, "
+                             "--threads, the placebo row); the budget is in samples of the preset's epoch")
+
+
+def budget(samples: int, eval_every: int, per_epoch: int) -> tuple[int, int]:
+    """(num_epochs, eval.freq in epochs) for a budget of `samples` training samples evaluated every `eval_every`:
+    whole epochs, rounded up, so a run trains at least the budget."""
+    if samples < 1 or eval_every < 1:
+        raise ValueError(f"--samples and --eval-every must be positive, got {samples} and {eval_every}")
+    return math.ceil(samples / per_epoch), max(1, round(eval_every / per_epoch))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the estimate
+
+
+def training_factor(c, base) -> float:
+    """A row's update cost per sample relative to GRPO's: its passes over the samples times its trained steps (or
+    re-noised levels, for the objectives without log-probs), times 2 for the gradient-adaptive weights' per-sample
+    backward ("about doubling the update", issue 15), times 1.25 for the no-grad pass over every trained step that
+    the EMA, AMIC, GSPO and the gradient-adaptive weights read (one forward beside the about four forward-equivalents
+    of a trained step: the policy's forward and backward, the reference's forward)."""
+    from recam.engine.extensions.fast_objectives import fp_level_count
+
+    def steps(x):
+        t = x.train
+        trained = step_plan(x).trained_steps
+        if trained == 0:
+            trained = fp_level_count(t.fp_timestep_sampling, t.fp_num_timesteps, x.sample.num_steps,
+                                     t.fp_grid_fraction)
+        return t.num_inner_epochs * trained
+
+    t = c.train
+    factor = steps(c) / steps(base)
+    variants = t.policy_loss == "grpo_variants"
+    if variants and t.use_gradient_adaptive_weighting:
+        factor *= 2.0
+    if variants and (t.use_ema_smoothing or t.use_gradient_adaptive_weighting or t.use_amic or t.use_gspo):
+        factor *= 1.25
+    return factor
+
+
+def estimate_seconds(factors: list[float], seeds: int, samples: int, evaluations: int, cost: Cost) -> float:
+    """CPU seconds of `seeds` runs of each row: training at cost.seconds_per_sample, its update share scaled by the
+    row's factor (training_factor), plus `evaluations` evaluations and the start-up a run."""
+    per_sample = [cost.seconds_per_sample * (1 - cost.training_share + cost.training_share * f) for f in factors]
+    per_run = [samples * s + evaluations * cost.eval_seconds + cost.overhead_seconds for s in per_sample]
+    return seeds * math.fsum(per_run)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the runs
+
+
+def run_dir(out: Path, row: Row, seed: int) -> Path:
+    return out / row.name / f"seed{seed}"
+
+
+def run_command(row: Row, seed: int, folder: Path, epochs: int, eval_freq: int, threads: int,
+                extra: list[str]) -> list[str]:
+    return [sys.executable, str(ROOT / "scripts" / "train_recam.py"), f"--config=config/grpo.py:{row.preset}",
+            f"--config.seed={seed}", f"--config.run_dir={folder}", f"--config.num_epochs={epochs}",
+            f"--config.eval.freq={eval_freq}", f"--config.num_threads={threads}",
+            "--config.logging.wandb_mode=disabled", "--config.eval.num_videos=0", *row.argv(), *extra]
+
+
+def finished(folder: Path) -> bool:
+    return (folder / "summary.md").exists()
+
+
+def run_one(cmd: list[str], folder: Path, threads: int) -> int:
+    """Run one (row, seed) unless it finished (summary.md present); an interrupted run resumes from its checkpoints
+    (train_recam.py resumes by default). Returns the exit status (0 for a finished one)."""
+    if finished(folder):
+        return 0
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "command.txt").write_text("python " + shlex.join(cmd[1:]) + "\n")  # to rerun one run by hand
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "WANDB_MODE": "disabled"}
+    with (folder / "console.log").open("a") as log:
+        return subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# what a run says (pure, on its records)
+
+
+def run_cost(epochs: list[dict]) -> dict:
+    """Training seconds (sampling, rewards, update; never evaluation) and denoiser evaluations per sample over a
+    run's epoch records."""
+    samples = math.fsum(float(r.get("samples_per_epoch") or 0) for r in epochs)
+    seconds = math.fsum(float(r.get("epoch_seconds") or 0) for r in epochs)
+    nfe_s = math.fsum(float(r.get("nfe_sampling") or 0) for r in epochs)
+    nfe_t = math.fsum(float(r.get("nfe_training") or 0) for r in epochs)
+    per = (lambda x: x / samples) if samples else (lambda x: math.nan)
+    return {"samples": samples, "seconds_per_sample": per(seconds), "nfe_per_sample": per(nfe_s + nfe_t),
+            "nfe_sampling_per_sample": per(nfe_s), "nfe_training_per_sample": per(nfe_t)}
+
+
+def step_means(steps: list[dict], keys) -> dict[str, float]:
+    """Each key's mean over the step records that logged a finite value of it (NaN when none did: the EMA's ratio,
+    for one, is logged only at steps that smoothed a weight)."""
+    out = {}
+    for key in keys:
+        values = [float(s[key]) for s in steps if isinstance(s.get(key), (int, float)) and math.isfinite(s[key])]
+        out[key] = math.fsum(values) / len(values) if values else math.nan
+    return out
+
+
+def same_draws(a: list, b: list) -> bool | None:
+    """Whether two runs drew the same training conditions at every epoch both have (each epoch record's
+    dataset_indices); None when either logged none."""
+    n = min(len(a), len(b))
+    if n == 0 or any(x is None for x in a[:n] + b[:n]):
+        return None
+    return all(a[i] == b[i] for i in range(n))
+
+
+def read_run(folder: Path, own: tuple[str, ...]) -> dict:
+    records = read_records(folder / "metrics.jsonl")
+    epochs = [r for r in records if r.get("type") == "epoch"]
+    steps = [r for r in records if r.get("type") == "step"]
+    return {"cost": run_cost(epochs), "own": step_means(steps, (*own, CLIPFRAC)),
+            "draws": [r.get("dataset_indices") for r in epochs]}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the comparisons
+
+
+@dataclass
+class RowResult:
+    row: Row
+    runs: list[Path]
+    change: seed_gains.Estimate | None = None
+    vs: dict = field(default_factory=dict)  # "grpo" / "placebo" -> Estimate
+    holm: dict = field(default_factory=dict)  # "grpo" / "placebo" -> Holm-adjusted p
+    curve: list = field(default_factory=list)  # (samples, row minus placebo) at each evaluation after the base
+    own: dict = field(default_factory=dict)  # metric -> (mean over seeds, half-width, per-seed values)
+    cost: dict = field(default_factory=dict)
+    draws: bool | None = None
+    to_gain: dict | None = None
+
+
+def compare(results: dict[str, RowResult], metric: str, which: int) -> None:
+    """Each finished row's change from its base, minus GRPO and minus the placebo (scripts/seed_gains.py: paired by
+    seed and condition where the seeds match, the seeds x conditions interval), each column Holm-adjusted across
+    its rows; and the row minus the placebo at every evaluation point, for the rows that never led it."""
+    grpo, placebo = results["grpo"].runs, results["placebo"].runs
+    for name, r in results.items():
+        evals = [seed_gains.run_evals(run) for run in r.runs]
+        r.change = seed_gains.over_seeds([(e[0], e[which]) for e in evals], metric)
+        if name not in ("grpo", "placebo"):
+            r.vs["grpo"] = seed_gains.grpo_minus_placebo(r.runs, grpo, metric, which)
+        if name != "placebo":
+            r.vs["placebo"] = seed_gains.grpo_minus_placebo(r.runs, placebo, metric, which)
+            r.curve = [(c["samples"], c["difference"]) for c in seed_gains.curve_rows(r.runs, placebo, metric)
+                       if c["samples"] > 0]
+    for arm in ("grpo", "placebo"):
+        names = [n for n, r in results.items() if arm in r.vs]
+        for n, p in zip(names, holm([results[n].vs[arm].p for n in names]), strict=True):
+            results[n].holm[arm] = p
+
+
+def lower_end(est: seed_gains.Estimate) -> float:
+    """The lower end of an estimate's 95% interval (NaN where it has none)."""
+    return est.lo if est.lo is not None else est.mean - est.half
+
+
+def verdict(r: RowResult, arm: str) -> str:
+    """What the row's difference from `arm` says after Holm's adjustment; for the placebo, a row that did not clear
+    it also says whether it ever led it at an evaluation point (before any adjustment, the most generous reading)."""
+    est, p = r.vs.get(arm), r.holm.get(arm, math.nan)
+    # the presets' primary endpoints (grader R@3, cam_score, the toy's target) are all higher-is-better
+    if est is None:
+        return "—"
+    if math.isfinite(p) and p < ALPHA:
+        if arm == "grpo":
+            return "beats GRPO" if est.mean > 0 else "worse than GRPO"
+        if est.mean > 0:
+            return "clears the placebo"
+        return "below the placebo"
+    if arm == "grpo":
+        return "not separated from GRPO"
+    ahead = sum(math.isfinite(lower_end(d)) and lower_end(d) > 0 for _, d in r.curve)
+    if ahead == 0:
+        return "never cleared the placebo (at no evaluation point, even before Holm's adjustment)"
+    return (f"did not clear the placebo after Holm's adjustment (ahead at {ahead} of {len(r.curve)} evaluation "
+            "points before it)")
+
+
+def gain_curve(runs: list[Path], metric: str) -> dict[int, tuple[float, float]]:
+    """{samples trained: (seed-mean change of `metric` from the base, seed-mean training seconds)} on the evaluation
+    points every run has (scripts/seed_gains.py run_curve)."""
+    curves = [seed_gains.run_curve(r) for r in runs]
+    grid = sorted(set.intersection(*(set(c) for c in curves)))
+    out = {}
+    for n in grid:
+        change = [float(c[n][metric]) - float(c[0][metric]) for c in curves]
+        seconds = [float(c[n].get("train_seconds", math.nan)) for c in curves]
+        out[n] = (math.fsum(change) / len(change), math.fsum(seconds) / len(seconds))
+    return out
+
+
+def time_to_gain(curve: dict[int, tuple[float, float]], target: float) -> dict | None:
+    """The first evaluation point whose seed-mean change reaches `target` (GRPO's final gain): its samples and
+    training seconds; None when none does. A target at or below 0 is no gain to reach (the caller says so)."""
+    n = next((k for k in sorted(curve) if k > 0 and curve[k][0] >= target), None)
+    return None if n is None else {"samples": n, "seconds": curve[n][1]}
+
+
+def summarise(results: dict[str, RowResult], metric: str) -> float:
+    """Each finished row's own metrics and cost over seeds, whether it drew GRPO's training conditions, and its time
+    to GRPO's final gain; returns that gain (GRPO's seed-mean change at its last evaluation point)."""
+    grpo_draws = {seed_gains.run_seed(run): read_run(run, ())["draws"] for run in results["grpo"].runs}
+    target = gain_curve(results["grpo"].runs, metric)
+    target = target[max(target)][0]
+    for r in results.values():
+        reads = [read_run(run, r.row.own) for run in r.runs]
+        for key in (*r.row.own, CLIPFRAC):
+            values = [x["own"][key] for x in reads]
+            r.own[key] = (*mean_interval(values), values)
+        r.cost = {k: mean_interval([x["cost"][k] for x in reads])[0] for k in reads[0]["cost"]}
+        pairs = [same_draws(x["draws"], grpo_draws[seed_gains.run_seed(run)])
+                 for run, x in zip(r.runs, reads, strict=True) if seed_gains.run_seed(run) in grpo_draws]
+        r.draws = None if not pairs or None in pairs else all(pairs)
+        r.to_gain = time_to_gain(gain_curve(r.runs, metric), target) if target > 0 else None
+    return target
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the report
+
+
+def _est(est: seed_gains.Estimate | None) -> str:
+    return "—" if est is None else est.text()
+
+
+def _p(r: RowResult, arm: str) -> str:
+    if arm not in r.vs:
+        return "—"
+    return f"{seed_gains.fmt_p(r.vs[arm].p)} / {seed_gains.fmt_p(r.holm.get(arm, math.nan))}"
+
+
+def _num(x: float, spec: str = ".3g") -> str:
+    return format(x, spec) if isinstance(x, (int, float)) and math.isfinite(x) else "n/a"
+
+
+def _own(r: RowResult, keys) -> str:
+    parts = []
+    for key in keys:
+        mean, half, _ = r.own[key]
+        parts.append(f"{key} {_num(mean, '.4g')}" + (f" ± {_num(half, '.2g')}" if math.isfinite(half) else "")
+                     if math.isfinite(mean) else f"{key} not logged")
+    return "; ".join(parts) or "—"
+
+
+def _gain(r: RowResult, target: float, samples: int) -> str:
+    if not target > 0:
+        return "n/a (GRPO gained nothing)"
+    if r.to_gain is None:
+        return f"not reached in {samples:,} samples"
+    return f"{r.to_gain['samples']:,} samples ({_num(r.to_gain['seconds'], '.0f')} s)"
+
+
+def tables(results: dict[str, RowResult], done: list[Row], ctx: dict) -> list[str]:
+    """The endpoint table (change, minus GRPO, minus placebo, the verdict) and the mechanics table (own metrics,
+    cost, time to GRPO's final gain) of the finished rows."""
+    lines = ["", "| row | kind | change from base | minus GRPO | p / Holm | minus placebo | p / Holm | against the "
+                 "placebo |", "|---|---|---|---|---|---|---|---|"]
+    for row in done:
+        r = results[row.name]
+        lines.append(f"| {row.name} | {row.kind} | {_est(r.change)} | {_est(r.vs.get('grpo'))} | {_p(r, 'grpo')} | "
+                     f"{_est(r.vs.get('placebo'))} | {_p(r, 'placebo')} | "
+                     f"{'—' if row.name == 'placebo' else verdict(r, 'placebo')} |")
+    lines += ["", f"Intervals (GRPO minus placebo): {results['grpo'].vs['placebo'].how}."]
+    against = [f"{row.name} {verdict(results[row.name], 'grpo')}" for row in done if "grpo" in results[row.name].vs]
+    if against:
+        lines += ["", "Against GRPO, after Holm's adjustment: " + ", ".join(against) + "."]
+    lines += ["", f"What each row did, and what it cost (own metrics: mean over the optimizer steps that logged "
+                  f"them, ± over seeds; time to GRPO's final gain of {ctx['target']:+.4f}: the first evaluation "
+                  "point whose seed-mean change reaches it, with the training seconds there)", "",
+              "| row | own metrics | clipfrac | train s / sample | NFE / sample | drew GRPO's conditions | time to "
+              "GRPO's final gain |", "|---|---|---|---|---|---|---|"]
+    for row in done:
+        r = results[row.name]
+        draws = {True: "yes", False: "no", None: "n/a"}[r.draws]
+        lines.append(f"| {row.name} | {_own(r, row.own)} | {_own(r, (CLIPFRAC,)).removeprefix(CLIPFRAC + ' ')} | "
+                     f"{_num(r.cost['seconds_per_sample'], '.3f')} | {_num(r.cost['nfe_per_sample'], '.1f')} | "
+                     f"{draws} | {_gain(r, ctx['target'], ctx['samples'])} |")
+    return lines
+
+
+def report(results: dict[str, RowResult], rows: list[Row], ctx: dict) -> str:
+    metric, when = ctx["metric"], "the last epoch" if ctx["time"] == "last" else "the reported checkpoint"
+    lines = [f"# Ablation on {ctx['preset']}: the plan's variants, the methods and a two-pass control against GRPO "
+             "and its placebo", "", f"Made by: `{ctx['command']}`", "",
+             f"{len(ctx['seeds'])} seed(s) ({', '.join(map(str, ctx['seeds']))}) per row, {ctx['samples']:,} training "
+             f"samples per run ({ctx['epochs']} epoch{'s' if ctx['epochs'] != 1 else ''}), held-out evaluation "
+             f"every {ctx['eval_samples']:,} samples. "
+             f"Endpoint: **{metric} at {when}** (the preset's eval.primary_endpoint / eval.primary_time), change from "
+             "each run's base. Differences are paired by seed and held-out condition where the arms' seeds match "
+             "(every seed evaluates the same conditions), over seeds with the seeds x conditions interval "
+             "(scripts/seed_gains.py); ± is a 95% interval. p / Holm: the p for 0 and the p Holm-adjusted across "
+             "the rows of that column."]
+    if ctx["samples"] < CLEARED_AT:
+        lines += ["", f"**{ctx['samples']:,} samples is below the {CLEARED_AT:,} at which motion GRPO first cleared "
+                      "its placebo (docs/results.md): these runs check the loop, they resolve nothing.**"]
+    done = [r for r in rows if r.name in results]
+    lines += tables(results, done, ctx) if done else [
+        "", "GRPO and its placebo have not both finished every seed: nothing is compared yet."]
+    for title, items in (("Not run (the validation refuses the row's config)",
+                          [f"{r.name} (`{r.preset}`): {r.refused}" for r in rows if r.refused]),
+                         (UNFINISHED,
+                          [f"{name}: {text}" for name, text in ctx["unfinished"].items()])):
+        if items:
+            lines += ["", f"{title}:", ""] + [f"- {x}" for x in items]
+    lines += ["", "How each row is run (the fields it sets on the preset):", ""]
+    lines += [f"- {r.name}: `config/grpo.py:{r.preset}`" + (" " + " ".join(f"`{a}`" for a in r.argv()) if r.argv()
+                                                            else "") for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _est_json(est: seed_gains.Estimate | None, p_holm: float | None = None) -> dict | None:
+    if est is None:
+        return None
+    out = {"mean": est.mean, "half": est.half, "lo": est.lo, "hi": est.hi, "p": est.p, "how": est.how}
+    return out | ({"p_holm": p_holm} if p_holm is not None else {})
+
+
+def results_json(results: dict[str, RowResult], rows: list[Row], ctx: dict) -> dict:
+    out = {k: ctx[k] for k in ("command", "preset", "seeds", "samples", "epochs", "eval_samples", "metric", "time",
+                                "target")}
+    out["rows"] = []
+    for row in rows:
+        item = {"name": row.name, "kind": row.kind, "preset": row.preset, "overrides": row.argv()}
+        r = results.get(row.name)
+        if row.refused:
+            item["status"] = f"not run: {row.refused}"
+        elif r is None:
+            item["status"] = f"not finished: {ctx['unfinished'].get(row.name, '')}"
+        else:
+            item |= {"status": "finished", "runs": [str(x) for x in r.runs], "change": _est_json(r.change),
+                     "minus_grpo": _est_json(r.vs.get("grpo"), r.holm.get("grpo")),
+                     "minus_placebo": _est_json(r.vs.get("placebo"), r.holm.get("placebo")),
+                     "against_grpo": verdict(r, "grpo"),
+                     "against_placebo": "—" if row.name == "placebo" else verdict(r, "placebo"),
+                     "curve_minus_placebo": [{"samples": n, **_est_json(d)} for n, d in r.curve],
+                     "own": {k: {"mean": m, "half": h, "per_seed": v} for k, (m, h, v) in r.own.items()},
+                     "cost": r.cost, "drew_grpo_conditions": r.draws, "time_to_grpo_gain": r.to_gain}
+        out["rows"].append(item)
+    return out
+
+
+def _nan_to_none(x):
+    """JSON has no NaN: a value that could not be computed is null."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _nan_to_none(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_nan_to_none(v) for v in x]
+    return x
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def collect(rows: list[Row], out: Path, seeds: list[int], codes: dict) -> tuple[dict[str, RowResult], dict]:
+    """The rows whose every seed finished, and for the others what is missing."""
+    results, unfinished = {}, {}
+    for row in rows:
+        if row.refused:
+            continue
+        folders = [run_dir(out, row, s) for s in seeds]
+        missing = [f"seed {s}" + (f" (exit {codes[(row.name, s)]}; see {f / 'console.log'})"
+                                  if codes.get((row.name, s)) else "")
+                   for s, f in zip(seeds, folders, strict=True) if not finished(f)]
+        if missing:
+            unfinished[row.name] = ", ".join(missing)
+        else:
+            results[row.name] = RowResult(row, folders)
+    return results, unfinished
+
+
+def main(argv: list[str] | None = None) -> str:
+    argv = sys.argv[1:] if argv is None else argv
+    extra = [a for a in argv if a.startswith("--config.")]
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="motion_tiny_cpu")
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--samples", type=int, default=CLEARED_AT, help="training samples per run (num_epochs)")
+    ap.add_argument("--eval-every", type=int, default=1024, help="samples between held-out evaluations")
+    ap.add_argument("--rows", nargs="+", default=list(ROW_NAMES), choices=ROW_NAMES,
+                    help="the rows to run (GRPO and its placebo always)")
+    ap.add_argument("--parallel", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    ap.add_argument("--out", type=Path, default=Path("runs/ablation"))
+    ap.add_argument("--report-only", action="store_true", help="reread finished runs, run nothing")
+    ap.add_argument("--estimate", action="store_true", help="print the CPU-time estimate, run nothing")
+    args = ap.parse_args([a for a in argv if not a.startswith("--config.")])
+    check_extra(extra)
+    out = args.out if args.out.is_absolute() else ROOT / args.out
+    rows = ablation_rows(args.preset, args.rows)
+    per_epoch = samples_per_epoch(args.preset)
+    epochs, eval_freq = budget(args.samples, args.eval_every, per_epoch)
+    runnable = [r for r in rows if not r.refused]
+    if args.estimate:
+        if args.preset not in COSTS:
+            raise SystemExit(f"no measured cost for {args.preset} (known: {sorted(COSTS)})")
+        base = get_config(args.preset)
+        factors = [training_factor(resolve(r.preset, r.overrides), base) for r in runnable]
+        secs = estimate_seconds(factors, len(args.seeds), epochs * per_epoch, 1 + math.ceil(epochs / eval_freq),
+                                COSTS[args.preset])
+        text = (f"{len(runnable)} rows x {len(args.seeds)} seeds = {len(runnable) * len(args.seeds)} runs of {epochs} "
+                f"epochs: about {secs / 3600:.1f} core-hours ({secs / 3600 / max(1, args.parallel):.1f} h of wall "
+                f"time at --parallel {args.parallel} on as many free cores); training factors "
+                + ", ".join(f"{r.name} {f:.2f}" for r, f in zip(runnable, factors, strict=True)))
+        print(text)
+        return text
+    codes = {}
+    if not args.report_only:
+        jobs = [(row, seed) for seed in args.seeds for row in runnable]  # seed-major: GRPO and placebo lead
+        cmds = {(row.name, seed): run_command(row, seed, run_dir(out, row, seed), epochs, eval_freq, args.threads,
+                                              extra) for row, seed in jobs}
+
+        def go(job):
+            row, seed = job
+            code = run_one(cmds[(row.name, seed)], run_dir(out, row, seed), args.threads)
+            print(f"{row.name} seed {seed}: exit {code}", flush=True)
+            return code
+
+        with ThreadPoolExecutor(max(1, args.parallel)) as pool:
+            codes = {(r.name, s): c for (r, s), c in zip(jobs, pool.map(go, jobs), strict=True)}
+    results, unfinished = collect(rows, out, args.seeds, codes)
+    config = resolve(args.preset, ())
+    ctx = {"command": "python scripts/measure/ablate.py " + shlex.join(argv), "preset": args.preset,
+           "seeds": args.seeds, "samples": epochs * per_epoch, "epochs": epochs, "eval_samples": eval_freq * per_epoch,
+           "metric": config.eval.primary_endpoint, "time": config.eval.primary_time, "target": math.nan,
+           "unfinished": unfinished}
+    if "grpo" in results and "placebo" in results:
+        compare(results, ctx["metric"], seed_gains.TIMES[ctx["time"]])
+        ctx["target"] = summarise(results, ctx["metric"])
+    else:
+        results = {}  # nothing compares without GRPO and its placebo
+    text = report(results, rows, ctx)
+    out.mkdir(parents=True, exist_ok=True)
     (out / "report.md").write_text(text)
-    (out / "results.json").write_text(json.dumps({f"{p}/seed{s}": r for (p, s), r in results.items()}, indent=1))
+    (out / "results.json").write_text(json.dumps(_nan_to_none(results_json(results, rows, ctx)), indent=1) + "\n")
+    print(text)
     return text
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="runs/ablation")
-    ap.add_argument("--presets", nargs="+", default=["tiny_cpu", "ema", "gradient_adaptive", "amic", "ptrw",
-                                                      "temporal_decay", "asymmetric", "conservative", "aggressive",
-                                                      "balanced"], help="the first one is the baseline")
-    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    ap.add_argument("--epochs", type=int, default=6)
-    args, extra_overrides = ap.parse_known_args(argv)  # any --config.* override is passed to every run
-    bad = [a for a in extra_overrides if not a.startswith("--config.")]
-    if bad:
-        ap.error(f"unrecognized arguments: {bad} (only --config.* overrides pass through)")
-    out = ROOT / args.out if not Path(args.out).is_absolute() else Path(args.out)
-    command = "python scripts/measure/ablate.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-    extra = [f"--config.num_epochs={args.epochs}", *extra_overrides]
-    results = {}
-    for seed in args.seeds:
-        for preset in args.presets:
-            run_dir = out / preset / f"seed{seed}"
-            secs = run_one(preset, seed, run_dir, extra)
-            results[(preset, seed)] = collect(run_dir)
-            print(f"{preset} seed {seed}: cam {results[(preset, seed)]['cam_before']:.4f} -> "
-                  f"{results[(preset, seed)]['cam_after']:.4f} ({secs:.0f}s)", flush=True)
-    print(report(out, args.presets, args.seeds, results, command))
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(1 if UNFINISHED in main() else 0)  # a run that did not finish: rerun the same command

@@ -1,0 +1,271 @@
+"""scripts/measure/ablate.py: the rows as the variant presets and methods applied to motion, the sample budget, the
+resumable runs, and the report on hand-written run folders checked against the seeds x conditions interval and
+Holm's adjustment computed here; then one end-to-end run of GRPO, its placebo and the EMA on motion_smoke."""
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from config.grpo import get_config  # noqa: E402
+from recam.infra.stats import crossed_interval, mean_interval, t975  # noqa: E402
+from scripts.measure import ablate  # noqa: E402
+
+METRIC = "eval/r_precision_top3"
+PER_EPOCH = 64
+
+
+def test_rows_are_the_variant_presets_and_methods_applied_to_motion():
+    rows = {r.name: r for r in ablate.ablation_rows("motion_tiny_cpu")}
+    assert list(rows) == list(ablate.ROW_NAMES)
+    # the EMA's two off-policy visits: motion's pass takes two optimizer steps, so two passes (tiny_cpu's three)
+    ema = dict(rows["ema"].overrides)
+    assert ema == {"train.policy_loss": "grpo_variants", "train.use_ema_smoothing": True,
+                   "train.num_inner_epochs": 2}
+    assert dict(ablate.variant_overrides("ema", "tiny_cpu"))["train.num_inner_epochs"] == \
+        get_config("ema").train.num_inner_epochs == 3
+    assert dict(rows["ema_control"].overrides) == {"train.policy_loss": "grpo_variants", "train.num_inner_epochs": 2}
+    assert dict(rows["aggressive"].overrides) == {"train.policy_loss": "grpo_variants", "train.use_amic": True,
+                                                  "train.use_gradient_adaptive_weighting": True, "train.use_ptrw": True}
+    assert rows["balanced"].own == ("ema/variance_reduction_ratio", "ema/smoothed_fraction",
+                                    "gradient_adaptive/weight_variance", "asymmetric/clipfrac_pos",
+                                    "asymmetric/clipfrac_neg")
+    assert rows["placebo"].overrides == (("advantage.placebo", True),)
+    assert rows["nft"].preset == "motion_tiny_cpu+nft" and rows["nft"].overrides == ()
+    # GRPO-Guard is derived for the flow SDE: refused on motion's DDIM with the validation's reason, the rest run
+    assert "train.objective='grpo_guard'" in rows["grpo_guard"].refused
+    assert [n for n, r in rows.items() if r.refused] == ["grpo_guard"]
+    c = ablate.resolve("motion_tiny_cpu", rows["ptrw"].overrides)
+    assert c.train.use_ptrw and c.domain == "motion" and c.train.num_inner_epochs == 1
+    assert [r.name for r in ablate.ablation_rows("motion_tiny_cpu", ["ptrw"])] == ["grpo", "placebo", "ptrw"]
+
+
+def test_budget_command_and_resumable_runs(tmp_path, monkeypatch):
+    assert ablate.samples_per_epoch("motion_tiny_cpu") == PER_EPOCH
+    assert ablate.budget(4096, 1024, PER_EPOCH) == (64, 16)
+    assert ablate.budget(100, 10, PER_EPOCH) == (2, 1)  # whole epochs, at least the budget
+    with pytest.raises(ValueError, match="positive"):
+        ablate.budget(0, 1024, PER_EPOCH)
+    with pytest.raises(SystemExit, match="sets config.sample.num_batches_per_epoch itself"):
+        ablate.main(["--estimate", "--config.sample.num_batches_per_epoch=2"])  # would change the budget
+    row = {r.name: r for r in ablate.ablation_rows("motion_tiny_cpu", ["ema"])}["ema"]
+    folder = tmp_path / "ema" / "seed1"
+    cmd = ablate.run_command(row, 1, folder, 64, 16, 1, ["--config.data.num_train_conditions=128"])
+    assert cmd[2:] == ["--config=config/grpo.py:motion_tiny_cpu", "--config.seed=1", f"--config.run_dir={folder}",
+                       "--config.num_epochs=64", "--config.eval.freq=16", "--config.num_threads=1",
+                       "--config.logging.wandb_mode=disabled", "--config.eval.num_videos=0",
+                       "--config.train.policy_loss=grpo_variants", "--config.train.use_ema_smoothing=True",
+                       "--config.train.num_inner_epochs=2", "--config.data.num_train_conditions=128"]
+    calls = []
+
+    class Done:
+        returncode = 3
+
+    monkeypatch.setattr(ablate.subprocess, "run", lambda c, **kw: calls.append((c, kw["env"])) or Done())
+    assert ablate.run_one(cmd, folder, 1) == 3  # an unfinished folder: launched (train_recam.py resumes it)
+    assert calls[0][0] == cmd and calls[0][1]["OMP_NUM_THREADS"] == "1"
+    assert (folder / "command.txt").read_text() == "python " + " ".join(cmd[1:]) + "\n"
+    (folder / "summary.md").write_text("done\n")
+    assert ablate.run_one(cmd, folder, 1) == 0 and len(calls) == 1  # a finished one is skipped
+
+
+def test_a_runs_cost_own_metrics_and_draws_by_hand():
+    epochs = [{"samples_per_epoch": 64, "epoch_seconds": 14.0, "nfe_sampling": 1280, "nfe_training": 768},
+              {"samples_per_epoch": 64, "epoch_seconds": 16.0, "nfe_sampling": 1280, "nfe_training": 1536}]
+    cost = ablate.run_cost(epochs)
+    assert cost["seconds_per_sample"] == pytest.approx(30.0 / 128)
+    assert cost["nfe_per_sample"] == pytest.approx((2560 + 2304) / 128)
+    assert cost["nfe_training_per_sample"] == pytest.approx(2304 / 128)
+    steps = [{"clipfrac": 0.1}, {"clipfrac": 0.3, "ema/variance_reduction_ratio": 1.2},
+             {"clipfrac": float("nan"), "ema/variance_reduction_ratio": 1.1}]
+    means = ablate.step_means(steps, ("ema/variance_reduction_ratio", "clipfrac", "ptrw/trust_weights_mean"))
+    assert means["ema/variance_reduction_ratio"] == pytest.approx(1.15)  # only the steps that smoothed
+    assert means["clipfrac"] == pytest.approx(0.2) and math.isnan(means["ptrw/trust_weights_mean"])
+    assert ablate.same_draws([[1, 2], [3, 4]], [[1, 2], [3, 4], [5, 6]]) is True
+    assert ablate.same_draws([[1, 2], [3, 4]], [[1, 2], [4, 3]]) is False
+    assert ablate.same_draws([None], [[1]]) is None
+
+
+def test_the_cpu_time_estimate_by_hand():
+    base = get_config("motion_tiny_cpu")
+    rows = {r.name: r for r in ablate.ablation_rows("motion_tiny_cpu")}
+
+    def factor(name):
+        return ablate.training_factor(ablate.resolve(rows[name].preset, rows[name].overrides), base)
+
+    assert factor("grpo") == 1.0 and factor("ptrw") == 1.0
+    assert factor("ema") == pytest.approx(2 * 1.25)  # two passes, and the no-grad pass over the trained steps
+    assert factor("balanced") == pytest.approx(2 * 2 * 1.25)  # two passes, and the gradient norms' backward
+    assert factor("flow_grpo_fast") == pytest.approx(2 / 6)  # a window of 2 trained steps against 6
+    cost = ablate.Cost(seconds_per_sample=0.2, training_share=0.5, eval_seconds=10.0, overhead_seconds=5.0)
+    secs = ablate.estimate_seconds([1.0, 3.0], seeds=2, samples=100, evaluations=3, cost=cost)
+    assert secs == pytest.approx(2 * ((100 * 0.2 + 30 + 5) + (100 * 0.2 * (0.5 + 1.5) + 30 + 5)))
+    text = ablate.main(["--estimate"])  # the real run's: 17 runnable rows x 3 seeds
+    assert text.startswith("17 rows x 3 seeds = 51 runs of 64 epochs")
+    hours = text.split("about ")[1].split(" core-hours")[0]
+    assert f"about {hours} core-hours" in ablate.__doc__  # the docstring states the estimate the script makes
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the report on hand-written runs
+
+
+def fake_run(folder: Path, seed: int, placebo: bool, evals: list, own_steps=(), draws=None, finished=True) -> Path:
+    """A run of 4 epochs of 64 samples (14 s each) evaluated at 0, 128 and 256 samples with the per-condition R@3 of
+    `evals`, its step records `own_steps`, the training conditions `draws` per epoch, as train_recam.py writes them."""
+    folder.mkdir(parents=True)
+    draws = draws or [[e, e + 1] for e in range(4)]
+    lines = [{"type": "step", "step": i + 1, "epoch": i // 2, **s} for i, s in enumerate(own_steps)]
+    lines += [{"type": "epoch", "epoch": e, "samples_per_epoch": PER_EPOCH, "epoch_seconds": 14.0,
+               "nfe_sampling": 1280, "nfe_training": 768, "dataset_indices": draws[e]} for e in range(4)]
+    for tag, epoch, rows in zip(("start", "epoch_2", "final"), (-1, 1, 3), evals, strict=True):
+        lines.append({"type": "eval", "tag": tag, "epoch": epoch, "step": 2 * (epoch + 1),
+                      "checkpoint": f"epoch_{epoch + 1:04d}", "train_seconds": 14.0 * (epoch + 1),
+                      METRIC: float(np.mean(rows)), f"rows/{METRIC}": [float(x) for x in rows]})
+    (folder / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    (folder / "config.json").write_text(json.dumps({
+        "seed": seed, "advantage": {"placebo": placebo},
+        "eval": {"primary_endpoint": METRIC, "primary_time": "last", "secondary_endpoints": ""}}))
+    if finished:
+        (folder / "summary.md").write_text("done\n")
+    return folder
+
+
+def holm_by_hand(ps: list[float]) -> list[float]:
+    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    out, running = [0.0] * len(ps), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
+        out[i] = running
+    return out
+
+
+@pytest.fixture
+def fake_ablation(tmp_path):
+    """Three seeds x 8 shared held-out conditions: GRPO gains 0.05 then 0.10, EMA 0.15 then 0.20, the placebo and
+    PTRW nothing (PTRW's difference from the placebo alternates +-0.01 over the conditions); AMIC lacks seed 2."""
+    rng = np.random.default_rng(0)
+    seeds, C = (0, 1, 2), 8
+    base = rng.uniform(0.2, 0.4, C)
+    swing = 0.01 * (-1.0) ** np.arange(C)
+    values = {}
+    for s in seeds:
+        placebo = [base + rng.normal(0, 0.02, C) for _ in range(2)]
+        values[("placebo", s)] = [base, *placebo]
+        values[("grpo", s)] = [base, base + 0.05 + rng.normal(0, 0.02, C), base + 0.10 + rng.normal(0, 0.02, C)]
+        values[("ema", s)] = [base, base + 0.15 + rng.normal(0, 0.02, C), base + 0.20 + rng.normal(0, 0.02, C)]
+        values[("ptrw", s)] = [base, *(p + swing + rng.normal(0, 0.002, C) for p in placebo)]
+        values[("amic", s)] = values[("grpo", s)]
+    steps = {"grpo": lambda s: [{"clipfrac": 0.01 * (s + 1)}, {"clipfrac": 0.03}],
+             "placebo": lambda s: [{"clipfrac": 0.02}],
+             "ema": lambda s: [{"clipfrac": 0.0, "ema/smoothed_fraction": 0.0},
+                               {"clipfrac": 0.02, "ema/smoothed_fraction": 0.5,
+                                "ema/variance_reduction_ratio": 1.1 + 0.01 * s},
+                               {"clipfrac": 0.04, "ema/smoothed_fraction": 1.0,
+                                "ema/variance_reduction_ratio": 1.2 + 0.02 * s}],
+             "ptrw": lambda s: [{"clipfrac": 0.0, "ptrw/trust_weights_mean": 0.96 - 0.01 * s}],
+             "amic": lambda s: [{"clipfrac": 0.0}]}
+    out = tmp_path / "abl"
+    for (name, s), evals in values.items():
+        draws = [[e, e + 1] for e in range(4)]
+        if name == "ptrw":
+            draws[2] = [9, 9]  # PTRW drew other conditions at epoch 2
+        fake_run(out / name / f"seed{s}", s, name == "placebo", evals, steps[name](s), draws,
+                 finished=not (name == "amic" and s == 2))
+    return out, values, seeds
+
+
+def test_the_report_on_hand_written_runs_by_hand(fake_ablation):
+    out, values, seeds = fake_ablation
+    text = ablate.main(["--report-only", "--out", str(out), "--samples", "256", "--eval-every", "128",
+                        "--rows", "ema", "ptrw", "amic", "grpo_guard"])
+    res = {r["name"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
+    assert (out / "report.md").read_text() == text
+
+    def table(a, b, point=2):  # a minus b, seeds x conditions, at an evaluation point
+        return [values[(a, s)][point] - values[(b, s)][point] for s in seeds]
+
+    # each row minus the placebo and minus GRPO at the last epoch: the seeds x conditions interval of the
+    # differences paired by seed and condition
+    minus_placebo = {n: crossed_interval(table(n, "placebo")) for n in ("grpo", "ema", "ptrw")}
+    minus_grpo = {n: crossed_interval(table(n, "grpo")) for n in ("ema", "ptrw")}
+    for n, c in minus_placebo.items():
+        assert res[n]["minus_placebo"]["mean"] == pytest.approx(c.mean, abs=1e-12)
+        assert res[n]["minus_placebo"]["half"] == pytest.approx(c.half, rel=1e-9)
+        assert f"{c.mean:+.4f} ± {c.half:.4f}" in text
+    for n, c in minus_grpo.items():
+        assert res[n]["minus_grpo"]["mean"] == pytest.approx(c.mean, abs=1e-12)
+        assert res[n]["minus_grpo"]["half"] == pytest.approx(c.half, rel=1e-9)
+    # Holm across the rows of each column (AMIC unfinished and GRPO-Guard refused are in neither)
+    for col, ests in (("minus_placebo", minus_placebo), ("minus_grpo", minus_grpo)):
+        names = list(ests)
+        for n, adj in zip(names, holm_by_hand([ests[n].p for n in names]), strict=True):
+            assert res[n][col]["p_holm"] == pytest.approx(adj, rel=1e-9)
+    change = crossed_interval([values[("ema", s)][2] - values[("ema", s)][0] for s in seeds])
+    assert res["ema"]["change"]["mean"] == pytest.approx(change.mean, abs=1e-12)
+    assert res["ema"]["against_placebo"] == res["grpo"]["against_placebo"] == "clears the placebo"
+    assert res["ema"]["against_grpo"] == "beats GRPO"
+    # PTRW: its difference from the placebo's interval holds 0 at both evaluation points
+    for point in (1, 2):
+        assert crossed_interval(table("ptrw", "placebo", point)).mean - crossed_interval(
+            table("ptrw", "placebo", point)).half < 0
+    assert res["ptrw"]["against_placebo"].startswith("never cleared the placebo")
+    assert "| ptrw | variant |" in text and "never cleared the placebo (at no evaluation point" in text
+    assert [p["samples"] for p in res["ptrw"]["curve_minus_placebo"]] == [128, 256]
+    # own metrics: the mean over the steps that logged them, a t-interval over the seeds
+    ratios = [np.mean([1.1 + 0.01 * s, 1.2 + 0.02 * s]) for s in seeds]
+    own = res["ema"]["own"]["ema/variance_reduction_ratio"]
+    assert own["per_seed"] == pytest.approx(ratios)
+    assert own["mean"] == pytest.approx(np.mean(ratios))
+    assert own["half"] == pytest.approx(t975(2) * np.std(ratios, ddof=1) / math.sqrt(3))
+    assert res["ptrw"]["own"]["ptrw/trust_weights_mean"]["mean"] == pytest.approx(0.95)
+    assert res["grpo"]["own"]["clipfrac"]["mean"] == pytest.approx(mean_interval([0.02, 0.025, 0.03])[0])
+    assert f"ptrw/trust_weights_mean {0.95:.4g} ±" in text
+    # cost: 14 s and 2,048 denoiser evaluations per epoch of 64
+    assert res["ema"]["cost"]["seconds_per_sample"] == pytest.approx(14 / 64)
+    assert res["ema"]["cost"]["nfe_per_sample"] == pytest.approx(32.0)
+    assert res["ema"]["drew_grpo_conditions"] is True and res["ptrw"]["drew_grpo_conditions"] is False
+    # time to GRPO's final gain: GRPO's seed-mean change at 256 samples; EMA passes it at 128 (28 training s)
+    target = np.mean([np.mean(values[("grpo", s)][2]) - np.mean(values[("grpo", s)][0]) for s in seeds])
+    assert json.loads((out / "results.json").read_text())["target"] == pytest.approx(target)
+    assert res["ema"]["time_to_grpo_gain"] == {"samples": 128, "seconds": 28.0}
+    assert res["grpo"]["time_to_grpo_gain"]["samples"] == 256
+    assert res["ptrw"]["time_to_grpo_gain"] is None and "not reached in 256 samples" in text
+    # what is not compared, and why
+    assert res["amic"]["status"].startswith("not finished: seed 2")
+    assert res["grpo_guard"]["status"].startswith("not run: train.objective='grpo_guard'")
+    assert "below the 4,096 at which motion GRPO first cleared its placebo" in text
+    assert ("- ema: `config/grpo.py:motion_tiny_cpu` `--config.train.policy_loss=grpo_variants` "
+            "`--config.train.use_ema_smoothing=True` `--config.train.num_inner_epochs=2`") in text
+
+
+def test_nothing_is_compared_before_grpo_and_its_placebo_finish(tmp_path):
+    base = [0.2, 0.3]
+    fake_run(tmp_path / "grpo" / "seed0", 0, False, [base, base, base])
+    fake_run(tmp_path / "placebo" / "seed0", 0, True, [base, base, base], finished=False)
+    text = ablate.main(["--report-only", "--out", str(tmp_path), "--seeds", "0", "--rows", "ptrw"])
+    assert "nothing is compared yet" in text and "- placebo: seed 0" in text and "- ptrw: seed 0" in text
+
+
+@pytest.mark.slow
+def test_end_to_end_on_motion_smoke(tmp_path):
+    """GRPO, its placebo and the EMA on motion_smoke for one epoch of 8 samples: the runs finish, the report
+    compares them and carries the EMA's variance-reduction ratio from its third pass; a second call runs nothing."""
+    out = tmp_path / "abl"
+    args = ["--preset", "motion_smoke", "--seeds", "0", "--samples", "8", "--eval-every", "8", "--rows", "ema",
+            "--parallel", "2", "--threads", "1", "--out", str(out)]
+    text = ablate.main(args)
+    res = {r["name"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
+    assert [res[n]["status"] for n in ("grpo", "placebo", "ema")] == ["finished"] * 3, text
+    ratio = res["ema"]["own"]["ema/variance_reduction_ratio"]["mean"]
+    assert ratio is not None and ratio > 0
+    assert res["ema"]["cost"]["seconds_per_sample"] > 0 and res["ema"]["minus_placebo"]["mean"] is not None
+    assert "| ema | variant |" in text
+    mtimes = [p.stat().st_mtime for p in sorted(out.rglob("metrics.jsonl"))]
+    ablate.main(args)  # resumable: every run has its summary.md, so nothing runs again
+    assert [p.stat().st_mtime for p in sorted(out.rglob("metrics.jsonl"))] == mtimes
