@@ -34,14 +34,19 @@ from recam.engine.domain import decode, element_mask  # noqa: E402
 from recam.engine.rollout import per_sample_noise, rollout  # noqa: E402
 from scripts.measure.at_base import trainer_at_base  # noqa: E402
 
-config_flags.DEFINE_config_file("config", "config/grpo.py:tiny_cpu", "preset (config/grpo.py:<name>[+method])")
-flags.DEFINE_integer("conditions", 16, "training conditions, each with its own fixed noise sequence")
-flags.DEFINE_integer("redraws", 4, "redraws of the replaced draw(s) per condition and step")
-flags.DEFINE_integer("seed", 0, "seed of the fixed sequences and of the redraws")
-flags.DEFINE_string("reward", "", "reward key to report (default: the first of the preset's rewards)")
-flags.DEFINE_string("detail", "rot_err_placed_mean", "a per-sample number the reward reports, by its last name")
-flags.DEFINE_integer("bootstrap", 2000, "bootstrap resamples over conditions")
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """The script's flags, defined only when it runs: tests import its functions beside other absl scripts, and
+    absl refuses a flag name defined twice in one process."""
+    config_flags.DEFINE_config_file("config", "config/grpo.py:tiny_cpu", "preset (config/grpo.py:<name>[+method])")
+    flags.DEFINE_integer("conditions", 16, "training conditions, each with its own fixed noise sequence")
+    flags.DEFINE_integer("redraws", 4, "redraws of the replaced draw(s) per condition and step")
+    flags.DEFINE_integer("seed", 0, "seed of the fixed sequences and of the redraws")
+    flags.DEFINE_string("reward", "", "reward key to report (default: the first of the preset's rewards)")
+    flags.DEFINE_string("detail", "rot_err_placed_mean", "a per-sample number the reward reports, by its last name")
+    flags.DEFINE_integer("bootstrap", 2000, "bootstrap resamples over conditions")
 
 ALL = "all"
 
@@ -134,4 +139,5 @@ def main(_):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)
