@@ -85,7 +85,7 @@ RUN_ENTRIES = (
     *(RunEntry(name, False, archived=False) for name in ("console.log", "stdout.log", "bench.log", "command.txt")),
     RunEntry(LOCK_FILE, False, archived=False, kept="its lock file"),
     RunEntry(f"{PROBE}*", False, archived=False, kept="the write test of a run starting"),
-    # the file system's own (NFS keeps a removed file that is still open as .nfs followed by hex digits) and a file browser's
+    # the file system's own (NFS keeps a removed, still open file as .nfs plus hex digits) and a file browser's
     RunEntry(".nfs*", False, archived=False, kept="a file NFS keeps for a removed one"),
     RunEntry(".DS_Store", False, archived=False, kept="a file browser's"),
 )
