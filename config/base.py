@@ -71,7 +71,11 @@ def get_config() -> ml_collections.ConfigDict:
 
     # ---- model ----
     c.model = ml_collections.ConfigDict()
-    c.model.pretrained = "checkpoints/recam_tiny_base"  # folder with config.json + safetensors (diffusers layout)
+    # folder with config.json + safetensors (diffusers layout). The embedded base is recam_tiny_base continued for
+    # 2,000 steps with a detail-weighted loss (its provenance.json): on the plain base GRPO could not be told from
+    # its placebo over seeds, on this one it can (docs/results.md, issue 62). The plain base is one override away:
+    # --config.model.pretrained=checkpoints/recam_tiny_base
+    c.model.pretrained = "checkpoints/recam_tiny_base_detail3"
     # How model.pretrained is read. "recam": from_pretrained of a ReCam folder (as above); "wan_diffusers": a Wan2.1
     # transformer (or pipeline) folder in diffusers layout, camera modules initialised (load_wan_transformer);
     # "recammaster_diffsynth": ReCamMaster's DiffSynth-layout checkpoint file, e.g. step20000.ckpt

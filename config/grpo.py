@@ -10,8 +10,9 @@ from config.methods import apply_method
 
 
 def tiny_cpu():
-    """The embedded default: ReCam-Tiny on the synthetic world, one CPU process. Its sampler is already a fixed
-    window: the 5 noisiest of 10 steps stochastic and trained, ODE after them (train.timestep_fraction). Measured
+    """The embedded default: ReCam-Tiny (checkpoints/recam_tiny_base_detail3, config/base.py) on the synthetic world,
+    one CPU process. Its sampler is already a fixed window: the 5 noisiest of 10 steps stochastic and trained, ODE
+    after them (train.timestep_fraction). Measured
     against Flow-GRPO's recipe and the faster methods in docs/time_to_reward.md and docs/results.md ("The main
     job"); `tiny_cpu+<method>` runs any of them (config/methods.py). It evaluates 128 held-out conditions
     (config/base.py): 29.5 s per evaluation on one thread where 32 took 6.9 s, about 2.6 minutes more over a run's
@@ -415,10 +416,10 @@ def tiny_gpu():
     about 6% at 128 samples and needs on the order of 2,000 for a cosine of 1/2 between updates (docs/results.md,
     issue 44). The batches are sized for an 80 GB GPU: a trained step keeps 24 MB per sample for its backward (the
     tiny transformer's attention at 8 x 32 x 32), so a micro-batch of 512 holds about 12 GB, and sampling holds no
-    graph. Learning rate and recipe are tiny_cpu's: no setting's signal share at 128 samples stood apart from
-    another's; `python scripts/measure/noise_sweep.py camera --preset tiny_gpu --out OUT` ranks them at 2,048 by
-    their noise scale. scripts/device_check.py
-    runs it under a time cap (max_train_seconds)."""
+    graph. Learning rate and recipe are tiny_cpu's, its detail-weighted base included (config/base.py, issue 62): no
+    setting's signal share at 128 samples stood apart from another's; `python scripts/measure/noise_sweep.py camera
+    --preset tiny_gpu --out OUT` ranks them at 2,048 by their noise scale. scripts/device_check.py runs it under a
+    time cap (max_train_seconds)."""
     c = tiny_cpu()
     c.run_name = "tiny_gpu"
     c.run_dir = "runs/tiny_gpu"

@@ -642,11 +642,11 @@ def power_report(est: Estimate, effect: float, what: str) -> str:
                   "alone keeps it below: more conditions are needed)" if vc / C > 0 else "more than 1,000"),
               f"- conditions for 80% with {S} pairs: " + (f"{conds:,}" if conds else
                                                          "none suffice (the seeds' term alone keeps it below)"),
-              "", "| seed pairs | " + " | ".join(f"{n:,} conditions" for n in (C, 128, 512)) + " |",
-              "|---|" + "---|" * 3]
+              ""]
+    sizes = sorted({C, 32, 128, 512})  # this design's conditions among the usual sizes, each column once
+    lines += ["| seed pairs | " + " | ".join(f"{n:,} conditions" for n in sizes) + " |", "|---|" + "---|" * len(sizes)]
     for s in sorted({S, 3, 8, 16, 32}):
-        lines.append(f"| {s} | " + " | ".join(f"{crossed_power(effect, vs, vc, ve, s, n):.0%}" for n in (C, 128, 512))
-                     + " |")
+        lines.append(f"| {s} | " + " | ".join(f"{crossed_power(effect, vs, vc, ve, s, n):.0%}" for n in sizes) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -22,7 +22,7 @@ def test_measure_reads_the_base_its_ceiling_and_the_signal():
     config.sample.batch_size = config.train.batch_size = 4
     config.sample.k = 2
     r = base_report.measure(config, repeats=3)
-    prov = json.loads((ROOT / "checkpoints" / "recam_tiny_base" / "provenance.json").read_text())
+    prov = json.loads((ROOT / config.model.pretrained / "provenance.json").read_text())
     steps = prov.get("total_steps", prov["args"]["steps"])  # a staged base counts the steps behind it
     assert r["domain"] == "camera" and r["base"]["total_steps"] == steps and steps >= 3000
     s, ref = r["samples"], r["references"]

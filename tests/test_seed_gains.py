@@ -282,6 +282,8 @@ def test_the_synthetic_three_pairs_whose_difference_is_the_conditions(tmp_path):
     assert "does not clear 0" in text and "(primary, unadjusted)" in text
     assert "**eval/r_precision_top3: GRPO against its placebo**" in text  # the secondary, from config.json
     assert "Power for a true difference of +0.0110" in text and "seed pairs for 80% on 64 conditions" in text
+    # each condition count once: this design's 64 among the usual sizes
+    assert "| seed pairs | 32 conditions | 64 conditions | 128 conditions | 512 conditions |" in text
 
 
 def test_primary_unadjusted_and_the_rest_holm_adjusted_with_the_curve_counted(tmp_path):
