@@ -12,11 +12,10 @@ from config.methods import apply_method
 def tiny_cpu():
     """The embedded default: ReCam-Tiny (checkpoints/recam_tiny_base_detail3, config/base.py) on the synthetic world,
     one CPU process. Its sampler is already a fixed window: the 5 noisiest of 10 steps stochastic and trained, ODE
-    after them (train.timestep_fraction). Measured
-    against Flow-GRPO's recipe and the faster methods in docs/time_to_reward.md and docs/results.md ("The main
-    job"); `tiny_cpu+<method>` runs any of them (config/methods.py). It evaluates 128 held-out conditions
-    (config/base.py): 29.5 s per evaluation on one thread where 32 took 6.9 s, about 2.6 minutes more over a run's
-    7 evaluations."""
+    after them (train.timestep_fraction). Measured against Flow-GRPO's recipe and the faster methods in
+    docs/time_to_reward.md and docs/results.md ("The main job"); `tiny_cpu+<method>` runs any of them
+    (config/methods.py). It evaluates 128 held-out conditions (config/base.py): 29.5 s per evaluation on one thread
+    where 32 took 6.9 s, about 2.6 minutes more over a run's 7 evaluations."""
     return base_config()
 
 
