@@ -25,10 +25,11 @@ from rewards.pose import landmarks as lm
 from rewards.pose import pnp_torch
 
 ROT_MEDIAN_DEG, ROT_MAX_DEG, CENTRE_MAX = 1e-4, 1e-2, 1e-3
-# generated frames (64 samples of the tiny base x 8 frames, measured: 512 frames, 96.5% placed by each, the same
-# frames; 2 placed frames apart by more than APART_*, both with 4 landmarks, where torch's reprojection error is
-# the lower (0.1145 against 0.1172 px^2) or equal (1.00586); the others differ by a median 8e-5 deg and 6e-6
-# scene units; cam_score per video within 4.5e-5, but 0.024 for the video with the 0.1145 frame).
+# Generated frames, first on the plain base (checkpoints/recam_tiny_base, 64 samples x 8 frames), measured: 512
+# frames, 96.5% placed by each, the same frames; 2 placed frames apart by more than APART_*, both with 4 landmarks,
+# where torch's reprojection error is the lower (0.1145 against 0.1172 px^2) or equal (1.00586); the others differ
+# by a median 8e-5 deg and 6e-6 scene units; cam_score per video within 4.5e-5, but 0.024 for the video with the
+# 0.1145 frame.
 # The embedded base is now the detail-weighted one (config/base.py), 32 x 2 samples x 8 frames, measured: 99.0%
 # placed by each, the same frames; 6 of 507 apart: one 4-landmark frame where torch's error is far the lower (0.182
 # against 1.499 px^2, 123 deg apart), and five frames of two videos (4 and 6 landmarks) on flat minima, 0.014-0.11
