@@ -622,7 +622,8 @@ def main(argv: list[str] | None = None) -> str:
         return text
     codes = {}
     if not args.report_only:
-        jobs = [(row, seed) for seed in args.seeds for row in runnable]  # seed-major: GRPO and placebo lead
+        # row-major: GRPO and its placebo lead, and an interrupted ablation leaves whole rows, which report
+        jobs = [(row, seed) for row in runnable for seed in args.seeds]
         cmds = {(row.name, seed): run_command(row, seed, run_dir(out, row, seed), epochs, eval_freq, args.threads,
                                               extra) for row, seed in jobs}
 
