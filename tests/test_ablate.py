@@ -269,3 +269,31 @@ def test_end_to_end_on_motion_smoke(tmp_path):
     mtimes = [p.stat().st_mtime for p in sorted(out.rglob("metrics.jsonl"))]
     ablate.main(args)  # resumable: every run has its summary.md, so nothing runs again
     assert [p.stat().st_mtime for p in sorted(out.rglob("metrics.jsonl"))] == mtimes
+
+
+def test_time_to_reward_on_hand_written_runs_by_hand(fake_ablation, tmp_path):
+    """The time-to-reward document reads the same runs: EMA reaches GRPO's final gain at 128 samples (28 training s)
+    where GRPO takes 256 (56 s), a speed-up of 2; PTRW never does, and its placebo verdict stands beside it."""
+    out, values, seeds = fake_ablation
+    doc = tmp_path / "time_to_reward.md"
+    ablate.main(["--report-only", "--out", str(out), "--samples", "256", "--eval-every", "128",
+                 "--rows", "ema", "ptrw", "--time-to-reward", str(doc)])
+    text = doc.read_text()
+    target = np.mean([np.mean(values[("grpo", s)][2]) - np.mean(values[("grpo", s)][0]) for s in seeds])
+    assert f"{target:+.4f}" in text
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in text.splitlines()
+            if line.startswith("| ") and not line.startswith("| row")}
+    assert rows["grpo"][3:6] == ["256", "56", f"{1.0:.2f}"]
+    assert rows["ema"][3:6] == ["128", "28", f"{56 / 28:.2f}"]
+    assert rows["ptrw"][3].startswith("not reached in 256") and rows["ptrw"][2].startswith("never cleared")
+    assert rows["ema"][6] == f"{14 / 64:.3f}" and rows["ema"][7].rstrip(" |") == "32.0"
+
+
+def test_time_to_reward_says_when_grpo_gained_nothing(tmp_path):
+    base = [0.2, 0.3]
+    for name, placebo in (("grpo", False), ("placebo", True)):
+        fake_run(tmp_path / name / "seed0", 0, placebo, [base, base, [0.19, 0.29]])
+    doc = tmp_path / "ttr.md"
+    ablate.main(["--report-only", "--out", str(tmp_path), "--seeds", "0", "--rows", "ptrw", "--samples", "256",
+                 "--eval-every", "128", "--time-to-reward", str(doc)])
+    assert "it gained nothing, so there is no gain to time" in doc.read_text()

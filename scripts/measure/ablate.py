@@ -30,7 +30,8 @@ Each (row, seed) run goes to <out>/<row>/seed<k>: `scripts/train_recam.py` with 
 as `num_epochs` (--samples over the preset's samples per epoch), a held-out evaluation every --eval-every samples,
 `--threads` torch threads, and any --config.* argument given here (but not of the fields it sets). A finished run
 (summary.md present) is skipped and an interrupted one resumes from its checkpoints, so the same command picks up
-where it stopped. `--parallel` runs at a time, seed by seed, GRPO and its placebo first.
+where it stopped. `--parallel` runs at a time, row by row (every seed of a row, GRPO and its placebo
+first), so an interrupted ablation leaves whole rows to report.
 
 The report (<out>/report.md, docs-ready, and <out>/results.json) gives for each row, on the preset's primary
 held-out endpoint at its time point (eval.primary_endpoint, eval.primary_time: motion's is the grader's R@3 at the
@@ -46,7 +47,8 @@ last epoch):
 - training seconds and denoiser evaluations (NFE) per sample, and the samples and training seconds it took to
   reach GRPO's final gain (seed means on the evaluation grid).
 
-`--report-only` rereads finished runs and runs nothing; `--estimate` prints the CPU-time estimate and runs nothing.
+`--report-only` rereads finished runs and runs nothing; `--estimate` prints the CPU-time estimate and runs nothing;
+`--time-to-reward PATH` also writes docs/time_to_reward.md's table from the same runs.
 """
 
 from __future__ import annotations
@@ -523,6 +525,45 @@ def report(results: dict[str, RowResult], rows: list[Row], ctx: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def time_to_reward(results: dict[str, RowResult], rows: list[Row], ctx: dict) -> str:
+    """docs/time_to_reward.md from the ablation's runs: for every finished row, the samples and training seconds to
+    GRPO's final held-out gain, the speed-up against GRPO's own seconds to it, and the cost per sample. It reads the
+    same runs as the report, so a method is timed where GRPO learns and beside its placebo's verdict."""
+    metric = ctx["metric"]
+    lines = [f"# Time to reward: {ctx['preset']}, held-out {metric}", "",
+             f"Made by: `{ctx['command']}` (the ablation's runs: {len(ctx['seeds'])} seed(s) per "
+             f"row, {ctx['samples']:,} training samples each, held-out evaluation every {ctx['eval_samples']:,} "
+             "samples; docs/ablation/report.md has the same rows' endpoints)."]
+    done = [r for r in rows if r.name in results]
+    target = ctx["target"]
+    if not done:
+        return "\n".join([*lines, "", "GRPO and its placebo have not both finished every seed: nothing is timed.", ""])
+    if not target > 0:
+        return "\n".join([*lines, "", f"**GRPO's seed-mean held-out change at its last evaluation is {target:+.4f}: it "
+                           "gained nothing, so there is no gain to time and no speed-up can be read.**"]) + "\n"
+    grpo_s = (results["grpo"].to_gain or {}).get("seconds", math.nan)
+    lines += ["", f"Target: GRPO's final gain, its seed-mean change from the base at its last evaluation, "
+                  f"{target:+.4f}. A row's time is the first evaluation point where its seed-mean change reaches the "
+                  "target (points are on the sample grid, so a time is a grid point), with the training seconds "
+                  "there (sampling, rewards and updates; evaluations excluded; seed means). Speed-up: GRPO's seconds "
+                  "to the target over the row's. Against the placebo: the ablation's verdict on the endpoint, "
+                  "Holm-adjusted across the rows; a row that reaches the target but does not clear the placebo has "
+                  "a time that is not evidence of learning.",
+              "", "| row | kind | against the placebo | samples to target | training s to target | speed-up | "
+                  "train s / sample | NFE / sample |", "|---|---|---|---|---|---|---|---|"]
+    for row in done:
+        r = results[row.name]
+        placebo = "—" if row.name == "placebo" else verdict(r, "placebo")
+        if r.to_gain is None:
+            reach, secs, speed = f"not reached in {ctx['samples']:,}", "—", "—"
+        else:
+            reach, secs = f"{r.to_gain['samples']:,}", _num(r.to_gain["seconds"], ".0f")
+            speed = _num(grpo_s / r.to_gain["seconds"], ".2f") if r.to_gain["seconds"] > 0 else "n/a"
+        lines.append(f"| {row.name} | {row.kind} | {placebo} | {reach} | {secs} | {speed} | "
+                     f"{_num(r.cost['seconds_per_sample'], '.3f')} | {_num(r.cost['nfe_per_sample'], '.1f')} |")
+    return "\n".join(lines) + "\n"
+
+
 def _est_json(est: seed_gains.Estimate | None, p_holm: float | None = None) -> dict | None:
     if est is None:
         return None
@@ -600,6 +641,8 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--out", type=Path, default=Path("runs/ablation"))
     ap.add_argument("--report-only", action="store_true", help="reread finished runs, run nothing")
     ap.add_argument("--estimate", action="store_true", help="print the CPU-time estimate, run nothing")
+    ap.add_argument("--time-to-reward", type=Path, default=None,
+                    help="also write the time-to-reward document (docs/time_to_reward.md) from these runs")
     args = ap.parse_args([a for a in argv if not a.startswith("--config.")])
     check_extra(extra)
     out = args.out if args.out.is_absolute() else ROOT / args.out
@@ -650,6 +693,8 @@ def main(argv: list[str] | None = None) -> str:
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.md").write_text(text)
     (out / "results.json").write_text(json.dumps(_nan_to_none(results_json(results, rows, ctx)), indent=1) + "\n")
+    if args.time_to_reward is not None:
+        args.time_to_reward.write_text(time_to_reward(results, rows, ctx))
     print(text)
     return text
 
