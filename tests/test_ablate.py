@@ -13,7 +13,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from config.grpo import get_config  # noqa: E402
-from recam.infra.stats import crossed_interval, mean_interval, t975  # noqa: E402
+from recam.infra.stats import (  # noqa: E402
+    crossed_interval,
+    crossed_power,
+    detectable_effect,
+    mean_interval,
+    seeds_for_power,
+    t975,
+)
 from scripts.measure import ablate  # noqa: E402
 
 METRIC = "eval/r_precision_top3"
@@ -297,3 +304,21 @@ def test_time_to_reward_says_when_grpo_gained_nothing(tmp_path):
     ablate.main(["--report-only", "--out", str(tmp_path), "--seeds", "0", "--rows", "ptrw", "--samples", "256",
                  "--eval-every", "128", "--time-to-reward", str(doc)])
     assert "it gained nothing, so there is no gain to time" in doc.read_text()
+
+
+def test_what_the_seeds_resolve_against_grpo_by_hand(fake_ablation):
+    """Each row minus GRPO gets the smallest difference its design finds 80% of the time and the seed pairs the
+    measured difference needs, both from that difference's own seeds x conditions variance components."""
+    out, values, seeds = fake_ablation
+    text = ablate.main(["--report-only", "--out", str(out), "--samples", "256", "--eval-every", "128",
+                        "--rows", "ema", "ptrw"])
+    res = {r["name"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
+    for name in ("ema", "ptrw"):
+        c = crossed_interval([values[(name, s)][2] - values[("grpo", s)][2] for s in seeds])
+        comps = (c.var_seed, c.var_condition, c.var_residual)
+        mde = detectable_effect(*comps, 3, 8)
+        assert crossed_power(mde, *comps, 3, 8) == pytest.approx(0.8, abs=1e-6)
+        assert res[name]["resolves_vs_grpo"]["detectable_80"] == pytest.approx(mde, rel=1e-9)
+        assert res[name]["resolves_vs_grpo"]["seeds_for_measured"] == seeds_for_power(c.mean, *comps, 8)
+        assert f"| {name} | {c.mean:+.4f} ± {c.half:.4f} | {mde:.4f} |" in text
+    assert res["grpo"]["resolves_vs_grpo"]["detectable_80"] is None  # GRPO is not compared with itself

@@ -9,11 +9,13 @@ import pytest
 from scipy import stats
 
 from recam.infra.stats import (
+    _two_sided_power,
     batch_means_interval,
     blocks_for,
     conditions_for_power,
     crossed_interval,
     crossed_power,
+    detectable_effect,
     holm,
     mean_interval,
     seeds_for_power,
@@ -201,3 +203,30 @@ def test_the_bound_from_per_seed_summaries():
     assert got.half >= mean_interval(t.mean(axis=1))[1] - 1e-12
     with pytest.raises(ValueError, match="2 or more seeds"):
         crossed_bound([0.1], [0.2], 40)
+
+
+def test_detectable_effect_inverts_the_power_and_matches_the_normal_formula():
+    """The effect found 80% of the time: crossed_power there is 0.8; with many degrees of freedom it is the
+    textbook (z_0.975 + z_0.8) x the standard error; and the seeds' term keeps it from shrinking with conditions."""
+    comps = (0.01 ** 2, 0.04 ** 2, 0.02 ** 2)
+    d = detectable_effect(*comps, 3, 128)
+    assert crossed_power(d, *comps, 3, 128) == pytest.approx(0.8, abs=1e-6)
+    se = math.sqrt(0.03 ** 2 / 400 + 0.05 ** 2 / 400 ** 2)  # no seeds' term: df in the hundreds
+    d_big = detectable_effect(0.0, 0.03 ** 2, 0.05 ** 2, 400, 400)
+    assert d_big == pytest.approx((stats.norm.ppf(0.975) + stats.norm.ppf(0.8)) * se, rel=0.01)
+    assert detectable_effect(*comps, 3, 10 ** 6) > detectable_effect(*comps, 30, 10 ** 6)
+    assert detectable_effect(0.0, 0.0, 0.0, 3, 128) == 0.0
+
+
+def test_power_is_monotone_where_scipy_s_noncentral_t_gives_nan():
+    """At 1.4 degrees of freedom scipy's noncentral t returns NaN for some tails; the power there comes from the
+    integral over the chi-square (checked against the noncentral t where it is finite), not from the normal, and it
+    rises with the effect."""
+    comps, S, C = (0.0, 0.0, 5.378e-4), 3, 8
+    effects = np.linspace(0.030, 0.045, 31)
+    powers = [crossed_power(e, *comps, S, C) for e in effects]
+    assert all(b > a for a, b in zip(powers, powers[1:], strict=False))
+    df, crit = 2.0, stats.t.ppf(0.975, 2.0)
+    for ncp in (0.5, 2.0, 5.0):
+        by_nct = stats.nct.sf(crit, df, ncp) + stats.nct.cdf(-crit, df, ncp)
+        assert _two_sided_power(crit, df, ncp) == pytest.approx(by_nct, abs=1e-7)

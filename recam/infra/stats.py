@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
+from scipy import integrate, stats
 
 
 def t975(df: int) -> float:
@@ -277,9 +277,24 @@ def crossed_power(effect: float, var_seed: float, var_condition: float, var_resi
     crit = float(stats.t.ppf(1 - alpha / 2, df))
     ncp = abs(effect) / math.sqrt(var)
     power = float(stats.nct.sf(crit, df, ncp) + stats.nct.cdf(-crit, df, ncp))
-    if not math.isfinite(power):  # scipy's noncentral t gives NaN far in its tail: the normal there is exact enough
-        power = float(stats.norm.sf(crit - ncp) + stats.norm.cdf(-crit - ncp))
+    if not math.isfinite(power):
+        # scipy's noncentral t gives NaN at some points far in a tail; the normal is no substitute at a few degrees
+        # of freedom (at df 1.4 it said 0.97 where the power is 0.74), so integrate over the chi-square instead
+        power = _two_sided_power(crit, df, ncp)
     return power
+
+
+def _two_sided_power(crit: float, df: float, ncp: float) -> float:
+    """P(|Z + ncp| > crit sqrt(X / df)) for Z normal and X chi-square with df degrees of freedom: the noncentral t's
+    two tails as one integral over X's quantiles (bounded and smooth on [0, 1])."""
+    if not math.isfinite(df):
+        return float(stats.norm.sf(crit - ncp) + stats.norm.cdf(-crit - ncp))
+
+    def tails(u: float) -> float:
+        scale = crit * math.sqrt(float(stats.chi2.ppf(u, df)) / df)
+        return float(stats.norm.sf(scale - ncp) + stats.norm.cdf(-scale - ncp))
+
+    return float(integrate.quad(tails, 0.0, 1.0, limit=200, epsabs=1e-10)[0])
 
 
 def seeds_for_power(effect: float, var_seed: float, var_condition: float, var_residual: float, conditions: int,
@@ -289,6 +304,26 @@ def seeds_for_power(effect: float, var_seed: float, var_condition: float, var_re
         if crossed_power(effect, var_seed, var_condition, var_residual, S, conditions) >= power:
             return S
     return None
+
+
+def detectable_effect(var_seed: float, var_condition: float, var_residual: float, seeds: int, conditions: int,
+                      power: float = 0.8, alpha: float = 0.05) -> float:
+    """The smallest true mean that the crossed test finds with probability `power` at these variance components,
+    seeds and conditions (crossed_power inverted by bisection; power rises with the effect). A reviewer reads a
+    difference not separated from 0 against it: an effect this size or larger would most likely have shown."""
+    var = var_seed / seeds + var_condition / conditions + var_residual / (seeds * conditions)
+    if var <= 0:
+        return 0.0
+    lo, hi = 0.0, math.sqrt(var)
+    while crossed_power(hi, var_seed, var_condition, var_residual, seeds, conditions, alpha) < power:
+        lo, hi = hi, 2 * hi
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if crossed_power(mid, var_seed, var_condition, var_residual, seeds, conditions, alpha) >= power:
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 def conditions_for_power(effect: float, var_seed: float, var_condition: float, var_residual: float, seeds: int,
