@@ -86,6 +86,8 @@ def test_a_runs_cost_own_metrics_and_draws_by_hand():
               {"samples_per_epoch": 64, "epoch_seconds": 16.0, "nfe_sampling": 1280, "nfe_training": 1536}]
     cost = ablate.run_cost(epochs)
     assert cost["seconds_per_sample"] == pytest.approx(30.0 / 128)
+    paused = [*epochs, {"samples_per_epoch": 64, "epoch_seconds": 800.0, "nfe_sampling": 1280, "nfe_training": 768}]
+    assert ablate.run_cost(paused)["seconds_per_sample"] == pytest.approx(16.0 / 64)  # the median epoch's pace
     assert cost["nfe_per_sample"] == pytest.approx((2560 + 2304) / 128)
     assert cost["nfe_training_per_sample"] == pytest.approx(2304 / 128)
     steps = [{"clipfrac": 0.1}, {"clipfrac": 0.3, "ema/variance_reduction_ratio": 1.2},
@@ -322,3 +324,33 @@ def test_what_the_seeds_resolve_against_grpo_by_hand(fake_ablation):
         assert res[name]["resolves_vs_grpo"]["seeds_for_measured"] == seeds_for_power(c.mean, *comps, 8)
         assert f"| {name} | {c.mean:+.4f} ± {c.half:.4f} | {mde:.4f} |" in text
     assert res["grpo"]["resolves_vs_grpo"]["detectable_80"] is None  # GRPO is not compared with itself
+
+
+def test_control_seeds_run_grpo_and_its_placebo_only_and_rows_pair_on_their_own(fake_ablation):
+    """--control-seeds: GRPO and the placebo on a fourth seed; GRPO minus placebo is over all four, a row minus GRPO
+    over the row's three; the estimate counts the two extra runs; a missing control seed is reported unfinished."""
+    out, values, seeds = fake_ablation
+    rng = np.random.default_rng(7)
+    base = values[("grpo", 0)][0]
+    values[("grpo", 3)] = [base, base + 0.04, base + 0.09 + rng.normal(0, 0.02, len(base))]
+    values[("placebo", 3)] = [base, base + rng.normal(0, 0.02, len(base)), base + rng.normal(0, 0.02, len(base))]
+    args = ["--report-only", "--out", str(out), "--samples", "256", "--eval-every", "128", "--rows", "ema"]
+    text = ablate.main([*args, "--control-seeds", "3"])
+    assert "- grpo: seed 3" in text and "- placebo: seed 3" in text and "- ema: seed 3" not in text
+    for name in ("grpo", "placebo"):
+        fake_run(out / name / "seed3", 3, name == "placebo", values[(name, 3)])
+    text = ablate.main([*args, "--control-seeds", "3"])
+    res = {r["name"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
+    four = crossed_interval([values[("grpo", s)][2] - values[("placebo", s)][2] for s in (0, 1, 2, 3)])
+    assert res["grpo"]["minus_placebo"]["mean"] == pytest.approx(four.mean, abs=1e-12)
+    assert res["grpo"]["minus_placebo"]["half"] == pytest.approx(four.half, rel=1e-9)
+    three = crossed_interval([values[("ema", s)][2] - values[("grpo", s)][2] for s in seeds])
+    assert res["ema"]["minus_grpo"]["mean"] == pytest.approx(three.mean, abs=1e-12)
+    assert res["ema"]["minus_grpo"]["half"] == pytest.approx(three.half, rel=1e-9)
+    assert "GRPO and its placebo on 4 (0, 1, 2, 3" in text
+    plain = ablate.main(["--preset", "motion_tiny_cpu", "--estimate", "--rows", "ptrw"])
+    more = ablate.main(["--preset", "motion_tiny_cpu", "--estimate", "--rows", "ptrw", "--control-seeds", "3", "4"])
+    assert plain.startswith("3 rows x 3 seeds = 9 runs") and more.startswith("3 rows x 3 seeds + GRPO and its "
+                                                                             "placebo on 2 more = 13 runs")
+    hours = [float(t.split("about ")[1].split(" core-hours")[0]) for t in (plain, more)]
+    assert hours[1] == pytest.approx(hours[0] * 13 / 9, rel=0.1)

@@ -3,8 +3,12 @@ the policy-optimisation methods, each against GRPO and against its placebo on on
 
 The real run (motion, 4,096 samples per run, the seeds of issue 61; resumable, so the same command continues):
 
-    python scripts/measure/ablate.py --preset motion_tiny_cpu --seeds 0 1 2 --samples 4096 --parallel 2 \
-        --threads 1 --out runs/ablation_motion
+    python scripts/measure/ablate.py --preset motion_tiny_cpu --seeds 0 1 2 --control-seeds 3 4 5 --samples 4096 \
+        --parallel 2 --threads 1 --out runs/ablation_motion --time-to-reward docs/time_to_reward.md
+
+GRPO and its placebo run three more seeds than the rows: on seeds 0-2 GRPO led its placebo by +0.049 ± 0.054 (p
+0.066; seeds x conditions), and that design's variance components put 80% power for +0.05 at six seed pairs
+(`scripts/seed_gains.py --power 0.05` on those runs). The control seeds add 6 runs, about 1.7 core-hours.
 
 Its CPU time, from motion_tiny_cpu's measured cost (`--estimate` prints it): 17 runnable rows x 3 seeds = 51 runs of
 64 epochs, about 19.5 core-hours, so about 10 hours of wall time at --parallel 2 on 2 free cores. Each row trains at
@@ -63,6 +67,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -291,9 +297,12 @@ def run_one(cmd: list[str], folder: Path, threads: int) -> int:
 
 def run_cost(epochs: list[dict]) -> dict:
     """Training seconds (sampling, rewards, update; never evaluation) and denoiser evaluations per sample over a
-    run's epoch records."""
+    run's epoch records. The seconds are the median epoch's per sample: a run paused or crowded for a while (a test
+    suite beside it, a machine's other work) has a few slow epochs, and the median is the run's own pace."""
     samples = math.fsum(float(r.get("samples_per_epoch") or 0) for r in epochs)
-    seconds = math.fsum(float(r.get("epoch_seconds") or 0) for r in epochs)
+    paces = [float(r["epoch_seconds"]) / float(r["samples_per_epoch"]) for r in epochs
+             if r.get("samples_per_epoch") and isinstance(r.get("epoch_seconds"), (int, float))]
+    seconds = float(np.median(paces)) * samples if paces else math.nan
     nfe_s = math.fsum(float(r.get("nfe_sampling") or 0) for r in epochs)
     nfe_t = math.fsum(float(r.get("nfe_training") or 0) for r in epochs)
     per = (lambda x: x / samples) if samples else (lambda x: math.nan)
@@ -350,11 +359,13 @@ def compare(results: dict[str, RowResult], metric: str, which: int) -> None:
     """Each finished row's change from its base, minus GRPO and minus the placebo (scripts/seed_gains.py: paired by
     seed and condition where the seeds match, the seeds x conditions interval), each column Holm-adjusted across
     its rows; and the row minus the placebo at every evaluation point, for the rows that never led it."""
-    grpo, placebo = results["grpo"].runs, results["placebo"].runs
     for name, r in results.items():
         evals = [seed_gains.run_evals(run) for run in r.runs]
         r.change = seed_gains.over_seeds([(e[0], e[which]) for e in evals], metric)
-        if name not in ("grpo", "placebo"):
+        # a row is compared on its own seeds: GRPO's and the placebo's extra control seeds have no partner in it
+        mine = {seed_gains.run_seed(run) for run in r.runs}
+        grpo, placebo = ([run for run in results[arm].runs if seed_gains.run_seed(run) in mine] for arm in CONTROLS)
+        if name not in CONTROLS:
             r.vs["grpo"] = seed_gains.grpo_minus_placebo(r.runs, grpo, metric, which)
         if name != "placebo":
             r.vs["placebo"] = seed_gains.grpo_minus_placebo(r.runs, placebo, metric, which)
@@ -429,6 +440,8 @@ def summarise(results: dict[str, RowResult], metric: str) -> float:
                  for run, x in zip(r.runs, reads, strict=True) if seed_gains.run_seed(run) in grpo_draws]
         r.draws = None if not pairs or None in pairs else all(pairs)
         r.to_gain = time_to_gain(gain_curve(r.runs, metric), target) if target > 0 else None
+        if r.to_gain is not None:  # at the run's own pace (run_cost), not the clock's, which counts any pause
+            r.to_gain["seconds"] = r.to_gain["samples"] * r.cost["seconds_per_sample"]
     return target
 
 
@@ -528,9 +541,13 @@ def tables(results: dict[str, RowResult], done: list[Row], ctx: dict) -> list[st
 
 def report(results: dict[str, RowResult], rows: list[Row], ctx: dict) -> str:
     metric, when = ctx["metric"], "the last epoch" if ctx["time"] == "last" else "the reported checkpoint"
+    ctl = ctx.get("control_seeds", ctx["seeds"])
+    controls = "" if ctl == ctx["seeds"] else (f", GRPO and its placebo on {len(ctl)} ({', '.join(map(str, ctl))}; "
+                                               "a row is compared with them on its own seeds)")
     lines = [f"# Ablation on {ctx['preset']}: the plan's variants, the methods and a two-pass control against GRPO "
              "and its placebo", "", f"Made by: `{ctx['command']}`", "",
-             f"{len(ctx['seeds'])} seed(s) ({', '.join(map(str, ctx['seeds']))}) per row, {ctx['samples']:,} training "
+             f"{len(ctx['seeds'])} seed(s) ({', '.join(map(str, ctx['seeds']))}) per row{controls}, "
+             f"{ctx['samples']:,} training "
              f"samples per run ({ctx['epochs']} epoch{'s' if ctx['epochs'] != 1 else ''}), held-out evaluation "
              f"every {ctx['eval_samples']:,} samples. "
              f"Endpoint: **{metric} at {when}** (the preset's eval.primary_endpoint / eval.primary_time), change from "
@@ -642,16 +659,27 @@ def _nan_to_none(x):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def collect(rows: list[Row], out: Path, seeds: list[int], codes: dict) -> tuple[dict[str, RowResult], dict]:
+CONTROLS = ("grpo", "placebo")
+
+
+def row_seeds(row: Row, seeds: list[int], control_seeds: list[int]) -> list[int]:
+    """The seeds a row runs: every row the shared seeds, GRPO and its placebo the control seeds too (their difference
+    is the regime check, and it needs more seed pairs than a row's difference from GRPO; issue 61's power)."""
+    return list(seeds) + ([s for s in control_seeds if s not in seeds] if row.name in CONTROLS else [])
+
+
+def collect(rows: list[Row], out: Path, seeds: list[int], codes: dict,
+            control_seeds: list[int] = ()) -> tuple[dict[str, RowResult], dict]:
     """The rows whose every seed finished, and for the others what is missing."""
     results, unfinished = {}, {}
     for row in rows:
         if row.refused:
             continue
-        folders = [run_dir(out, row, s) for s in seeds]
+        mine = row_seeds(row, seeds, control_seeds)
+        folders = [run_dir(out, row, s) for s in mine]
         missing = [f"seed {s}" + (f" (exit {codes[(row.name, s)]}; see {f / 'console.log'})"
                                   if codes.get((row.name, s)) else "")
-                   for s, f in zip(seeds, folders, strict=True) if not finished(f)]
+                   for s, f in zip(mine, folders, strict=True) if not finished(f)]
         if missing:
             unfinished[row.name] = ", ".join(missing)
         else:
@@ -665,6 +693,9 @@ def main(argv: list[str] | None = None) -> str:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="motion_tiny_cpu")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--control-seeds", nargs="*", type=int, default=[],
+                    help="more seeds for GRPO and its placebo only (their difference is the regime check, which "
+                         "needs more seed pairs than the rows' differences from GRPO)")
     ap.add_argument("--samples", type=int, default=CLEARED_AT, help="training samples per run (num_epochs)")
     ap.add_argument("--eval-every", type=int, default=1024, help="samples between held-out evaluations")
     ap.add_argument("--rows", nargs="+", default=list(ROW_NAMES), choices=ROW_NAMES,
@@ -688,9 +719,13 @@ def main(argv: list[str] | None = None) -> str:
             raise SystemExit(f"no measured cost for {args.preset} (known: {sorted(COSTS)})")
         base = get_config(args.preset)
         factors = [training_factor(resolve(r.preset, r.overrides), base) for r in runnable]
-        secs = estimate_seconds(factors, len(args.seeds), epochs * per_epoch, 1 + math.ceil(epochs / eval_freq),
-                                COSTS[args.preset])
-        text = (f"{len(runnable)} rows x {len(args.seeds)} seeds = {len(runnable) * len(args.seeds)} runs of {epochs} "
+        extra = len(row_seeds(runnable[0], args.seeds, args.control_seeds)) - len(args.seeds)
+        evaluations = 1 + math.ceil(epochs / eval_freq)
+        secs = estimate_seconds(factors, len(args.seeds), epochs * per_epoch, evaluations, COSTS[args.preset])
+        secs += estimate_seconds([1.0, 1.0], extra, epochs * per_epoch, evaluations, COSTS[args.preset])
+        runs = len(runnable) * len(args.seeds) + 2 * extra
+        text = (f"{len(runnable)} rows x {len(args.seeds)} seeds" + (f" + GRPO and its placebo on {extra} more"
+                                                                     if extra else "") + f" = {runs} runs of {epochs} "
                 f"epochs: about {secs / 3600:.1f} core-hours ({secs / 3600 / max(1, args.parallel):.1f} h of wall "
                 f"time at --parallel {args.parallel} on as many free cores); training factors "
                 + ", ".join(f"{r.name} {f:.2f}" for r, f in zip(runnable, factors, strict=True)))
@@ -699,7 +734,7 @@ def main(argv: list[str] | None = None) -> str:
     codes = {}
     if not args.report_only:
         # row-major: GRPO and its placebo lead, and an interrupted ablation leaves whole rows, which report
-        jobs = [(row, seed) for row in runnable for seed in args.seeds]
+        jobs = [(row, seed) for row in runnable for seed in row_seeds(row, args.seeds, args.control_seeds)]
         cmds = {(row.name, seed): run_command(row, seed, run_dir(out, row, seed), epochs, eval_freq, args.threads,
                                               extra) for row, seed in jobs}
 
@@ -711,10 +746,11 @@ def main(argv: list[str] | None = None) -> str:
 
         with ThreadPoolExecutor(max(1, args.parallel)) as pool:
             codes = {(r.name, s): c for (r, s), c in zip(jobs, pool.map(go, jobs), strict=True)}
-    results, unfinished = collect(rows, out, args.seeds, codes)
+    results, unfinished = collect(rows, out, args.seeds, codes, args.control_seeds)
     config = resolve(args.preset, ())
     ctx = {"command": "python scripts/measure/ablate.py " + shlex.join(argv), "preset": args.preset,
-           "seeds": args.seeds, "samples": epochs * per_epoch, "epochs": epochs, "eval_samples": eval_freq * per_epoch,
+           "seeds": args.seeds, "control_seeds": row_seeds(Row("grpo", "", ""), args.seeds, args.control_seeds),
+           "samples": epochs * per_epoch, "epochs": epochs, "eval_samples": eval_freq * per_epoch,
            "metric": config.eval.primary_endpoint, "time": config.eval.primary_time, "target": math.nan,
            "unfinished": unfinished}
     if "grpo" in results and "placebo" in results:
