@@ -593,7 +593,8 @@ def time_to_reward(results: dict[str, RowResult], rows: list[Row], ctx: dict) ->
     lines += ["", f"Target: GRPO's final gain, its seed-mean change from the base at its last evaluation, "
                   f"{target:+.4f}. A row's time is the first evaluation point where its seed-mean change reaches the "
                   "target (points are on the sample grid, so a time is a grid point), with the training seconds "
-                  "there (sampling, rewards and updates; evaluations excluded; seed means). Speed-up: GRPO's seconds "
+                  "to get there at the row's median epoch pace (sampling, rewards and updates; evaluations excluded; "
+                  "a pause in a run does not count). Speed-up: GRPO's seconds "
                   "to the target over the row's. Against the placebo: the ablation's verdict on the endpoint, "
                   "Holm-adjusted across the rows; a row that reaches the target but does not clear the placebo has "
                   "a time that is not evidence of learning.",
@@ -665,7 +666,11 @@ CONTROLS = ("grpo", "placebo")
 def row_seeds(row: Row, seeds: list[int], control_seeds: list[int]) -> list[int]:
     """The seeds a row runs: every row the shared seeds, GRPO and its placebo the control seeds too (their difference
     is the regime check, and it needs more seed pairs than a row's difference from GRPO; issue 61's power)."""
-    return list(seeds) + ([s for s in control_seeds if s not in seeds] if row.name in CONTROLS else [])
+    return control_seed_list(seeds, control_seeds) if row.name in CONTROLS else list(seeds)
+
+
+def control_seed_list(seeds: list[int], control_seeds: list[int]) -> list[int]:
+    return list(seeds) + [s for s in control_seeds if s not in seeds]
 
 
 def collect(rows: list[Row], out: Path, seeds: list[int], codes: dict,
@@ -749,7 +754,7 @@ def main(argv: list[str] | None = None) -> str:
     results, unfinished = collect(rows, out, args.seeds, codes, args.control_seeds)
     config = resolve(args.preset, ())
     ctx = {"command": "python scripts/measure/ablate.py " + shlex.join(argv), "preset": args.preset,
-           "seeds": args.seeds, "control_seeds": row_seeds(Row("grpo", "", ""), args.seeds, args.control_seeds),
+           "seeds": args.seeds, "control_seeds": control_seed_list(args.seeds, args.control_seeds),
            "samples": epochs * per_epoch, "epochs": epochs, "eval_samples": eval_freq * per_epoch,
            "metric": config.eval.primary_endpoint, "time": config.eval.primary_time, "target": math.nan,
            "unfinished": unfinished}
