@@ -170,7 +170,8 @@ def fake_ablation(tmp_path):
         values[("ema", s)] = [base, base + 0.15 + rng.normal(0, 0.02, C), base + 0.20 + rng.normal(0, 0.02, C)]
         values[("ptrw", s)] = [base, *(p + swing + rng.normal(0, 0.002, C) for p in placebo)]
         values[("amic", s)] = values[("grpo", s)]
-    steps = {"grpo": lambda s: [{"clipfrac": 0.01 * (s + 1)}, {"clipfrac": 0.03}],
+    steps = {"grpo": lambda s: [{"clipfrac": 0.01 * (s + 1), "ratio_max": 1.0 + 3e-4 * (s + 1), "ratio_min": 0.9995},
+                                {"clipfrac": 0.03, "ratio_max": 1.0002, "ratio_min": 1.0 - 1e-4 * (s + 1)}],
              "placebo": lambda s: [{"clipfrac": 0.02}],
              "ema": lambda s: [{"clipfrac": 0.0, "ema/smoothed_fraction": 0.0},
                                {"clipfrac": 0.02, "ema/smoothed_fraction": 0.5,
@@ -235,6 +236,15 @@ def test_the_report_on_hand_written_runs_by_hand(fake_ablation):
     assert res["ptrw"]["own"]["ptrw/trust_weights_mean"]["mean"] == pytest.approx(0.95)
     assert res["grpo"]["own"]["clipfrac"]["mean"] == pytest.approx(mean_interval([0.02, 0.025, 0.03])[0])
     assert f"ptrw/trust_weights_mean {0.95:.4g} ±" in text
+    # how far a ratio got from 1: each run's farthest over its steps (GRPO's seed 0 reaches 5e-4 below 1, seeds 1
+    # and 2 6e-4 and 9e-4 above it; nothing for the rows that logged no ratios)
+    reach = res["grpo"]["own"]["ratio_reach"]
+    assert reach["per_seed"] == pytest.approx([5e-4, 6e-4, 9e-4], abs=1e-12)
+    assert (reach["mean"], reach["half"]) == pytest.approx(mean_interval([5e-4, 6e-4, 9e-4]), rel=1e-9)
+    assert res["ema"]["own"]["ratio_reach"]["mean"] is None
+    grpo_line = next(line for line in text.splitlines() if line.startswith("| grpo | — |"))
+    assert f"| {reach['mean']:.4g} ± {reach['half']:.2g} |" in grpo_line and "| no ratios |" in text
+    assert "beside the preset's clip range of 0.001" in text
     # cost: 14 s and 2,048 denoiser evaluations per epoch of 64
     assert res["ema"]["cost"]["seconds_per_sample"] == pytest.approx(14 / 64)
     assert res["ema"]["cost"]["nfe_per_sample"] == pytest.approx(32.0)

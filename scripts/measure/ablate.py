@@ -97,6 +97,7 @@ OWN_METRICS = {
     "use_asymmetric_clipping": ("asymmetric/clipfrac_pos", "asymmetric/clipfrac_neg"),
 }
 CLIPFRAC = "clipfrac"  # every row's: the share of ratios outside the trust region in force (PTRW: for comparison)
+RATIO_REACH = "ratio_reach"  # every row's: the farthest a ratio got from 1 in the run (ratio_reach)
 ALPHA = 0.05
 # the sample budget at which motion GRPO's held-out R@3 first cleared its placebo (docs/results.md, 16,000 samples)
 CLEARED_AT = 4096
@@ -329,11 +330,21 @@ def same_draws(a: list, b: list) -> bool | None:
     return all(a[i] == b[i] for i in range(n))
 
 
+def ratio_reach(steps: list[dict]) -> float:
+    """The farthest any importance ratio got from 1 over a run's optimizer steps (max of ratio_max - 1 and
+    1 - ratio_min): whether a trust region of the preset's clip range could have bound at all. NaN for an objective
+    without ratios."""
+    reach = [max(float(s[hi]) - 1.0, 1.0 - float(s[lo])) for s in steps
+             for hi, lo in [("ratio_max", "ratio_min")]
+             if all(isinstance(s.get(k), (int, float)) and math.isfinite(s[k]) for k in (hi, lo))]
+    return max(reach) if reach else math.nan
+
+
 def read_run(folder: Path, own: tuple[str, ...]) -> dict:
     records = read_records(folder / "metrics.jsonl")
     epochs = [r for r in records if r.get("type") == "epoch"]
     steps = [r for r in records if r.get("type") == "step"]
-    return {"cost": run_cost(epochs), "own": step_means(steps, (*own, CLIPFRAC)),
+    return {"cost": run_cost(epochs), "own": {**step_means(steps, (*own, CLIPFRAC)), RATIO_REACH: ratio_reach(steps)},
             "draws": [r.get("dataset_indices") for r in epochs]}
 
 
@@ -432,7 +443,7 @@ def summarise(results: dict[str, RowResult], metric: str) -> float:
     target = target[max(target)][0]
     for r in results.values():
         reads = [read_run(run, r.row.own) for run in r.runs]
-        for key in (*r.row.own, CLIPFRAC):
+        for key in (*r.row.own, CLIPFRAC, RATIO_REACH):
             values = [x["own"][key] for x in reads]
             r.own[key] = (*mean_interval(values), values)
         r.cost = {k: mean_interval([x["cost"][k] for x in reads])[0] for k in reads[0]["cost"]}
@@ -527,15 +538,19 @@ def tables(results: dict[str, RowResult], done: list[Row], ctx: dict) -> list[st
             lines.append(f"| {row.name} | {_est(est)} | {_num(mde, '.4f')} | {need} |")
     lines += ["", f"What each row did, and what it cost (own metrics: mean over the optimizer steps that logged "
                   f"them, ± over seeds; time to GRPO's final gain of {ctx['target']:+.4f}: the first evaluation "
-                  "point whose seed-mean change reaches it, with the training seconds there)", "",
-              "| row | own metrics | clipfrac | train s / sample | NFE / sample | drew GRPO's conditions | time to "
-              "GRPO's final gain |", "|---|---|---|---|---|---|---|"]
+                  "point whose seed-mean change reaches it, with the training seconds there; farthest ratio from "
+                  "1: the largest |ratio - 1| of each run, mean ± over seeds, beside the preset's clip range of "
+                  f"{_num(ctx.get('clip_range', math.nan), '.3g')}: a trust-region variant acts only on ratios that "
+                  "reach its range)", "",
+              "| row | own metrics | clipfrac | farthest ratio from 1 | train s / sample | NFE / sample | drew GRPO's "
+              "conditions | time to GRPO's final gain |", "|---|---|---|---|---|---|---|---|"]
     for row in done:
         r = results[row.name]
         draws = {True: "yes", False: "no", None: "n/a"}[r.draws]
+        reach = _own(r, (RATIO_REACH,)).removeprefix(RATIO_REACH + " ").replace("not logged", "no ratios")
         lines.append(f"| {row.name} | {_own(r, row.own)} | {_own(r, (CLIPFRAC,)).removeprefix(CLIPFRAC + ' ')} | "
-                     f"{_num(r.cost['seconds_per_sample'], '.3f')} | {_num(r.cost['nfe_per_sample'], '.1f')} | "
-                     f"{draws} | {_gain(r, ctx['target'], ctx['samples'])} |")
+                     f"{reach} | {_num(r.cost['seconds_per_sample'], '.3f')} | "
+                     f"{_num(r.cost['nfe_per_sample'], '.1f')} | {draws} | {_gain(r, ctx['target'], ctx['samples'])} |")
     return lines
 
 
@@ -757,6 +772,7 @@ def main(argv: list[str] | None = None) -> str:
            "seeds": args.seeds, "control_seeds": control_seed_list(args.seeds, args.control_seeds),
            "samples": epochs * per_epoch, "epochs": epochs, "eval_samples": eval_freq * per_epoch,
            "metric": config.eval.primary_endpoint, "time": config.eval.primary_time, "target": math.nan,
+           "clip_range": float(config.train.clip_range),
            "unfinished": unfinished}
     if "grpo" in results and "placebo" in results:
         compare(results, ctx["metric"], seed_gains.TIMES[ctx["time"]])
