@@ -211,11 +211,14 @@ def test_the_report_on_hand_written_runs_by_hand(fake_ablation):
     for n, c in minus_grpo.items():
         assert res[n]["minus_grpo"]["mean"] == pytest.approx(c.mean, abs=1e-12)
         assert res[n]["minus_grpo"]["half"] == pytest.approx(c.half, rel=1e-9)
-    # Holm across the rows of each column (AMIC unfinished and GRPO-Guard refused are in neither)
-    for col, ests in (("minus_placebo", minus_placebo), ("minus_grpo", minus_grpo)):
-        names = list(ests)
+    # GRPO minus its placebo is the gate, unadjusted; behind it the rows are Holm-adjusted among themselves, a row
+    # minus the placebo never below the gate's p (AMIC unfinished and GRPO-Guard refused are in neither family)
+    gate = minus_placebo["grpo"].p
+    assert res["grpo"]["minus_placebo"]["p_holm"] == pytest.approx(gate, rel=1e-9)
+    for col, ests, floor in (("minus_placebo", minus_placebo, gate), ("minus_grpo", minus_grpo, 0.0)):
+        names = [n for n in ests if n != "grpo"]
         for n, adj in zip(names, holm_by_hand([ests[n].p for n in names]), strict=True):
-            assert res[n][col]["p_holm"] == pytest.approx(adj, rel=1e-9)
+            assert res[n][col]["p_holm"] == pytest.approx(max(adj, floor), rel=1e-9)
     change = crossed_interval([values[("ema", s)][2] - values[("ema", s)][0] for s in seeds])
     assert res["ema"]["change"]["mean"] == pytest.approx(change.mean, abs=1e-12)
     assert res["ema"]["against_placebo"] == res["grpo"]["against_placebo"] == "clears the placebo"
@@ -357,10 +360,51 @@ def test_control_seeds_run_grpo_and_its_placebo_only_and_rows_pair_on_their_own(
     three = crossed_interval([values[("ema", s)][2] - values[("grpo", s)][2] for s in seeds])
     assert res["ema"]["minus_grpo"]["mean"] == pytest.approx(three.mean, abs=1e-12)
     assert res["ema"]["minus_grpo"]["half"] == pytest.approx(three.half, rel=1e-9)
-    assert "GRPO and its placebo on 4 (0, 1, 2, 3" in text
+    assert "GRPO and its placebo on 4 (0, 1, 2, 3" in text and "(the gate: 4 seed pairs)" in text
+    # GRPO's change from the base, and the gain every row's time is read against, are on the rows' three seeds:
+    # seed 3 (a gain of 0.09 where the others gain about 0.10) has no partner in any row
+    change = crossed_interval([values[("grpo", s)][2] - values[("grpo", s)][0] for s in seeds])
+    assert res["grpo"]["change"]["mean"] == pytest.approx(change.mean, abs=1e-12)
+    target = np.mean([np.mean(values[("grpo", s)][2]) - np.mean(values[("grpo", s)][0]) for s in seeds])
+    assert json.loads((out / "results.json").read_text())["target"] == pytest.approx(target)
     plain = ablate.main(["--preset", "motion_tiny_cpu", "--estimate", "--rows", "ptrw"])
     more = ablate.main(["--preset", "motion_tiny_cpu", "--estimate", "--rows", "ptrw", "--control-seeds", "3", "4"])
     assert plain.startswith("3 rows x 3 seeds = 9 runs") and more.startswith("3 rows x 3 seeds + GRPO and its "
                                                                              "placebo on 2 more = 13 runs")
     hours = [float(t.split("about ")[1].split(" core-hours")[0]) for t in (plain, more)]
     assert hours[1] == pytest.approx(hours[0] * 13 / 9, rel=0.1)
+
+
+def test_rows_behind_the_gate_by_hand():
+    """Serial gatekeeping: GRPO minus placebo at p 0.03 is the gate; rows at 0.001, 0.02 and 0.5 are Holm-adjusted
+    to 0.003, 0.04 and 0.5 among themselves, and none may fall below the gate's 0.03."""
+    assert ablate.gated_holm(0.03, [0.001, 0.02, 0.5]) == pytest.approx([0.03, 0.04, 0.5])
+    assert ablate.gated_holm(0.001, [0.001, 0.02, 0.5]) == pytest.approx([0.003, 0.04, 0.5])
+    # a gate that failed keeps every row from clearing; one that could not be evaluated rejects nothing
+    assert all(p >= 0.2 for p in ablate.gated_holm(0.2, [0.0001, 0.01]))
+    assert all(math.isnan(p) for p in ablate.gated_holm(float("nan"), [0.0001, 0.01]))
+    assert math.isnan(ablate.gated_holm(0.01, [float("nan"), 0.01])[0])
+
+
+def test_a_row_that_trains_grpos_parameters_is_reported_identical(tmp_path):
+    """A row whose every held-out value equals GRPO's on each seed (a variant whose update rounds to GRPO's) is
+    identical to GRPO, not a zero difference with an interval; one value off on one seed and it is compared."""
+    rng = np.random.default_rng(1)
+    base = rng.uniform(0.2, 0.4, 8)
+    for s in (0, 1, 2):
+        grpo = [base, base + 0.05 + rng.normal(0, 0.02, 8), base + 0.08 + rng.normal(0, 0.02, 8)]
+        fake_run(tmp_path / "grpo" / f"seed{s}", s, False, grpo)
+        fake_run(tmp_path / "placebo" / f"seed{s}", s, True, [base, *(base + rng.normal(0, 0.02, 8) for _ in "ab")])
+        fake_run(tmp_path / "amic" / f"seed{s}", s, False, grpo)
+        off = [g.copy() for g in grpo]
+        if s == 1:
+            off[1][3] += 1e-6  # one held-out value at one evaluation point
+        fake_run(tmp_path / "ptrw" / f"seed{s}", s, False, off)
+    text = ablate.main(["--report-only", "--out", str(tmp_path), "--samples", "256", "--eval-every", "128",
+                        "--rows", "amic", "ptrw"])
+    res = {r["name"]: r for r in json.loads((tmp_path / "results.json").read_text())["rows"]}
+    assert res["amic"]["identical_to_grpo"] is True and res["ptrw"]["identical_to_grpo"] is False
+    assert res["amic"]["against_grpo"].startswith("identical to GRPO")
+    assert res["ptrw"]["against_grpo"] == "not separated from GRPO"
+    assert res["amic"]["resolves_vs_grpo"] == {"detectable_80": None, "seeds_for_measured": None}
+    assert "| amic | identical | — | none: it trains GRPO's parameters |" in text

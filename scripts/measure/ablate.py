@@ -42,8 +42,9 @@ held-out endpoint at its time point (eval.primary_endpoint, eval.primary_time: m
 last epoch):
 - its change from the base, the row minus GRPO and the row minus the placebo: paired by seed and condition where
   the arms' seeds match (every seed evaluates the same held-out conditions), over seeds the seeds x conditions
-  interval (scripts/seed_gains.py, recam.infra.stats.crossed_interval); each column Holm-adjusted across its rows
-  (GRPO's own difference from the placebo is one of that column's looks);
+  interval (scripts/seed_gains.py, recam.infra.stats.crossed_interval). GRPO minus its placebo is the gate, at the
+  full 5%; the rows minus the placebo are a Holm family behind it (a row's adjusted p is at least the gate's), the
+  rows minus GRPO another; a row whose every held-out value equals GRPO's is reported as identical to it;
 - whether it cleared the placebo, and for a row that did not, whether it ever led it at an evaluation point
   (rows that never did say so);
 - its own metrics (mean over the optimizer steps that logged them, over seeds a t-interval): the EMA's variance
@@ -364,28 +365,64 @@ class RowResult:
     cost: dict = field(default_factory=dict)
     draws: bool | None = None
     to_gain: dict | None = None
+    identical: bool = False  # every held-out value equal to GRPO's on the same seed, at every evaluation point
 
 
-def compare(results: dict[str, RowResult], metric: str, which: int) -> None:
+def identical_evals(a: Path, b: Path) -> bool:
+    """Whether two runs evaluated to exactly the same numbers: the same evaluation points, and at each every held-out
+    metric and per-condition value (eval/*, rows/eval/*) equal. A variant whose update rounds to GRPO's in float32
+    (weights within about 1e-6 of 1 under Adam) trains the same parameters bit for bit, and its comparison with GRPO
+    is then not a small difference with an interval but none at all."""
+    def evals(run):
+        return [{k: v for k, v in r.items() if k.startswith(("eval/", "rows/eval/"))}
+                for r in read_records(run / "metrics.jsonl") if r.get("type") == "eval"]
+    ea, eb = evals(a), evals(b)
+    return bool(ea) and len(ea) == len(eb) and all(x == y and x for x, y in zip(ea, eb, strict=True))
+
+
+def shared_runs(runs: list[Path], seeds) -> list[Path]:
+    """The runs on the rows' seeds: GRPO's and the placebo's control seeds have no partner in any row, so every
+    quantity set beside a row (its change from the base, its time to GRPO's gain) is read on the seeds it has."""
+    return [run for run in runs if seed_gains.run_seed(run) in set(seeds)] if seeds else list(runs)
+
+
+def compare(results: dict[str, RowResult], metric: str, which: int, seeds=None) -> None:
     """Each finished row's change from its base, minus GRPO and minus the placebo (scripts/seed_gains.py: paired by
-    seed and condition where the seeds match, the seeds x conditions interval), each column Holm-adjusted across
-    its rows; and the row minus the placebo at every evaluation point, for the rows that never led it."""
+    seed and condition where the seeds match, the seeds x conditions interval), adjusted for the many looks (GRPO
+    minus its placebo as the gate, the rows behind it in Holm families); whether it is identical to GRPO; and the
+    row minus the placebo at every evaluation point, for the rows that never led it."""
     for name, r in results.items():
-        evals = [seed_gains.run_evals(run) for run in r.runs]
+        evals = [seed_gains.run_evals(run) for run in shared_runs(r.runs, seeds)]
         r.change = seed_gains.over_seeds([(e[0], e[which]) for e in evals], metric)
         # a row is compared on its own seeds: GRPO's and the placebo's extra control seeds have no partner in it
         mine = {seed_gains.run_seed(run) for run in r.runs}
         grpo, placebo = ([run for run in results[arm].runs if seed_gains.run_seed(run) in mine] for arm in CONTROLS)
         if name not in CONTROLS:
             r.vs["grpo"] = seed_gains.grpo_minus_placebo(r.runs, grpo, metric, which)
+            by_seed = {seed_gains.run_seed(run): run for run in grpo}
+            r.identical = all(identical_evals(run, by_seed[seed_gains.run_seed(run)]) for run in r.runs)
         if name != "placebo":
             r.vs["placebo"] = seed_gains.grpo_minus_placebo(r.runs, placebo, metric, which)
             r.curve = [(c["samples"], c["difference"]) for c in seed_gains.curve_rows(r.runs, placebo, metric)
                        if c["samples"] > 0]
+    # GRPO minus its placebo is the gate, tested first at the full level; the rows' differences from the placebo are
+    # a Holm family behind it (serial gatekeeping: a row's adjusted p is the larger of the gate's p and its Holm p,
+    # so no row clears the placebo unless GRPO's loop does). Rows minus GRPO are one Holm family.
+    gate = results["grpo"].vs["placebo"].p if "grpo" in results else math.nan
+    if "grpo" in results:
+        results["grpo"].holm["placebo"] = gate
     for arm in ("grpo", "placebo"):
-        names = [n for n, r in results.items() if arm in r.vs]
-        for n, p in zip(names, holm([results[n].vs[arm].p for n in names]), strict=True):
+        names = [n for n, r in results.items() if arm in r.vs and n not in CONTROLS]
+        ps = [results[n].vs[arm].p for n in names]
+        for n, p in zip(names, gated_holm(gate, ps) if arm == "placebo" else holm(ps), strict=True):
             results[n].holm[arm] = p
+
+
+def gated_holm(gate: float, ps: list[float]) -> list[float]:
+    """Adjusted p-values of a Holm family tested behind a gate (serial gatekeeping): each is the larger of the gate's
+    p and its Holm-adjusted p, so a family member is rejected at level alpha only when the gate is too. NaN stays
+    NaN; a gate that could not be evaluated (NaN) rejects nothing."""
+    return [max(p, gate) if math.isfinite(p) and math.isfinite(gate) else math.nan for p in holm(ps)]
 
 
 def lower_end(est: seed_gains.Estimate) -> float:
@@ -400,6 +437,8 @@ def verdict(r: RowResult, arm: str) -> str:
     # the presets' primary endpoints (grader R@3, cam_score, the toy's target) are all higher-is-better
     if est is None:
         return "—"
+    if arm == "grpo" and r.identical:
+        return "identical to GRPO (every held-out value equal, every evaluation point and seed)"
     if math.isfinite(p) and p < ALPHA:
         if arm == "grpo":
             return "beats GRPO" if est.mean > 0 else "worse than GRPO"
@@ -435,11 +474,12 @@ def time_to_gain(curve: dict[int, tuple[float, float]], target: float) -> dict |
     return None if n is None else {"samples": n, "seconds": curve[n][1]}
 
 
-def summarise(results: dict[str, RowResult], metric: str) -> float:
+def summarise(results: dict[str, RowResult], metric: str, seeds=None) -> float:
     """Each finished row's own metrics and cost over seeds, whether it drew GRPO's training conditions, and its time
-    to GRPO's final gain; returns that gain (GRPO's seed-mean change at its last evaluation point)."""
+    to GRPO's final gain; returns that gain (GRPO's seed-mean change at its last evaluation point on the rows'
+    seeds, where every row's time is read too)."""
     grpo_draws = {seed_gains.run_seed(run): read_run(run, ())["draws"] for run in results["grpo"].runs}
-    target = gain_curve(results["grpo"].runs, metric)
+    target = gain_curve(shared_runs(results["grpo"].runs, seeds), metric)
     target = target[max(target)][0]
     for r in results.values():
         reads = [read_run(run, r.row.own) for run in r.runs]
@@ -450,7 +490,7 @@ def summarise(results: dict[str, RowResult], metric: str) -> float:
         pairs = [same_draws(x["draws"], grpo_draws[seed_gains.run_seed(run)])
                  for run, x in zip(r.runs, reads, strict=True) if seed_gains.run_seed(run) in grpo_draws]
         r.draws = None if not pairs or None in pairs else all(pairs)
-        r.to_gain = time_to_gain(gain_curve(r.runs, metric), target) if target > 0 else None
+        r.to_gain = time_to_gain(gain_curve(shared_runs(r.runs, seeds), metric), target) if target > 0 else None
         if r.to_gain is not None:  # at the run's own pace (run_cost), not the clock's, which counts any pause
             r.to_gain["seconds"] = r.to_gain["samples"] * r.cost["seconds_per_sample"]
     return target
@@ -515,12 +555,17 @@ def tables(results: dict[str, RowResult], done: list[Row], ctx: dict) -> list[st
     cost, time to GRPO's final gain) of the finished rows."""
     lines = ["", "| row | kind | change from base | minus GRPO | p / Holm | minus placebo | p / Holm | against the "
                  "placebo |", "|---|---|---|---|---|---|---|---|"]
+    pairs = len(results["grpo"].runs)
+    gate = f" (the gate: {pairs} seed pairs)" if pairs > len(ctx["seeds"]) else " (the gate)"
     for row in done:
         r = results[row.name]
         lines.append(f"| {row.name} | {row.kind} | {_est(r.change)} | {_est(r.vs.get('grpo'))} | {_p(r, 'grpo')} | "
-                     f"{_est(r.vs.get('placebo'))} | {_p(r, 'placebo')} | "
+                     f"{_est(r.vs.get('placebo'))}{gate if row.name == 'grpo' else ''} | {_p(r, 'placebo')} | "
                      f"{'—' if row.name == 'placebo' else verdict(r, 'placebo')} |")
-    lines += ["", f"Intervals (GRPO minus placebo): {results['grpo'].vs['placebo'].how}."]
+    shared = ", ".join(map(str, ctx["seeds"]))
+    lines += ["", f"Intervals (GRPO minus placebo): {results['grpo'].vs['placebo'].how}. Every row's change from the "
+                  f"base, GRPO's and the placebo's included, is on the rows' seeds ({shared}), and so is each row's "
+                  "difference from GRPO and from the placebo."]
     against = [f"{row.name} {verdict(results[row.name], 'grpo')}" for row in done if "grpo" in results[row.name].vs]
     if against:
         lines += ["", "Against GRPO, after Holm's adjustment: " + ", ".join(against) + "."]
@@ -534,6 +579,9 @@ def tables(results: dict[str, RowResult], done: list[Row], ctx: dict) -> list[st
             if row.name == "grpo" or "grpo" not in results[row.name].vs:
                 continue
             est = results[row.name].vs["grpo"]
+            if results[row.name].identical:
+                lines.append(f"| {row.name} | identical | — | none: it trains GRPO's parameters |")
+                continue
             mde, _, need = resolution(est)
             lines.append(f"| {row.name} | {_est(est)} | {_num(mde, '.4f')} | {need} |")
     lines += ["", f"What each row did, and what it cost (own metrics: mean over the optimizer steps that logged "
@@ -568,8 +616,10 @@ def report(results: dict[str, RowResult], rows: list[Row], ctx: dict) -> str:
              f"Endpoint: **{metric} at {when}** (the preset's eval.primary_endpoint / eval.primary_time), change from "
              "each run's base. Differences are paired by seed and held-out condition where the arms' seeds match "
              "(every seed evaluates the same conditions), over seeds with the seeds x conditions interval "
-             "(scripts/seed_gains.py); ± is a 95% interval. p / Holm: the p for 0 and the p Holm-adjusted across "
-             "the rows of that column."]
+             "(scripts/seed_gains.py); ± is a 95% interval. p / Holm: the p for 0 and the adjusted p. GRPO minus "
+             "its placebo is the gate, tested first at the full level; the rows minus the placebo are Holm-adjusted "
+             "among themselves behind it (serial gatekeeping: a row's adjusted p is at least the gate's, so no row "
+             "clears the placebo unless GRPO does), and the rows minus GRPO among themselves."]
     if ctx["samples"] < CLEARED_AT:
         lines += ["", f"**{ctx['samples']:,} samples is below the {CLEARED_AT:,} at which motion GRPO first cleared "
                       "its placebo (docs/results.md): these runs check the loop, they resolve nothing.**"]
@@ -650,8 +700,10 @@ def results_json(results: dict[str, RowResult], rows: list[Row], ctx: dict) -> d
             item |= {"status": "finished", "runs": [str(x) for x in r.runs], "change": _est_json(r.change),
                      "minus_grpo": _est_json(r.vs.get("grpo"), r.holm.get("grpo")),
                      "minus_placebo": _est_json(r.vs.get("placebo"), r.holm.get("placebo")),
+                     "identical_to_grpo": r.identical,
                      "resolves_vs_grpo": dict(zip(("detectable_80", "seeds_for_measured"),
-                                                  resolution(r.vs.get("grpo"))[:2], strict=True)),
+                                                  (math.nan, None) if r.identical else resolution(r.vs.get("grpo"))[:2],
+                                                  strict=True)),
                      "against_grpo": verdict(r, "grpo"),
                      "against_placebo": "—" if row.name == "placebo" else verdict(r, "placebo"),
                      "curve_minus_placebo": [{"samples": n, **_est_json(d)} for n, d in r.curve],
@@ -775,8 +827,8 @@ def main(argv: list[str] | None = None) -> str:
            "clip_range": float(config.train.clip_range),
            "unfinished": unfinished}
     if "grpo" in results and "placebo" in results:
-        compare(results, ctx["metric"], seed_gains.TIMES[ctx["time"]])
-        ctx["target"] = summarise(results, ctx["metric"])
+        compare(results, ctx["metric"], seed_gains.TIMES[ctx["time"]], args.seeds)
+        ctx["target"] = summarise(results, ctx["metric"], args.seeds)
     else:
         results = {}  # nothing compares without GRPO and its placebo
     text = report(results, rows, ctx)
