@@ -367,6 +367,7 @@ def test_control_seeds_run_grpo_and_its_placebo_only_and_rows_pair_on_their_own(
     assert res["grpo"]["change"]["mean"] == pytest.approx(change.mean, abs=1e-12)
     target = np.mean([np.mean(values[("grpo", s)][2]) - np.mean(values[("grpo", s)][0]) for s in seeds])
     assert json.loads((out / "results.json").read_text())["target"] == pytest.approx(target)
+    assert len(res["grpo"]["own"]["clipfrac"]["per_seed"]) == 3  # and its own metrics
     plain = ablate.main(["--preset", "motion_tiny_cpu", "--estimate", "--rows", "ptrw"])
     more = ablate.main(["--preset", "motion_tiny_cpu", "--estimate", "--rows", "ptrw", "--control-seeds", "3", "4"])
     assert plain.startswith("3 rows x 3 seeds = 9 runs") and more.startswith("3 rows x 3 seeds + GRPO and its "

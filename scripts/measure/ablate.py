@@ -476,21 +476,22 @@ def time_to_gain(curve: dict[int, tuple[float, float]], target: float) -> dict |
 
 def summarise(results: dict[str, RowResult], metric: str, seeds=None) -> float:
     """Each finished row's own metrics and cost over seeds, whether it drew GRPO's training conditions, and its time
-    to GRPO's final gain; returns that gain (GRPO's seed-mean change at its last evaluation point on the rows'
-    seeds, where every row's time is read too)."""
+    to GRPO's final gain, all on the rows' seeds (GRPO's and the placebo's too); returns that gain (GRPO's seed-mean
+    change at its last evaluation point)."""
     grpo_draws = {seed_gains.run_seed(run): read_run(run, ())["draws"] for run in results["grpo"].runs}
     target = gain_curve(shared_runs(results["grpo"].runs, seeds), metric)
     target = target[max(target)][0]
     for r in results.values():
-        reads = [read_run(run, r.row.own) for run in r.runs]
+        runs = shared_runs(r.runs, seeds)
+        reads = [read_run(run, r.row.own) for run in runs]
         for key in (*r.row.own, CLIPFRAC, RATIO_REACH):
             values = [x["own"][key] for x in reads]
             r.own[key] = (*mean_interval(values), values)
         r.cost = {k: mean_interval([x["cost"][k] for x in reads])[0] for k in reads[0]["cost"]}
         pairs = [same_draws(x["draws"], grpo_draws[seed_gains.run_seed(run)])
-                 for run, x in zip(r.runs, reads, strict=True) if seed_gains.run_seed(run) in grpo_draws]
+                 for run, x in zip(runs, reads, strict=True) if seed_gains.run_seed(run) in grpo_draws]
         r.draws = None if not pairs or None in pairs else all(pairs)
-        r.to_gain = time_to_gain(gain_curve(shared_runs(r.runs, seeds), metric), target) if target > 0 else None
+        r.to_gain = time_to_gain(gain_curve(runs, metric), target) if target > 0 else None
         if r.to_gain is not None:  # at the run's own pace (run_cost), not the clock's, which counts any pause
             r.to_gain["seconds"] = r.to_gain["samples"] * r.cost["seconds_per_sample"]
     return target
