@@ -698,7 +698,7 @@ def results_json(results: dict[str, RowResult], rows: list[Row], ctx: dict) -> d
         elif r is None:
             item["status"] = f"not finished: {ctx['unfinished'].get(row.name, '')}"
         else:
-            item |= {"status": "finished", "runs": [str(x) for x in r.runs], "change": _est_json(r.change),
+            item |= {"status": "finished", "runs": [_shown(x) for x in r.runs], "change": _est_json(r.change),
                      "minus_grpo": _est_json(r.vs.get("grpo"), r.holm.get("grpo")),
                      "minus_placebo": _est_json(r.vs.get("placebo"), r.holm.get("placebo")),
                      "identical_to_grpo": r.identical,
@@ -712,6 +712,11 @@ def results_json(results: dict[str, RowResult], rows: list[Row], ctx: dict) -> d
                      "cost": r.cost, "drew_grpo_conditions": r.draws, "time_to_grpo_gain": r.to_gain}
         out["rows"].append(item)
     return out
+
+
+def _shown(path: Path) -> str:
+    """A run's folder as a reader of the report can open it: relative to the repository when it is inside it."""
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def _nan_to_none(x):
