@@ -409,3 +409,23 @@ def test_a_row_that_trains_grpos_parameters_is_reported_identical(tmp_path):
     assert res["ptrw"]["against_grpo"] == "not separated from GRPO"
     assert res["amic"]["resolves_vs_grpo"] == {"detectable_80": None, "seeds_for_measured": None}
     assert "| amic | identical | — | none: it trains GRPO's parameters |" in text
+
+
+def test_a_run_the_guard_stopped_is_named_with_the_samples_it_trained(fake_ablation):
+    """A run the health guard stopped short of the budget enters the comparison where it stopped; the report names
+    it with the samples it trained (its epoch records), and counts the rollbacks summary.md states."""
+    out, values, seeds = fake_ablation
+    run = out / "ptrw" / "seed1"
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    records = [r for r in records if not (r.get("type") == "epoch" and r["epoch"] == 3)]  # 3 of 4 epochs trained
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    (run / "summary.md").write_text("done\nhealth guard: stopped early: health guard, reward_term_collapse at step 6; "
+                                    "rollbacks: 2\n")
+    text = ablate.main(["--report-only", "--out", str(out), "--samples", "256", "--eval-every", "128",
+                        "--rows", "ptrw", "ema"])
+    res = {r["name"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
+    assert res["ptrw"]["guard"] == {"rollbacks": 2, "stops": [
+        {"seed": 1, "samples": 3 * PER_EPOCH, "reason": "reward_term_collapse at step 6"}]}
+    assert res["ema"]["guard"] == {"rollbacks": 0, "stops": []}
+    assert f"- ptrw seed 1: stopped by the health guard at {3 * PER_EPOCH:,} samples (reward_term_collapse" in text
+    assert f"| 2 rollback(s); seed 1 stopped at {3 * PER_EPOCH:,} samples |" in text

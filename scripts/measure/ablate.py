@@ -76,6 +76,7 @@ sys.path.insert(0, str(ROOT))
 
 from config.grpo import ema_passes, get_config  # noqa: E402
 from config.validate import ConfigError, step_plan, validate  # noqa: E402
+from recam.infra.reports import run_events  # noqa: E402
 from recam.infra.runlog import read_records  # noqa: E402
 from recam.infra.stats import detectable_effect, holm, mean_interval, seeds_for_power  # noqa: E402
 from scripts import seed_gains  # noqa: E402
@@ -346,7 +347,7 @@ def read_run(folder: Path, own: tuple[str, ...]) -> dict:
     epochs = [r for r in records if r.get("type") == "epoch"]
     steps = [r for r in records if r.get("type") == "step"]
     return {"cost": run_cost(epochs), "own": {**step_means(steps, (*own, CLIPFRAC)), RATIO_REACH: ratio_reach(steps)},
-            "draws": [r.get("dataset_indices") for r in epochs]}
+            "draws": [r.get("dataset_indices") for r in epochs], "events": run_events(folder)}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -366,6 +367,7 @@ class RowResult:
     draws: bool | None = None
     to_gain: dict | None = None
     identical: bool = False  # every held-out value equal to GRPO's on the same seed, at every evaluation point
+    guard: dict = field(default_factory=dict)  # rollbacks (total over seeds), stops: [{seed, samples, reason}]
 
 
 def identical_evals(a: Path, b: Path) -> bool:
@@ -488,6 +490,11 @@ def summarise(results: dict[str, RowResult], metric: str, seeds=None) -> float:
             values = [x["own"][key] for x in reads]
             r.own[key] = (*mean_interval(values), values)
         r.cost = {k: mean_interval([x["cost"][k] for x in reads])[0] for k in reads[0]["cost"]}
+        # the guard acts on the rewards: a run it stopped has its "last epoch" where it stopped, short of the budget
+        r.guard = {"rollbacks": sum(x["events"]["rollbacks"] for x in reads),
+                   "stops": [{"seed": seed_gains.run_seed(run), "samples": x["cost"]["samples"],
+                              "reason": x["events"]["guard_stop"].removeprefix("health guard, ")}
+                             for run, x in zip(runs, reads, strict=True) if x["events"]["guard_stop"] is not None]}
         pairs = [same_draws(x["draws"], grpo_draws[seed_gains.run_seed(run)])
                  for run, x in zip(runs, reads, strict=True) if seed_gains.run_seed(run) in grpo_draws]
         r.draws = None if not pairs or None in pairs else all(pairs)
@@ -522,6 +529,20 @@ def _own(r: RowResult, keys) -> str:
         parts.append(f"{key} {_num(mean, '.4g')}" + (f" ± {_num(half, '.2g')}" if math.isfinite(half) else "")
                      if math.isfinite(mean) else f"{key} not logged")
     return "; ".join(parts) or "—"
+
+
+def _guard(r: RowResult) -> str:
+    """The health guard's actions in a row's runs: rollbacks, and each run it stopped, with the samples it trained."""
+    if not r.guard:
+        return "n/a"
+    stops = [f"seed {x['seed']} stopped at {x['samples']:,.0f} samples" for x in r.guard["stops"]]
+    return "; ".join([f"{r.guard['rollbacks']} rollback(s)", *stops])
+
+
+def stopped_runs(results: dict[str, RowResult], done: list[Row]) -> list[str]:
+    """One line per run the guard stopped before the budget: its endpoint is read where it stopped."""
+    return [f"{row.name} seed {x['seed']}: stopped by the health guard at {x['samples']:,.0f} samples "
+            f"({str(x['reason']).replace('|', '/')})" for row in done for x in results[row.name].guard.get("stops", [])]
 
 
 def _gain(r: RowResult, target: float, samples: int) -> str:
@@ -567,6 +588,11 @@ def tables(results: dict[str, RowResult], done: list[Row], ctx: dict) -> list[st
     lines += ["", f"Intervals (GRPO minus placebo): {results['grpo'].vs['placebo'].how}. Every row's change from the "
                   f"base, GRPO's and the placebo's included, is on the rows' seeds ({shared}), and so is each row's "
                   "difference from GRPO and from the placebo."]
+    stopped = stopped_runs(results, done)
+    if stopped:
+        lines += ["", "Runs the health guard stopped short of the budget (the guard acts on the rewards; a stopped "
+                      "run's last epoch is where it stopped, and it enters the comparisons there):", ""]
+        lines += [f"- {x}" for x in stopped]
     against = [f"{row.name} {verdict(results[row.name], 'grpo')}" for row in done if "grpo" in results[row.name].vs]
     if against:
         lines += ["", "Against GRPO, after Holm's adjustment: " + ", ".join(against) + "."]
@@ -592,14 +618,15 @@ def tables(results: dict[str, RowResult], done: list[Row], ctx: dict) -> list[st
                   f"{_num(ctx.get('clip_range', math.nan), '.3g')}: a trust-region variant acts only on ratios that "
                   "reach its range)", "",
               "| row | own metrics | clipfrac | farthest ratio from 1 | train s / sample | NFE / sample | drew GRPO's "
-              "conditions | time to GRPO's final gain |", "|---|---|---|---|---|---|---|---|"]
+              "conditions | time to GRPO's final gain | guard |", "|---|---|---|---|---|---|---|---|---|"]
     for row in done:
         r = results[row.name]
         draws = {True: "yes", False: "no", None: "n/a"}[r.draws]
         reach = _own(r, (RATIO_REACH,)).removeprefix(RATIO_REACH + " ").replace("not logged", "no ratios")
         lines.append(f"| {row.name} | {_own(r, row.own)} | {_own(r, (CLIPFRAC,)).removeprefix(CLIPFRAC + ' ')} | "
                      f"{reach} | {_num(r.cost['seconds_per_sample'], '.3f')} | "
-                     f"{_num(r.cost['nfe_per_sample'], '.1f')} | {draws} | {_gain(r, ctx['target'], ctx['samples'])} |")
+                     f"{_num(r.cost['nfe_per_sample'], '.1f')} | {draws} | {_gain(r, ctx['target'], ctx['samples'])} | "
+                     f"{_guard(r)} |")
     return lines
 
 
@@ -709,7 +736,8 @@ def results_json(results: dict[str, RowResult], rows: list[Row], ctx: dict) -> d
                      "against_placebo": "—" if row.name == "placebo" else verdict(r, "placebo"),
                      "curve_minus_placebo": [{"samples": n, **_est_json(d)} for n, d in r.curve],
                      "own": {k: {"mean": m, "half": h, "per_seed": v} for k, (m, h, v) in r.own.items()},
-                     "cost": r.cost, "drew_grpo_conditions": r.draws, "time_to_grpo_gain": r.to_gain}
+                     "cost": r.cost, "drew_grpo_conditions": r.draws, "time_to_grpo_gain": r.to_gain,
+                     "guard": r.guard}
         out["rows"].append(item)
     return out
 
