@@ -4,7 +4,7 @@ the policy-optimisation methods, each against GRPO and against its placebo on on
 The real run (motion, 4,096 samples per run, the seeds of issue 61; resumable, so the same command continues):
 
     python scripts/measure/ablate.py --preset motion_tiny_cpu --seeds 0 1 2 --control-seeds 3 4 5 --samples 4096 \
-        --parallel 2 --threads 1 --out runs/ablation_motion --time-to-reward docs/time_to_reward.md
+        --parallel 2 --threads 1 --out runs/ablation_motion --time-to-reward docs/time_to_reward_motion.md
 
 GRPO and its placebo run three more seeds than the rows: on seeds 0-2 GRPO led its placebo by +0.049 ± 0.054 (p
 0.066; seeds x conditions), and that design's variance components put 80% power for +0.05 at six seed pairs
@@ -53,7 +53,7 @@ last epoch):
   reach GRPO's final gain (seed means on the evaluation grid).
 
 `--report-only` rereads finished runs and runs nothing; `--estimate` prints the CPU-time estimate and runs nothing;
-`--time-to-reward PATH` also writes docs/time_to_reward.md's table from the same runs.
+`--time-to-reward PATH` also writes docs/time_to_reward_motion.md's table from the same runs.
 """
 
 from __future__ import annotations
@@ -667,9 +667,9 @@ def report(results: dict[str, RowResult], rows: list[Row], ctx: dict) -> str:
 
 
 def time_to_reward(results: dict[str, RowResult], rows: list[Row], ctx: dict) -> str:
-    """docs/time_to_reward.md from the ablation's runs: for every finished row, the samples and training seconds to
-    GRPO's final held-out gain, the speed-up against GRPO's own seconds to it, and the cost per sample. It reads the
-    same runs as the report, so a method is timed where GRPO learns and beside its placebo's verdict."""
+    """docs/time_to_reward_motion.md from the ablation's runs: for every finished row, the samples and training
+    seconds to GRPO's final held-out gain, the speed-up against GRPO's own seconds to it, and the cost per sample.
+    It reads the same runs as the report, so a method is timed where GRPO learns and beside its placebo's verdict."""
     metric = ctx["metric"]
     lines = [f"# Time to reward: {ctx['preset']}, held-out {metric}", "",
              f"Made by: `{ctx['command']}` (the ablation's runs: {len(ctx['seeds'])} seed(s) per "
@@ -687,10 +687,11 @@ def time_to_reward(results: dict[str, RowResult], rows: list[Row], ctx: dict) ->
                   f"{target:+.4f}. A row's time is the first evaluation point where its seed-mean change reaches the "
                   "target (points are on the sample grid, so a time is a grid point), with the training seconds "
                   "to get there at the row's median epoch pace (sampling, rewards and updates; evaluations excluded; "
-                  "a pause in a run does not count). Speed-up: GRPO's seconds "
-                  "to the target over the row's. Against the placebo: the ablation's verdict on the endpoint, "
-                  "Holm-adjusted across the rows; a row that reaches the target but does not clear the placebo has "
-                  "a time that is not evidence of learning.",
+                  "a pause in a run does not count). Speed-up: GRPO's seconds to the target over the row's. Against "
+                  "the placebo: the ablation's verdict on the endpoint, adjusted as its report is (behind GRPO's own "
+                  "comparison with its placebo, Holm across the rows); a row that reaches the target but does not "
+                  "clear the placebo has a time that is not evidence of learning. The target and every time are "
+                  f"read on the rows' seeds ({', '.join(map(str, ctx['seeds']))}).",
               "", "| row | kind | against the placebo | samples to target | training s to target | speed-up | "
                   "train s / sample | NFE / sample |", "|---|---|---|---|---|---|---|---|"]
     for row in done:
@@ -812,7 +813,7 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--report-only", action="store_true", help="reread finished runs, run nothing")
     ap.add_argument("--estimate", action="store_true", help="print the CPU-time estimate, run nothing")
     ap.add_argument("--time-to-reward", type=Path, default=None,
-                    help="also write the time-to-reward document (docs/time_to_reward.md) from these runs")
+                    help="also write the time-to-reward document (docs/time_to_reward_motion.md) from these runs")
     args = ap.parse_args([a for a in argv if not a.startswith("--config.")])
     check_extra(extra)
     out = args.out if args.out.is_absolute() else ROOT / args.out
