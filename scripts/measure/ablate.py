@@ -336,9 +336,11 @@ def ratio_reach(steps: list[dict]) -> float:
     """The farthest any importance ratio got from 1 over a run's optimizer steps (max of ratio_max - 1 and
     1 - ratio_min): whether a trust region of the preset's clip range could have bound at all. NaN for an objective
     without ratios."""
-    reach = [max(float(s[hi]) - 1.0, 1.0 - float(s[lo])) for s in steps
-             for hi, lo in [("ratio_max", "ratio_min")]
-             if all(isinstance(s.get(k), (int, float)) and math.isfinite(s[k]) for k in (hi, lo))]
+    def finite(x):
+        return isinstance(x, (int, float)) and math.isfinite(x)
+
+    reach = [max(float(s["ratio_max"]) - 1.0, 1.0 - float(s["ratio_min"])) for s in steps
+             if finite(s.get("ratio_max")) and finite(s.get("ratio_min"))]
     return max(reach) if reach else math.nan
 
 
