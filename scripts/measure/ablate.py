@@ -412,9 +412,8 @@ def compare(results: dict[str, RowResult], metric: str, which: int, seeds=None) 
     # GRPO minus its placebo is the gate, tested first at the full level; the rows' differences from the placebo are
     # a Holm family behind it (serial gatekeeping: a row's adjusted p is the larger of the gate's p and its Holm p,
     # so no row clears the placebo unless GRPO's loop does). Rows minus GRPO are one Holm family.
-    gate = results["grpo"].vs["placebo"].p if "grpo" in results else math.nan
-    if "grpo" in results:
-        results["grpo"].holm["placebo"] = gate
+    gate = results["grpo"].vs["placebo"].p
+    results["grpo"].holm["placebo"] = gate
     for arm in ("grpo", "placebo"):
         names = [n for n, r in results.items() if arm in r.vs and n not in CONTROLS]
         ps = [results[n].vs[arm].p for n in names]
