@@ -291,6 +291,14 @@ def test_end_to_end_on_motion_smoke(tmp_path):
     mtimes = [p.stat().st_mtime for p in sorted(out.rglob("metrics.jsonl"))]
     ablate.main(args)  # resumable: every run has its summary.md, so nothing runs again
     assert [p.stat().st_mtime for p in sorted(out.rglob("metrics.jsonl"))] == mtimes
+    # kept small and restored elsewhere, the real runs' logs report the same numbers
+    keep, fresh = tmp_path / "kept", tmp_path / "fresh"
+    first = ablate.main([*args, "--report-only", "--keep", str(keep)])
+    sizes = {f: (f.stat().st_size, (keep / f.relative_to(out).parent / "metrics.jsonl.gz").stat().st_size)
+             for f in out.rglob("metrics.jsonl")}
+    assert all(kept < whole / 2 for whole, kept in sizes.values()), sizes
+    again = [a if a != str(out) else str(fresh) for a in args]
+    assert ablate.main([*again, "--report-only", "--keep", str(keep)]).replace(str(fresh), str(out)) == first
 
 
 def test_time_to_reward_on_hand_written_runs_by_hand(fake_ablation, tmp_path):
@@ -429,3 +437,38 @@ def test_a_run_the_guard_stopped_is_named_with_the_samples_it_trained(fake_ablat
     assert res["ema"]["guard"] == {"rollbacks": 0, "stops": []}
     assert f"- ptrw seed 1: stopped by the health guard at {3 * PER_EPOCH:,} samples (reward_term_collapse" in text
     assert f"| 2 rollback(s); seed 1 stopped at {3 * PER_EPOCH:,} samples |" in text
+
+
+def test_kept_runs_report_as_the_runs_did_and_restore_nothing_over_a_run(fake_ablation, tmp_path):
+    """A session's finished runs kept small (--keep) and restored on a machine without them: the same report, every
+    number equal; a kept copy is never unpacked over a run folder that holds a log, and a torn one names its file."""
+    out, _, _ = fake_ablation
+    keep = tmp_path / "kept"
+    rows = ["--samples", "256", "--eval-every", "128", "--rows", "ema", "ptrw", "amic"]
+    first = ablate.main(["--report-only", "--out", str(out), "--keep", str(keep), *rows])
+    assert (keep / "grpo" / "seed0" / "metrics.jsonl.gz").is_file()
+    assert not (keep / "amic" / "seed2").exists()  # unfinished: nothing to keep
+    fresh = tmp_path / "fresh"
+    second = ablate.main(["--report-only", "--out", str(fresh), "--keep", str(keep), *rows])
+    assert second.replace(str(fresh), str(out)) == first
+    a, b = (json.loads((d / "results.json").read_text())["rows"] for d in (out, fresh))
+    assert [{k: v for k, v in r.items() if k != "runs"} for r in a] == [
+        {k: v for k, v in r.items() if k != "runs"} for r in b]
+    # a run folder with its own log is the run's: a kept copy does not replace it
+    assert not ablate.restore_run(keep / "grpo" / "seed0", out / "grpo" / "seed0")
+    (keep / "ptrw" / "seed1" / "metrics.jsonl.gz").write_bytes(b"\x1f\x8b torn")
+    with pytest.raises(SystemExit, match=r"ptrw/seed1/metrics\.jsonl\.gz is not a readable gzip file"):
+        ablate.restore_run(keep / "ptrw" / "seed1", tmp_path / "again")
+    assert not (tmp_path / "again" / "summary.md").exists()
+
+
+def test_a_kept_log_drops_the_per_sample_lists_and_keeps_what_the_report_reads():
+    epoch = {"type": "epoch", "epoch": 3, "samples_per_epoch": 64, "epoch_seconds": 14.0, "dataset_indices": [4, 5],
+             "rewards/avg": [0.1] * 64, "advantages": [0.0] * 64, "reward_avg": 0.1}
+    assert ablate.slim_record(epoch) == {"type": "epoch", "epoch": 3, "samples_per_epoch": 64, "epoch_seconds": 14.0,
+                                         "dataset_indices": [4, 5], "reward_avg": 0.1}
+    ev = {"type": "eval", "eval/r_precision_top3": 0.3, "rows/eval/r_precision_top3": [0.25, 0.35],
+          "val/r_precision_top3": 0.2, "rows/val/r_precision_top3": [0.2]}
+    assert ablate.slim_record(ev) == {k: v for k, v in ev.items() if k != "rows/val/r_precision_top3"}
+    step = {"type": "step", "clipfrac": 0.0, "ratio_max": 1.0, "per_group": [1, 2]}
+    assert ablate.slim_record(step) == step

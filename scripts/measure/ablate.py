@@ -4,7 +4,13 @@ the policy-optimisation methods, each against GRPO and against its placebo on on
 The real run (motion, 4,096 samples per run, the seeds of issue 61; resumable, so the same command continues):
 
     python scripts/measure/ablate.py --preset motion_tiny_cpu --seeds 0 1 2 --control-seeds 3 4 5 --samples 4096 \
-        --parallel 2 --threads 1 --out runs/ablation_motion --time-to-reward docs/time_to_reward_motion.md
+        --parallel 2 --threads 1 --out runs/ablation_motion --keep docs/ablation/runs \
+        --time-to-reward docs/time_to_reward_motion.md
+
+It takes longer than a session, and a machine's runs/ may not outlive it: `--keep` writes each finished run as
+it finishes to docs/ablation/runs/<row>/seed<k> (its config, summary and log without the per-sample training lists:
+about a tenth of the run's log, gzip'd), to commit, and restores from there the runs --out lacks, so the same command
+continues on a fresh clone and reports every kept run.
 
 GRPO and its placebo run three more seeds than the rows: on seeds 0-2 GRPO led its placebo by +0.049 ± 0.054 (p
 0.066; seeds x conditions), and that design's variance components put 80% power for +0.05 at six seed pairs
@@ -292,6 +298,80 @@ def run_one(cmd: list[str], folder: Path, threads: int) -> int:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "WANDB_MODE": "disabled"}
     with (folder / "console.log").open("a") as log:
         return subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# kept runs: a finished run's record, small enough to commit, so an ablation that takes more than a session outlives
+# the machine it ran on
+
+# What the report reads of a run, and all a kept copy holds: the config (seed, placebo, endpoints), summary.md (the
+# run finished; the guard's line), the rollbacks' archive and the log. The log keeps every record but the per-sample
+# lists of the training epochs (rewards, advantages, reward details: about 2.2 MB of a motion run's 2.6) and the
+# per-condition rows of the reference and validation sets; an epoch keeps its scalars and dataset_indices (the
+# draws), a held-out evaluation every per-condition row (the paired intervals and the identity check read them).
+KEPT_FILES = ("config.json", "summary.md")
+KEPT_LOGS = ("metrics.jsonl", "rolled_back.jsonl")
+
+
+def slim_record(record: dict) -> dict:
+    """A log record as a kept run holds it (see KEPT_FILES): what the report reads, exactly as logged."""
+    kind = record.get("type")
+    if kind == "epoch":
+        return {k: v for k, v in record.items() if not isinstance(v, list) or k == "dataset_indices"}
+    if kind in ("eval", "reference"):
+        return {k: v for k, v in record.items()
+                if not (k.startswith("rows/") and not k.startswith("rows/eval/"))}
+    return record
+
+
+def keep_run(folder: Path, kept: Path) -> None:
+    """Write a finished run's kept copy to `kept` (gzip'd slim logs and the small files), replacing an older one.
+    Written to a sibling folder and renamed into place, so an interrupted keep leaves the old copy or none."""
+    import gzip
+    import shutil
+
+    tmp = kept.with_name(kept.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for name in KEPT_FILES:
+        if (folder / name).is_file():
+            shutil.copyfile(folder / name, tmp / name)
+    for name in KEPT_LOGS:
+        if (folder / name).is_file():
+            lines = [json.dumps(slim_record(r)) + "\n" for r in read_records(folder / name)]
+            # mtime 0: the same run keeps the same bytes, so a kept copy rewritten is no change to commit
+            with gzip.GzipFile(tmp / f"{name}.gz", "wb", mtime=0) as f:
+                f.write("".join(lines).encode())
+    shutil.rmtree(kept, ignore_errors=True)
+    tmp.rename(kept)
+
+
+def restore_run(kept: Path, folder: Path) -> bool:
+    """A kept run unpacked to `folder` where the folder holds no run yet: False (nothing done) where it holds one,
+    finished or resuming (its own log is the run's), or where nothing is kept. A kept copy without its log or
+    summary.md is refused, naming the file."""
+    import gzip
+    import shutil
+
+    if not kept.is_dir() or (folder / "metrics.jsonl").exists():
+        return False
+    for need in ("metrics.jsonl.gz", "summary.md", "config.json"):
+        if not (kept / need).is_file():
+            raise SystemExit(f"{kept / need} is missing: {kept} is not a kept run (write it again with --keep)")
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in KEPT_FILES:
+        if (kept / name).is_file():
+            shutil.copyfile(kept / name, folder / name)
+    for name in KEPT_LOGS:
+        if (kept / f"{name}.gz").is_file():
+            try:
+                with gzip.open(kept / f"{name}.gz", "rb") as src, (folder / name).open("wb") as dst:
+                    shutil.copyfileobj(src, dst)
+            except (OSError, EOFError) as e:
+                (folder / name).unlink(missing_ok=True)
+                (folder / "summary.md").unlink(missing_ok=True)  # not a finished run without its log
+                raise SystemExit(f"{kept / name}.gz is not a readable gzip file ({e}): its run is not restored") from e
+    return True
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -813,6 +893,9 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--out", type=Path, default=Path("runs/ablation"))
     ap.add_argument("--report-only", action="store_true", help="reread finished runs, run nothing")
     ap.add_argument("--estimate", action="store_true", help="print the CPU-time estimate, run nothing")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="a folder of kept runs (docs/ablation/runs): each finished run is kept there small enough to "
+                         "commit, and a run kept there but not in --out is restored from it instead of run again")
     ap.add_argument("--time-to-reward", type=Path, default=None,
                     help="also write the time-to-reward document (docs/time_to_reward_motion.md) from these runs")
     args = ap.parse_args([a for a in argv if not a.startswith("--config.")])
@@ -839,21 +922,37 @@ def main(argv: list[str] | None = None) -> str:
                 + ", ".join(f"{r.name} {f:.2f}" for r, f in zip(runnable, factors, strict=True)))
         print(text)
         return text
+    keep = None if args.keep is None else (args.keep if args.keep.is_absolute() else ROOT / args.keep)
+    every = [(row, seed) for row in runnable for seed in row_seeds(row, args.seeds, args.control_seeds)]
+    if keep is not None:
+        restored = [f"{row.name} seed {seed}" for row, seed in every
+                    if restore_run(keep / row.name / f"seed{seed}", run_dir(out, row, seed))]
+        if restored:
+            print(f"restored from {keep}: " + ", ".join(restored), flush=True)
+
+    def kept(row, seed):
+        folder = run_dir(out, row, seed)
+        if keep is not None and finished(folder) and not (keep / row.name / f"seed{seed}" / "summary.md").exists():
+            keep_run(folder, keep / row.name / f"seed{seed}")
+
     codes = {}
     if not args.report_only:
         # row-major: GRPO and its placebo lead, and an interrupted ablation leaves whole rows, which report
-        jobs = [(row, seed) for row in runnable for seed in row_seeds(row, args.seeds, args.control_seeds)]
+        jobs = every
         cmds = {(row.name, seed): run_command(row, seed, run_dir(out, row, seed), epochs, eval_freq, args.threads,
                                               extra) for row, seed in jobs}
 
         def go(job):
             row, seed = job
             code = run_one(cmds[(row.name, seed)], run_dir(out, row, seed), args.threads)
+            kept(row, seed)  # at once: a session that ends mid-ablation keeps every run that finished
             print(f"{row.name} seed {seed}: exit {code}", flush=True)
             return code
 
         with ThreadPoolExecutor(max(1, args.parallel)) as pool:
             codes = {(r.name, s): c for (r, s), c in zip(jobs, pool.map(go, jobs), strict=True)}
+    for row, seed in every:
+        kept(row, seed)
     results, unfinished = collect(rows, out, args.seeds, codes, args.control_seeds)
     config = resolve(args.preset, ())
     ctx = {"command": "python scripts/measure/ablate.py " + shlex.join(argv), "preset": args.preset,
