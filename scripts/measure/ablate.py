@@ -306,7 +306,7 @@ def run_one(cmd: list[str], folder: Path, threads: int) -> int:
 
 # What the report reads of a run, and all a kept copy holds: the config (seed, placebo, endpoints), summary.md (the
 # run finished; the guard's line), the rollbacks' archive and the log. The log keeps every record but the per-sample
-# lists of the training epochs (rewards, advantages, reward details: about 2.2 MB of a motion run's 2.6) and the
+# lists of the training epochs (rewards, advantages, reward details: most of a motion run's 2.5 MB) and the
 # per-condition rows of the reference and validation sets; an epoch keeps its scalars and dataset_indices (the
 # draws), a held-out evaluation every per-condition row (the paired intervals and the identity check read them).
 KEPT_FILES = ("config.json", "summary.md")
