@@ -47,6 +47,15 @@ def test_rows_are_the_variant_presets_and_methods_applied_to_motion():
     # GRPO-Guard is derived for the flow SDE: refused on motion's DDIM with the validation's reason, the rest run
     assert "train.objective='grpo_guard'" in rows["grpo_guard"].refused
     assert [n for n, r in rows.items() if r.refused] == ["grpo_guard"]
+    # MixGRPO-Flash changes only flow domains' solver: on motion its config is MixGRPO's, so it is not run twice;
+    # on the flow toy it is its own row
+    assert [(n, r.same_as) for n, r in rows.items() if r.same_as] == [("mixgrpo_flash", "mixgrpo")]
+    assert not rows["mixgrpo_flash"].runs and rows["mixgrpo"].runs and not rows["grpo_guard"].runs
+    assert ablate.fingerprint(get_config("motion_tiny_cpu+mixgrpo_flash")) == \
+        ablate.fingerprint(get_config("motion_tiny_cpu+mixgrpo"))
+    assert not [r.name for r in ablate.ablation_rows("tiny_cpu") if r.same_as]
+    # named alone, it is still the earlier row's config
+    assert ablate.ablation_rows("motion_tiny_cpu", ["mixgrpo_flash"])[-1].same_as == "mixgrpo"
     c = ablate.resolve("motion_tiny_cpu", rows["ptrw"].overrides)
     assert c.train.use_ptrw and c.domain == "motion" and c.train.num_inner_epochs == 1
     assert [r.name for r in ablate.ablation_rows("motion_tiny_cpu", ["ptrw"])] == ["grpo", "placebo", "ptrw"]
@@ -114,8 +123,8 @@ def test_the_cpu_time_estimate_by_hand():
     cost = ablate.Cost(seconds_per_sample=0.2, training_share=0.5, eval_seconds=10.0, overhead_seconds=5.0)
     secs = ablate.estimate_seconds([1.0, 3.0], seeds=2, samples=100, evaluations=3, cost=cost)
     assert secs == pytest.approx(2 * ((100 * 0.2 + 30 + 5) + (100 * 0.2 * (0.5 + 1.5) + 30 + 5)))
-    text = ablate.main(["--estimate"])  # the real run's: 17 runnable rows x 3 seeds
-    assert text.startswith("17 rows x 3 seeds = 51 runs of 64 epochs")
+    text = ablate.main(["--estimate"])  # the real run's: 16 runnable rows x 3 seeds
+    assert text.startswith("16 rows x 3 seeds = 48 runs of 64 epochs")
     hours = text.split("about ")[1].split(" core-hours")[0]
     assert f"about {hours} core-hours" in ablate.__doc__  # the docstring states the estimate the script makes
 
@@ -409,10 +418,16 @@ def test_a_row_that_trains_grpos_parameters_is_reported_identical(tmp_path):
         if s == 1:
             off[1][3] += 1e-6  # one held-out value at one evaluation point
         fake_run(tmp_path / "ptrw" / f"seed{s}", s, False, off)
+        # a later row equal to PTRW on every seed (not to GRPO), and one equal to it on two seeds of three
+        fake_run(tmp_path / "temporal_decay" / f"seed{s}", s, False, off)
+        fake_run(tmp_path / "asymmetric" / f"seed{s}", s, False, off if s != 2 else [base, base, base + 0.01])
     text = ablate.main(["--report-only", "--out", str(tmp_path), "--samples", "256", "--eval-every", "128",
-                        "--rows", "amic", "ptrw"])
+                        "--rows", "amic", "ptrw", "temporal_decay", "asymmetric"])
     res = {r["name"]: r for r in json.loads((tmp_path / "results.json").read_text())["rows"]}
     assert res["amic"]["identical_to_grpo"] is True and res["ptrw"]["identical_to_grpo"] is False
+    assert [res[n]["identical_to"] for n in ("amic", "ptrw", "temporal_decay", "asymmetric")] == \
+        ["grpo", None, "ptrw", None]
+    assert "answer as one): temporal_decay identical to ptrw." in text
     assert res["amic"]["against_grpo"].startswith("identical to GRPO")
     assert res["ptrw"]["against_grpo"] == "not separated from GRPO"
     assert res["amic"]["resolves_vs_grpo"] == {"detectable_80": None, "seeds_for_measured": None}

@@ -16,13 +16,14 @@ GRPO and its placebo run three more seeds than the rows: on seeds 0-2 GRPO led i
 0.066; seeds x conditions), and that design's variance components put 80% power for +0.05 at six seed pairs
 (`scripts/seed_gains.py --power 0.05` on those runs). The control seeds add 6 runs, about 1.7 core-hours.
 
-Its CPU time, from motion_tiny_cpu's measured cost (`--estimate` prints it): 17 runnable rows x 3 seeds = 51 runs of
-64 epochs, about 19.5 core-hours, so about 10 hours of wall time at --parallel 2 on 2 free cores. Each row trains at
+Its CPU time, from motion_tiny_cpu's measured cost (`--estimate` prints it): 16 runnable rows x 3 seeds = 48 runs of
+64 epochs, about 18.7 core-hours, so about 9.4 hours of wall time at --parallel 2 on 2 free cores. Each row trains at
 0.23 s per sample on one core (docs/results.md), its update's share (about half) scaled by its passes and trained
 steps (training_factor: 2.5x for the EMA's two passes, 5x for balanced, a third for flow_grpo_fast's two trained
 steps), plus 5 evaluations a run at about 18 s (128 held-out and 32 validation captions, measured) and about 20 s
 of start-up and reports. grpo_guard is refused on motion (its objective is derived for the flow SDE; motion samples
-with DDIM) and listed as not run.
+with DDIM) and listed as not run; so is mixgrpo_flash, whose changes from mixgrpo act on flow domains only, so that
+on motion its config is mixgrpo's (a row whose config equals an earlier row's is not run, and says whose it is).
 
 Rows (`--rows` picks some; GRPO and its placebo are always run, every comparison needs them):
 - `grpo`: the preset as it is; `placebo`: the same with `advantage.placebo=True` (each group's advantages permuted
@@ -50,7 +51,8 @@ last epoch):
   the arms' seeds match (every seed evaluates the same held-out conditions), over seeds the seeds x conditions
   interval (scripts/seed_gains.py, recam.infra.stats.crossed_interval). GRPO minus its placebo is the gate, at the
   full 5%; the rows minus the placebo are a Holm family behind it (a row's adjusted p is at least the gate's), the
-  rows minus GRPO another; a row whose every held-out value equals GRPO's is reported as identical to it;
+  rows minus GRPO another; a row whose every held-out value equals GRPO's is reported as identical to it, and one
+  whose every held-out value equals an earlier row's as identical to that row;
 - whether it cleared the placebo, and for a row that did not, whether it ever led it at an evaluation point
   (rows that never did say so);
 - its own metrics (mean over the optimizer steps that logged them, over seeds a t-interval): the EMA's variance
@@ -143,6 +145,11 @@ class Row:
     overrides: tuple[tuple[str, object], ...] = ()
     own: tuple[str, ...] = ()
     refused: str | None = None  # the validation's reason, for a row that is not run
+    same_as: str | None = None  # an earlier row whose config on this preset is this one's: not run, its row answers
+
+    @property
+    def runs(self) -> bool:
+        return self.refused is None and self.same_as is None
 
     def argv(self) -> list[str]:
         return [f"--config.{k}={v}" for k, v in self.overrides]
@@ -173,17 +180,29 @@ def variant_overrides(name: str, preset: str) -> tuple[tuple[str, object], ...]:
     return tuple(fields)
 
 
+# fields that name a run and change nothing it computes
+NAMING_FIELDS = ("run_name",)
+
+
+def fingerprint(c) -> str:
+    """A config as what it computes: every field but the names (NAMING_FIELDS), as canonical JSON."""
+    d = c.to_dict()
+    for key in NAMING_FIELDS:
+        d.pop(key, None)
+    return json.dumps(d, sort_keys=True, default=repr)
+
+
 def own_metrics(overrides) -> tuple[str, ...]:
     flags = dict(overrides)
     return tuple(m for flag, keys in OWN_METRICS.items() if flags.get(f"train.{flag}") for m in keys)
 
 
 def ablation_rows(preset: str, names=ROW_NAMES) -> list[Row]:
-    """The rows named (GRPO and the placebo always), each validated as a one-process run of `preset`."""
-    rows = []
+    """The rows named (GRPO and the placebo always), each validated as a one-process run of `preset`. A row whose
+    config on `preset` is an earlier row's (of ROW_NAMES, named or not; a method whose changes act on flow domains
+    only, on a DDIM preset) is not run: it would repeat that row's runs bit for bit, and its row answers for it."""
+    rows, seen = [], {}
     for name in ROW_NAMES:
-        if name not in names and name not in ("grpo", "placebo"):
-            continue
         if name == "grpo":
             row = Row(name, "GRPO", preset)
         elif name == "placebo":
@@ -198,7 +217,13 @@ def ablation_rows(preset: str, names=ROW_NAMES) -> list[Row]:
             validate(resolve(row.preset, row.overrides), 1)
         except (ConfigError, ValueError) as e:
             row = Row(row.name, row.kind, row.preset, row.overrides, row.own, refused=str(e).splitlines()[0])
-        rows.append(row)
+        else:
+            key = fingerprint(resolve(row.preset, row.overrides))
+            if key in seen:
+                row = Row(row.name, row.kind, row.preset, row.overrides, row.own, same_as=seen[key])
+            seen.setdefault(key, name)
+        if name in names or name in ("grpo", "placebo"):
+            rows.append(row)
     return rows
 
 
@@ -449,6 +474,7 @@ class RowResult:
     draws: bool | None = None
     to_gain: dict | None = None
     identical: bool = False  # every held-out value equal to GRPO's on the same seed, at every evaluation point
+    identical_to: str | None = None  # the first earlier row (GRPO first) it equals so, GRPO's included
     guard: dict = field(default_factory=dict)  # rollbacks (total over seeds), stops: [{seed, samples, reason}]
 
 
@@ -462,6 +488,22 @@ def identical_evals(a: Path, b: Path) -> bool:
                 for r in read_records(run / "metrics.jsonl") if r.get("type") == "eval"]
     ea, eb = evals(a), evals(b)
     return bool(ea) and len(ea) == len(eb) and all(x == y and x for x, y in zip(ea, eb, strict=True))
+
+
+def identical_row(r: RowResult, results: dict[str, RowResult]) -> str | None:
+    """The first row before `r` (in the report's order; GRPO and its placebo aside) whose runs on each of r's seeds
+    evaluated to exactly r's numbers (identical_evals), or None: two rows that train the same parameters answer as
+    one, whatever their configs say."""
+    for name, other in results.items():
+        if name == r.row.name:
+            return None
+        if name in CONTROLS:
+            continue
+        by_seed = {seed_gains.run_seed(run): run for run in other.runs}
+        if all(seed_gains.run_seed(run) in by_seed and identical_evals(run, by_seed[seed_gains.run_seed(run)])
+               for run in r.runs):
+            return name
+    return None
 
 
 def shared_runs(runs: list[Path], seeds) -> list[Path]:
@@ -485,6 +527,7 @@ def compare(results: dict[str, RowResult], metric: str, which: int, seeds=None) 
             r.vs["grpo"] = seed_gains.grpo_minus_placebo(r.runs, grpo, metric, which)
             by_seed = {seed_gains.run_seed(run): run for run in grpo}
             r.identical = all(identical_evals(run, by_seed[seed_gains.run_seed(run)]) for run in r.runs)
+            r.identical_to = "grpo" if r.identical else identical_row(r, results)
         if name != "placebo":
             r.vs["placebo"] = seed_gains.grpo_minus_placebo(r.runs, placebo, metric, which)
             r.curve = [(c["samples"], c["difference"]) for c in seed_gains.curve_rows(r.runs, placebo, metric)
@@ -675,6 +718,12 @@ def tables(results: dict[str, RowResult], done: list[Row], ctx: dict) -> list[st
                       "run's last epoch is where it stopped, and it enters the comparisons there):", ""]
         lines += [f"- {x}" for x in stopped]
     against = [f"{row.name} {verdict(results[row.name], 'grpo')}" for row in done if "grpo" in results[row.name].vs]
+    twins = [f"{row.name} identical to {results[row.name].identical_to}" for row in done
+             if results[row.name].identical_to not in (None, "grpo")]
+    if twins:
+        lines += ["", "Rows that evaluated to exactly another row's numbers (every held-out value equal, every "
+                      "evaluation point and seed: they trained the same parameters, and answer as one): "
+                  + ", ".join(twins) + "."]
     if against:
         lines += ["", "Against GRPO, after Holm's adjustment: " + ", ".join(against) + "."]
         lines += ["", "What these seeds can resolve against GRPO: the smallest true difference each row's design "
@@ -737,6 +786,9 @@ def report(results: dict[str, RowResult], rows: list[Row], ctx: dict) -> str:
         "", "GRPO and its placebo have not both finished every seed: nothing is compared yet."]
     for title, items in (("Not run (the validation refuses the row's config)",
                           [f"{r.name} (`{r.preset}`): {r.refused}" for r in rows if r.refused]),
+                         (f"Not run (the same configuration as an earlier row on {ctx['preset']}: every field but "
+                          "the run's name equal, so its runs would repeat that row's)",
+                          [f"{r.name} (`{r.preset}`): the same as {r.same_as}" for r in rows if r.same_as]),
                          (UNFINISHED,
                           [f"{name}: {text}" for name, text in ctx["unfinished"].items()])):
         if items:
@@ -804,13 +856,15 @@ def results_json(results: dict[str, RowResult], rows: list[Row], ctx: dict) -> d
         r = results.get(row.name)
         if row.refused:
             item["status"] = f"not run: {row.refused}"
+        elif row.same_as:
+            item["status"] = f"not run: the same configuration as {row.same_as} on {ctx['preset']}"
         elif r is None:
             item["status"] = f"not finished: {ctx['unfinished'].get(row.name, '')}"
         else:
             item |= {"status": "finished", "runs": [_shown(x) for x in r.runs], "change": _est_json(r.change),
                      "minus_grpo": _est_json(r.vs.get("grpo"), r.holm.get("grpo")),
                      "minus_placebo": _est_json(r.vs.get("placebo"), r.holm.get("placebo")),
-                     "identical_to_grpo": r.identical,
+                     "identical_to_grpo": r.identical, "identical_to": r.identical_to,
                      "resolves_vs_grpo": dict(zip(("detectable_80", "seeds_for_measured"),
                                                   (math.nan, None) if r.identical else resolution(r.vs.get("grpo"))[:2],
                                                   strict=True)),
@@ -861,7 +915,7 @@ def collect(rows: list[Row], out: Path, seeds: list[int], codes: dict,
     """The rows whose every seed finished, and for the others what is missing."""
     results, unfinished = {}, {}
     for row in rows:
-        if row.refused:
+        if not row.runs:
             continue
         mine = row_seeds(row, seeds, control_seeds)
         folders = [run_dir(out, row, s) for s in mine]
@@ -904,7 +958,7 @@ def main(argv: list[str] | None = None) -> str:
     rows = ablation_rows(args.preset, args.rows)
     per_epoch = samples_per_epoch(args.preset)
     epochs, eval_freq = budget(args.samples, args.eval_every, per_epoch)
-    runnable = [r for r in rows if not r.refused]
+    runnable = [r for r in rows if r.runs]
     if args.estimate:
         if args.preset not in COSTS:
             raise SystemExit(f"no measured cost for {args.preset} (known: {sorted(COSTS)})")
