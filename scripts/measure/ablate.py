@@ -67,6 +67,7 @@ last epoch):
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -473,9 +474,21 @@ class RowResult:
     cost: dict = field(default_factory=dict)
     draws: bool | None = None
     to_gain: dict | None = None
-    identical: bool = False  # every held-out value equal to GRPO's on the same seed, at every evaluation point
-    identical_to: str | None = None  # the first earlier row (GRPO first) it equals so, GRPO's included
+    identical_to: str | None = None  # GRPO or the first earlier row whose every held-out value it equals (seed by seed)
     guard: dict = field(default_factory=dict)  # rollbacks (total over seeds), stops: [{seed, samples, reason}]
+
+    @property
+    def identical(self) -> bool:
+        """Every held-out value equal to GRPO's on the same seed, at every evaluation point."""
+        return self.identical_to == "grpo"
+
+
+@functools.cache
+def held_out(run: Path) -> tuple[dict, ...]:
+    """A run's held-out evaluations: every eval/* metric and per-condition value (rows/eval/*) of each (read once:
+    the identity checks compare every row with the rows before it)."""
+    return tuple({k: v for k, v in r.items() if k.startswith(("eval/", "rows/eval/"))}
+                 for r in read_records(run / "metrics.jsonl") if r.get("type") == "eval")
 
 
 def identical_evals(a: Path, b: Path) -> bool:
@@ -483,23 +496,18 @@ def identical_evals(a: Path, b: Path) -> bool:
     metric and per-condition value (eval/*, rows/eval/*) equal. A variant whose update rounds to GRPO's in float32
     (weights within about 1e-6 of 1 under Adam) trains the same parameters bit for bit, and its comparison with GRPO
     is then not a small difference with an interval but none at all."""
-    def evals(run):
-        return [{k: v for k, v in r.items() if k.startswith(("eval/", "rows/eval/"))}
-                for r in read_records(run / "metrics.jsonl") if r.get("type") == "eval"]
-    ea, eb = evals(a), evals(b)
+    ea, eb = held_out(a), held_out(b)
     return bool(ea) and len(ea) == len(eb) and all(x == y and x for x, y in zip(ea, eb, strict=True))
 
 
 def identical_row(r: RowResult, results: dict[str, RowResult]) -> str | None:
-    """The first row before `r` (in the report's order; GRPO and its placebo aside) whose runs on each of r's seeds
-    evaluated to exactly r's numbers (identical_evals), or None: two rows that train the same parameters answer as
-    one, whatever their configs say."""
-    for name, other in results.items():
+    """GRPO, or else the first row before `r` in the report's order (the placebo aside), whose run on each of r's
+    seeds evaluated to exactly r's numbers (identical_evals); None if none did. Two rows that train the same
+    parameters answer as one, whatever their configs say."""
+    for name in ("grpo", *(n for n in results if n not in CONTROLS)):
         if name == r.row.name:
             return None
-        if name in CONTROLS:
-            continue
-        by_seed = {seed_gains.run_seed(run): run for run in other.runs}
+        by_seed = {seed_gains.run_seed(run): run for run in results[name].runs}
         if all(seed_gains.run_seed(run) in by_seed and identical_evals(run, by_seed[seed_gains.run_seed(run)])
                for run in r.runs):
             return name
@@ -525,9 +533,7 @@ def compare(results: dict[str, RowResult], metric: str, which: int, seeds=None) 
         grpo, placebo = ([run for run in results[arm].runs if seed_gains.run_seed(run) in mine] for arm in CONTROLS)
         if name not in CONTROLS:
             r.vs["grpo"] = seed_gains.grpo_minus_placebo(r.runs, grpo, metric, which)
-            by_seed = {seed_gains.run_seed(run): run for run in grpo}
-            r.identical = all(identical_evals(run, by_seed[seed_gains.run_seed(run)]) for run in r.runs)
-            r.identical_to = "grpo" if r.identical else identical_row(r, results)
+            r.identical_to = identical_row(r, results)
         if name != "placebo":
             r.vs["placebo"] = seed_gains.grpo_minus_placebo(r.runs, placebo, metric, which)
             r.curve = [(c["samples"], c["difference"]) for c in seed_gains.curve_rows(r.runs, placebo, metric)
