@@ -393,6 +393,40 @@ def test_control_seeds_run_grpo_and_its_placebo_only_and_rows_pair_on_their_own(
     assert hours[1] == pytest.approx(hours[0] * 13 / 9, rel=0.1)
 
 
+def test_rows_with_the_controls_passes_are_compared_with_it_by_hand(fake_ablation):
+    """ema_control is GRPO with the EMA's two passes: a row with those passes (the EMA, conservative) gets its
+    difference from it, paired by seed and condition, Holm-adjusted among those rows; a one-pass row (PTRW) and the
+    control itself get none. The control's own passes are read from its config, not its name."""
+    out, values, seeds = fake_ablation
+    rows = {r.name: r for r in ablate.ablation_rows("motion_tiny_cpu")}
+    assert [n for n, r in rows.items() if r.passes == rows["ema_control"].passes == 2] == \
+        ["ema", "conservative", "balanced", "ema_control"]
+    rng = np.random.default_rng(3)
+    for s in seeds:
+        base = values[("grpo", s)][0]
+        values[("ema_control", s)] = [base, base + 0.12 + rng.normal(0, 0.02, 8), base + 0.17 + rng.normal(0, 0.02, 8)]
+        values[("conservative", s)] = [base, base + 0.1, values[("ema_control", s)][2] + rng.normal(0, 0.03, 8)]
+        for name in ("ema_control", "conservative"):
+            fake_run(out / name / f"seed{s}", s, False, values[(name, s)])
+    text = ablate.main(["--report-only", "--out", str(out), "--samples", "256", "--eval-every", "128",
+                        "--rows", "ema", "ptrw", "conservative", "ema_control"])
+    res = {r["name"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
+    ests = {n: crossed_interval([values[(n, s)][2] - values[("ema_control", s)][2] for s in seeds])
+            for n in ("ema", "conservative")}
+    for (n, c), adj in zip(ests.items(), holm_by_hand([c.p for c in ests.values()]), strict=True):
+        assert res[n]["minus_control"]["mean"] == pytest.approx(c.mean, abs=1e-12)
+        assert res[n]["minus_control"]["half"] == pytest.approx(c.half, rel=1e-9)
+        assert res[n]["minus_control"]["p_holm"] == pytest.approx(adj, rel=1e-9)
+        assert f"| {n} | {c.mean:+.4f} ± {c.half:.4f} |" in text.split("Against the two-pass control")[1]
+    assert res["ema"]["against_control"] == "beats the two-pass control"  # +0.03 on 3 x 8, noise 0.02
+    assert res["conservative"]["against_control"] == "not separated from the two-pass control"
+    for n in ("ptrw", "ema_control", "grpo", "placebo"):
+        assert res[n]["minus_control"] is None and res[n]["against_control"] is None
+    # the control minus GRPO is the extra pass's own share, in the rows minus GRPO
+    pass_share = crossed_interval([values[("ema_control", s)][2] - values[("grpo", s)][2] for s in seeds])
+    assert res["ema_control"]["minus_grpo"]["mean"] == pytest.approx(pass_share.mean, abs=1e-12)
+
+
 def test_rows_behind_the_gate_by_hand():
     """Serial gatekeeping: GRPO minus placebo at p 0.03 is the gate; rows at 0.001, 0.02 and 0.5 are Holm-adjusted
     to 0.003, 0.04 and 0.5 among themselves, and none may fall below the gate's 0.03."""

@@ -53,6 +53,8 @@ last epoch):
   full 5%; the rows minus the placebo are a Holm family behind it (a row's adjusted p is at least the gate's), the
   rows minus GRPO another; a row whose every held-out value equals GRPO's is reported as identical to it, and one
   whose every held-out value equals an earlier row's as identical to that row;
+- for a row with ema_control's passes (ema and the combinations that run two), the row minus ema_control, paired
+  the same way (a third Holm family): what its change adds to the extra pass;
 - whether it cleared the placebo, and for a row that did not, whether it ever led it at an evaluation point
   (rows that never did say so);
 - its own metrics (mean over the optimizer steps that logged them, over seeds a t-interval): the EMA's variance
@@ -75,7 +77,7 @@ import shlex
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -93,6 +95,7 @@ from scripts import seed_gains  # noqa: E402
 VARIANTS = ("ema", "gradient_adaptive", "amic", "ptrw", "temporal_decay", "asymmetric")
 COMBINATIONS = ("conservative", "balanced", "aggressive")
 CONTROL = "ema_control"
+ARMS = ("grpo", "placebo", "control")  # what a row is compared with: GRPO, its placebo, the two-pass control
 METHODS = ("flow_grpo_fast", "mixgrpo", "mixgrpo_flash", "grpo_guard", "nft", "awm")
 ROW_NAMES = ("grpo", "placebo", *VARIANTS, *COMBINATIONS, CONTROL, *METHODS)
 
@@ -147,6 +150,7 @@ class Row:
     own: tuple[str, ...] = ()
     refused: str | None = None  # the validation's reason, for a row that is not run
     same_as: str | None = None  # an earlier row whose config on this preset is this one's: not run, its row answers
+    passes: int = 1  # train.num_inner_epochs on the preset: a row with the control's passes is compared with it
 
     @property
     def runs(self) -> bool:
@@ -217,11 +221,11 @@ def ablation_rows(preset: str, names=ROW_NAMES) -> list[Row]:
         try:
             validate(resolve(row.preset, row.overrides), 1)
         except (ConfigError, ValueError) as e:
-            row = Row(row.name, row.kind, row.preset, row.overrides, row.own, refused=str(e).splitlines()[0])
+            row = replace(row, refused=str(e).splitlines()[0])
         else:
-            key = fingerprint(resolve(row.preset, row.overrides))
-            if key in seen:
-                row = Row(row.name, row.kind, row.preset, row.overrides, row.own, same_as=seen[key])
+            config = resolve(row.preset, row.overrides)
+            key = fingerprint(config)
+            row = replace(row, passes=int(config.train.num_inner_epochs), same_as=seen.get(key))
             seen.setdefault(key, name)
         if name in names or name in ("grpo", "placebo"):
             rows.append(row)
@@ -467,8 +471,8 @@ class RowResult:
     row: Row
     runs: list[Path]
     change: seed_gains.Estimate | None = None
-    vs: dict = field(default_factory=dict)  # "grpo" / "placebo" -> Estimate
-    holm: dict = field(default_factory=dict)  # "grpo" / "placebo" -> Holm-adjusted p
+    vs: dict = field(default_factory=dict)  # an arm of ARMS -> the row minus it (Estimate)
+    holm: dict = field(default_factory=dict)  # an arm of ARMS -> Holm-adjusted p
     curve: list = field(default_factory=list)  # (samples, row minus placebo) at each evaluation after the base
     own: dict = field(default_factory=dict)  # metric -> (mean over seeds, half-width, per-seed values)
     cost: dict = field(default_factory=dict)
@@ -538,12 +542,22 @@ def compare(results: dict[str, RowResult], metric: str, which: int, seeds=None) 
             r.vs["placebo"] = seed_gains.grpo_minus_placebo(r.runs, placebo, metric, which)
             r.curve = [(c["samples"], c["difference"]) for c in seed_gains.curve_rows(r.runs, placebo, metric)
                        if c["samples"] > 0]
+    # a row that runs the two-pass control's passes differs from GRPO in two ways, its change and the extra pass:
+    # minus the control is what its change adds to the same passes (the control minus GRPO is the pass's own share)
+    if CONTROL in results:
+        control = results[CONTROL]
+        for name, r in results.items():
+            if name not in (*CONTROLS, CONTROL) and r.row.passes == control.row.passes:
+                mine = {seed_gains.run_seed(run) for run in r.runs}
+                partner = [run for run in control.runs if seed_gains.run_seed(run) in mine]
+                r.vs["control"] = seed_gains.grpo_minus_placebo(r.runs, partner, metric, which)
     # GRPO minus its placebo is the gate, tested first at the full level; the rows' differences from the placebo are
     # a Holm family behind it (serial gatekeeping: a row's adjusted p is the larger of the gate's p and its Holm p,
-    # so no row clears the placebo unless GRPO's loop does). Rows minus GRPO are one Holm family.
+    # so no row clears the placebo unless GRPO's loop does). Rows minus GRPO are one Holm family, rows minus the
+    # control another.
     gate = results["grpo"].vs["placebo"].p
     results["grpo"].holm["placebo"] = gate
-    for arm in ("grpo", "placebo"):
+    for arm in ARMS:
         names = [n for n, r in results.items() if arm in r.vs and n not in CONTROLS]
         ps = [results[n].vs[arm].p for n in names]
         for n, p in zip(names, gated_holm(gate, ps) if arm == "placebo" else holm(ps), strict=True):
@@ -574,11 +588,15 @@ def verdict(r: RowResult, arm: str) -> str:
     if math.isfinite(p) and p < ALPHA:
         if arm == "grpo":
             return "beats GRPO" if est.mean > 0 else "worse than GRPO"
+        if arm == "control":
+            return "beats the two-pass control" if est.mean > 0 else "worse than the two-pass control"
         if est.mean > 0:
             return "clears the placebo"
         return "below the placebo"
     if arm == "grpo":
         return "not separated from GRPO"
+    if arm == "control":
+        return "not separated from the two-pass control"
     ahead = sum(math.isfinite(lower_end(d)) and lower_end(d) > 0 for _, d in r.curve)
     if ahead == 0:
         return "never cleared the placebo (at no evaluation point, even before Holm's adjustment)"
@@ -747,6 +765,19 @@ def tables(results: dict[str, RowResult], done: list[Row], ctx: dict) -> list[st
                 continue
             mde, _, need = resolution(est)
             lines.append(f"| {row.name} | {_est(est)} | {_num(mde, '.4f')} | {need} |")
+    beside = [row for row in done if "control" in results[row.name].vs]
+    if beside:
+        ctl = results[CONTROL]
+        lines += ["", f"Against the two-pass control ({CONTROL}: GRPO with the same {ctl.row.passes} passes over each "
+                      "epoch's samples and no variant). A row with those passes differs from GRPO in its change and "
+                      f"in the extra pass; minus {CONTROL} is what its change adds to the same passes ({CONTROL} "
+                      "minus GRPO, above, is the pass's own share). Paired as above; Holm-adjusted among these rows.",
+                  "", f"| row | minus {CONTROL} | p / Holm | found 80% of the time from | against the control |",
+                  "|---|---|---|---|---|"]
+        for row in beside:
+            r = results[row.name]
+            lines.append(f"| {row.name} | {_est(r.vs['control'])} | {_p(r, 'control')} | "
+                         f"{_num(resolution(r.vs['control'])[0], '.4f')} | {verdict(r, 'control')} |")
     lines += ["", f"What each row did, and what it cost (own metrics: mean over the optimizer steps that logged "
                   f"them, ± over seeds; time to GRPO's final gain of {ctx['target']:+.4f}: the first evaluation "
                   "point whose seed-mean change reaches it, with the training seconds there; farthest ratio from "
@@ -870,6 +901,8 @@ def results_json(results: dict[str, RowResult], rows: list[Row], ctx: dict) -> d
             item |= {"status": "finished", "runs": [_shown(x) for x in r.runs], "change": _est_json(r.change),
                      "minus_grpo": _est_json(r.vs.get("grpo"), r.holm.get("grpo")),
                      "minus_placebo": _est_json(r.vs.get("placebo"), r.holm.get("placebo")),
+                     "minus_control": _est_json(r.vs.get("control"), r.holm.get("control")),
+                     "against_control": verdict(r, "control") if "control" in r.vs else None,
                      "identical_to_grpo": r.identical, "identical_to": r.identical_to,
                      "resolves_vs_grpo": dict(zip(("detectable_80", "seeds_for_measured"),
                                                   (math.nan, None) if r.identical else resolution(r.vs.get("grpo"))[:2],
