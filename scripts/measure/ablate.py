@@ -534,7 +534,8 @@ def compare(results: dict[str, RowResult], metric: str, which: int, seeds=None) 
         r.change = seed_gains.over_seeds([(e[0], e[which]) for e in evals], metric)
         # a row is compared on its own seeds: GRPO's and the placebo's extra control seeds have no partner in it
         mine = {seed_gains.run_seed(run) for run in r.runs}
-        grpo, placebo = ([run for run in results[arm].runs if seed_gains.run_seed(run) in mine] for arm in CONTROLS)
+        grpo, placebo, control = ([run for run in results[arm].runs if seed_gains.run_seed(run) in mine]
+                                  if arm in results else None for arm in (*CONTROLS, CONTROL))
         if name not in CONTROLS:
             r.vs["grpo"] = seed_gains.grpo_minus_placebo(r.runs, grpo, metric, which)
             r.identical_to = identical_row(r, results)
@@ -542,15 +543,10 @@ def compare(results: dict[str, RowResult], metric: str, which: int, seeds=None) 
             r.vs["placebo"] = seed_gains.grpo_minus_placebo(r.runs, placebo, metric, which)
             r.curve = [(c["samples"], c["difference"]) for c in seed_gains.curve_rows(r.runs, placebo, metric)
                        if c["samples"] > 0]
-    # a row that runs the two-pass control's passes differs from GRPO in two ways, its change and the extra pass:
-    # minus the control is what its change adds to the same passes (the control minus GRPO is the pass's own share)
-    if CONTROL in results:
-        control = results[CONTROL]
-        for name, r in results.items():
-            if name not in (*CONTROLS, CONTROL) and r.row.passes == control.row.passes:
-                mine = {seed_gains.run_seed(run) for run in r.runs}
-                partner = [run for run in control.runs if seed_gains.run_seed(run) in mine]
-                r.vs["control"] = seed_gains.grpo_minus_placebo(r.runs, partner, metric, which)
+        # a row with the two-pass control's passes differs from GRPO in its change and in the extra pass: minus the
+        # control is what its change adds to the same passes (the control minus GRPO is the pass's own share)
+        if control and name not in (*CONTROLS, CONTROL) and r.row.passes == results[CONTROL].row.passes:
+            r.vs["control"] = seed_gains.grpo_minus_placebo(r.runs, control, metric, which)
     # GRPO minus its placebo is the gate, tested first at the full level; the rows' differences from the placebo are
     # a Holm family behind it (serial gatekeeping: a row's adjusted p is the larger of the gate's p and its Holm p,
     # so no row clears the placebo unless GRPO's loop does). Rows minus GRPO are one Holm family, rows minus the
