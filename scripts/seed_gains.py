@@ -242,7 +242,10 @@ def run_endpoints(runs: list[Path]) -> tuple[tuple[str, str] | None, list[str]]:
 
 def table_of(pairs: list[tuple[dict, dict]], metric: str) -> list[list[float | None]]:
     """A seeds x conditions table of after - before, one row per (before, after) pair of evaluation records."""
-    rows = [per_condition_change(b, a, metric) for b, a in pairs]
+    try:
+        rows = [per_condition_change(b, a, metric) for b, a in pairs]
+    except ValueError as e:  # a pair of runs (or a run's base and end) evaluated different held-out sets
+        raise SystemExit(str(e)) from None
     if len({len(r) for r in rows}) > 1:
         raise SystemExit(f"{metric}: the runs' evaluations hold different numbers of conditions "
                          f"({sorted({len(r) for r in rows})}): they were not evaluated on the same held-out set")

@@ -241,6 +241,49 @@ def test_grpo_minus_placebo_pairs_the_last_update_both_evaluated():
     assert "placebo run" in learning.versus_placebo(grpo, placebo[1:], "eval/s", "eval/b", 8)["error"]
 
 
+def test_arms_scored_on_different_held_out_sets_are_an_error_not_a_difference():
+    """A placebo that evaluated 2 conditions beside a GRPO run's 3 is no pair: vs_placebo says so (with each arm's
+    events), where it used to report a difference of the means over one "condition" with no interval."""
+    def ev(step, rows):
+        return {"type": "eval", "step": step, "train_seconds": step, "eval/s": statistics.fmean(rows),
+                "rows/eval/s": rows, "eval/b": 0.0, "rows/eval/b": [0.0] * len(rows)}
+    vs = learning.versus_placebo([ev(0, [0.1, 0.2, 0.3]), ev(1, [0.3, 0.2, 0.3])], [ev(0, [0.1, 0.2]),
+                                 ev(1, [0.1, 0.3])], "eval/s", "eval/b", 8)
+    assert "not paired" in vs["error"] and "(3 and 2 conditions)" in vs["error"] and "difference" not in vs
+    assert set(vs["events"]) == {"grpo", "placebo", "differ"}
+
+
+def test_a_placebo_of_another_size_than_its_grpo_run_is_not_run(tmp_path):
+    """--tiny beside a GPU-size run from --resume (the window's command rehearsed on the CPU): the placebo would
+    draw other samples and score another held-out set, so it is refused before it runs, naming the settings. At
+    one size, the committed GPU runs (full) and a run that --tiny made (tiny) pair."""
+    for preset in ("tiny_gpu", "motion_tiny_gpu"):
+        committed = ROOT / "docs" / "learning_gpu" / "runs" / preset
+        assert learning.unpaired_sizes(preset, learning.kept_heldout(committed, ()), committed) == []
+        tiny = learning.SIZES["tiny"]["overrides"][preset]
+        unpaired = learning.unpaired_sizes(preset, tiny, committed)
+        assert any(u.startswith("sample.batch_size '8' here") for u in unpaired), unpaired
+        made = tmp_path / preset
+        made.mkdir()
+        config = json.loads((committed / "config.json").read_text())
+        for o in tiny:
+            key, value = o.removeprefix("--config.").split("=", 1)
+            *path, last = key.split(".")
+            node = config
+            for part in path:
+                node = node[part]
+            node[last] = type(node[last])(value) if value else value
+        (made / "config.json").write_text(json.dumps(config))
+        assert learning.unpaired_sizes(preset, tiny, made) == []
+        size = {**learning.SIZES["tiny"], "arms": ("placebo",)}
+        grpo = tmp_path / "out" / "runs" / preset  # the GPU run carried over: its config.json is what is read
+        grpo.mkdir(parents=True)
+        (grpo / "config.json").write_bytes((committed / "config.json").read_bytes())
+        out = learning.run_preset(preset, size, tmp_path / "out", 10, None, placebo=True)
+        assert out["error"].startswith("not run: this placebo would not pair with") and "more. Run both" in out["error"]
+        assert not (tmp_path / "out" / "runs" / (preset + learning.PLACEBO)).exists()
+
+
 def test_grpo_minus_placebo_reports_each_arm_s_guard_events():
     """The guard's rollbacks and stops act on the rewards, so they can differ between the arms: vs_placebo repeats
     each run's, says whether they differ, and the report's table shows them, beside an error too."""

@@ -84,6 +84,17 @@ def test_grpo_minus_placebo_paired_by_seed_over_conditions_then_seeds(tmp_path):
     assert "seed 0: one seed, paired over 3 conditions (conditional on this seed)" in text
 
 
+def test_a_placebo_scored_on_another_held_out_set_is_refused_not_averaged(tmp_path):
+    """Per-condition rows of different lengths are two held-out sets: their difference of means would stand for a
+    paired difference (it used to, with a row of one value), so the comparison stops and says both counts."""
+    g = _config(_run(tmp_path, "g0", [0.1, 0.2, 0.3], [0.2, 0.2, 0.4], [0.3, 0.2, 0.5], None), 0, False)
+    p = _config(_run(tmp_path, "p0", [0.1, 0.2], [0.1, 0.2], [0.1, 0.3], None), 0, True)
+    with pytest.raises(SystemExit, match=r"different held-out sets \(2 and 3 conditions\)"):
+        seed_gains.main([str(g), "--placebo", str(p), "--metric", "eval/cam_score"])
+    # a metric over the whole split (no rows) is still a difference of the means
+    assert seed_gains.eval_change({"eval/x": 0.25}, {"eval/x": 0.5}, "eval/x")[:1] == (0.25,)
+
+
 def test_grpo_minus_placebo_without_matching_seeds(tmp_path):
     """Arms whose seeds do not pair: a metric with per-condition values gets the two-way bootstrap over each arm's
     runs and the shared conditions; a metric over the whole split, Welch's interval over the runs."""

@@ -148,23 +148,38 @@ def write_reports(run_dir: Path) -> dict:
     return {"verification": f"{verification} ({status})", "diagnosis": f"{diagnosis} ({word})"}
 
 
+def condition_rows(before: dict, after: dict, key: str) -> tuple[list, list] | None:
+    """The two evaluation records' per-condition values of one metric (rows/<key>), or None where either lacks them
+    (a metric over the whole split). Rows of different lengths are two different held-out sets, which no difference
+    of means may stand in for: a ValueError that says both counts."""
+    b, a = before.get(f"rows/{key}"), after.get(f"rows/{key}")
+    if not (b and a):
+        return None
+    if len(a) != len(b):
+        raise ValueError(f"{key}: the two evaluations scored different held-out sets ({len(b)} and {len(a)} "
+                         "conditions), so they cannot be compared condition by condition")
+    return b, a
+
+
 def eval_change(before: dict, after: dict, key: str) -> tuple[float, float, int]:
     """after - before for one metric of two evaluation records: paired over the conditions both scored, with its 95%
     t half-width and their count, when both carry the metric's per-condition values (rows/<key>); otherwise the
-    difference of the means, with a NaN half-width and 0 conditions (a metric over the whole split)."""
-    b, a = before.get(f"rows/{key}"), after.get(f"rows/{key}")
-    if b and a and len(a) == len(b):
-        return paired_change(b, a)
+    difference of the means, with a NaN half-width and 0 conditions (a metric over the whole split). A ValueError
+    where the two scored different held-out sets (condition_rows)."""
+    rows = condition_rows(before, after, key)
+    if rows is not None:
+        return paired_change(*rows)
     x, y = after.get(key), before.get(key)
     return (x - y if x is not None and y is not None else math.nan), math.nan, 0
 
 
 def per_condition_change(before: dict, after: dict, key: str) -> list[float | None]:
     """after - before per held-out condition (rows/<key>; None where either has no value), or the one difference of
-    the means for a metric over the whole split (no per-condition values): a row of a seeds x conditions table."""
-    b, a = before.get(f"rows/{key}"), after.get(f"rows/{key}")
-    if b and a and len(a) == len(b):
-        return [None if x is None or y is None else float(y) - float(x) for x, y in zip(b, a, strict=True)]
+    the means for a metric over the whole split (no per-condition values): a row of a seeds x conditions table. A
+    ValueError where the two scored different held-out sets (condition_rows)."""
+    rows = condition_rows(before, after, key)
+    if rows is not None:
+        return [None if x is None or y is None else float(y) - float(x) for x, y in zip(*rows, strict=True)]
     x, y = after.get(key), before.get(key)
     return [x - y if isinstance(x, (int, float)) and isinstance(y, (int, float)) else None]
 

@@ -265,6 +265,14 @@ def versus_placebo(grpo: list[dict], placebo: list[dict], score: str, beside: st
     if 0 not in g or 0 not in p:
         return {"error": "no evaluation of the base in " + " and ".join(
             name for name, arm in (("the GRPO run", g), ("the placebo run", p)) if 0 not in arm), "events": events}
+    try:
+        return _versus(g, p, score, beside, samples_per_update, events)
+    except ValueError as e:  # the arms scored different held-out sets (recam.infra.reports.condition_rows)
+        return {"error": f"the GRPO run and its placebo are not paired: {e}", "events": events}
+
+
+def _versus(g: dict, p: dict, score: str, beside: str, samples_per_update: float | None, events: dict) -> dict:
+    """versus_placebo's comparison of the two runs' evaluations by update, each arm's base at update 0."""
     common = sorted(set(g) & set(p))
     last = common[-1]
 
@@ -315,6 +323,46 @@ def kept_heldout(run_dir: Path, overrides) -> tuple[str, ...]:
     return (f"--config.data.num_heldout_conditions={count}",)
 
 
+def _same(value, setting: str) -> bool:
+    """A config.json value against an override's text (--config.<key>=<text>), as the flag parser would read it."""
+    if isinstance(value, bool) or value is None:
+        return str(value) == setting
+    try:
+        return float(value) == float(setting)
+    except (TypeError, ValueError):
+        return str(value) == setting
+
+
+def unpaired_sizes(preset: str, overrides, grpo_run: Path) -> list[str]:
+    """The size settings in which a placebo run with `overrides` would differ from its GRPO run (grpo_run's
+    config.json): every key that some size of SIZES sets for the preset, read from `overrides` where they set it
+    and from the preset otherwise. A placebo of another size (a --tiny placebo beside a GPU run from --resume) draws
+    other samples and scores another held-out set, so GRPO minus it would measure the sizes, not the advantages.
+    A GRPO run without a readable config.json gives none: its own resume check names what it lacks."""
+    from config.grpo import get_config
+
+    try:
+        ran = json.loads((grpo_run / "config.json").read_text())
+    except (OSError, ValueError):
+        return []
+    set_here = dict(o.removeprefix("--config.").split("=", 1) for o in overrides)
+    keys = dict.fromkeys(o.removeprefix("--config.").split("=", 1)[0] for size in SIZES.values()
+                         if isinstance(size["overrides"], dict) for o in size["overrides"].get(preset, ()))
+    preset_config, out = get_config(preset), []
+    for key in keys:
+        theirs, ours = ran, set_here.get(key)
+        for part in key.split("."):
+            theirs = theirs.get(part) if isinstance(theirs, dict) else None
+        if ours is None:
+            ours = preset_config
+            for part in key.split("."):
+                ours = ours[part]
+            ours = str(ours)
+        if theirs is not None and not _same(theirs, ours):
+            out.append(f"{key} {ours!r} here, {theirs!r} there")
+    return out
+
+
 def run_preset(preset: str, size: dict, out_dir: Path, cap: float, prior: Path | None, placebo: bool = False,
                target: float | None = None) -> dict:
     """One learning run in out_dir/runs/<preset> (placebo: its placebo, runs/<preset>_placebo): fresh, or (prior: a
@@ -345,6 +393,11 @@ def run_preset(preset: str, size: dict, out_dir: Path, cap: float, prior: Path |
     began = out_dir / "runs" / preset if placebo else run_dir if prior is not None else None
     if began is not None:
         overrides = (*overrides, *kept_heldout(began, overrides))
+    if placebo and (unpaired := unpaired_sizes(preset, overrides, began)):
+        more = f" and {len(unpaired) - 4} more" if len(unpaired) > 4 else ""
+        return {**out, "error": f"not run: this placebo would not pair with {began}, which ran at another size: "
+                                f"{'; '.join(unpaired[:4])}{more}. Run both arms at one size (with --tiny, --resume "
+                                "a folder that --tiny made)"}
     eval_freq = size["placebo_eval_freq"] if placebo else size["eval_freq"]
     cmd = [sys.executable, str(ROOT / "scripts" / "train_recam.py"), f"--config={ROOT / 'config' / 'grpo.py'}:{preset}",
            f"--config.run_dir={run_dir}", "--config.logging.wandb_mode=disabled", *overrides,

@@ -112,7 +112,10 @@ def table(files: list[Path]) -> str:
         cells = [fmt(first["samples"].get(key))]
         for r in reports[1:]:
             cell = fmt(r["samples"].get(key))
-            mean, half, n = eval_change(first["samples"], r["samples"], key)
+            try:
+                mean, half, n = eval_change(first["samples"], r["samples"], key)
+            except ValueError as e:
+                raise SystemExit(f"{files[0]} and {files[reports.index(r)]}: {e}") from None
             if n:  # per-condition values in both: the paired change (a whole-split metric has none)
                 cell += f" ({fmt(mean, '+.4f')} ± {fmt(half)})"
             cells.append(cell)
