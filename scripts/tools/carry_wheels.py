@@ -25,14 +25,44 @@ import subprocess
 import sys
 from pathlib import Path
 
-# what the accelerator machine lacks, with the pure-Python packages they need that it lacks too
+# what the accelerator machine lacks; carried() adds what they need that it lacks too
 CARRIED = ("diffusers", "importlib_metadata", "zipp", "ml_collections", "absl-py")
+# what it has (the docstring's list), with what those bring along that the carried packages also need
+PRESENT = ("torch", "numpy", "accelerate", "peft", "safetensors", "scipy", "opencv-python", "imageio", "tqdm",
+           "matplotlib", "httpx", "transformers", "huggingface-hub", "filelock", "regex", "requests", "pyyaml",
+           "pillow", "packaging")
 LIST_NAME = "carried.txt"
 
 
-def pins(names=CARRIED) -> list[str]:
-    """name==version of each carried package as installed here."""
-    return [f"{name}=={importlib.metadata.version(name)}" for name in names]
+def carried(roots=CARRIED, present=PRESENT, python_version: str = "3.12") -> list[str]:
+    """roots and, transitively, each requirement of theirs that the machine lacks (extras left out, markers read for
+    its Python), as installed here: importlib_metadata 10 imports lazy-importer, which a fixed list missed. A
+    requirement not installed here cannot be pinned: a SystemExit that names it."""
+    from packaging.markers import default_environment
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    env = {**default_environment(), "python_version": python_version, "python_full_version": f"{python_version}.0",
+           "extra": ""}
+    have = {canonicalize_name(n) for n in present}
+    out, todo = [], list(roots)
+    while todo:
+        name = todo.pop(0)
+        if canonicalize_name(name) in have:
+            continue
+        have.add(canonicalize_name(name))
+        out.append(name)
+        try:
+            requires = importlib.metadata.requires(name) or []
+        except importlib.metadata.PackageNotFoundError:
+            raise SystemExit(f"{name} is not installed here, so its wheel cannot be pinned: pip install it") from None
+        todo += [r.name for r in map(Requirement, requires) if r.marker is None or r.marker.evaluate(env)]
+    return out
+
+
+def pins(names=None) -> list[str]:
+    """name==version of each carried package (carried()) as installed here."""
+    return [f"{name}=={importlib.metadata.version(name)}" for name in (carried() if names is None else names)]
 
 
 def download(dest: Path, python_version: str = "3.12") -> Path:
