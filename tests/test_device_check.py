@@ -304,7 +304,10 @@ def test_grpo_minus_placebo_reports_each_arm_s_guard_events():
     table = "\n".join(report.placebo_table({
         "camera": {"vs_placebo": vs}, "camera_placebo": {}, "motion": {"vs_placebo": {
             "error": "no evaluations to compare", "events": learning.arm_events(stopped, quiet)}}}))
-    assert "guard events, GRPO / placebo" in table
+    assert "guard events, GRPO / placebo" in table and "placebo's base minus GRPO's" in table
+    camera = next(line for line in table.splitlines() if line.startswith("| camera |"))
+    assert camera.count("|") == table.splitlines()[2].count("|")  # every column filled, the base's difference too
+    assert camera.split(" | ")[-2] == "0"
     assert "| 0 rollbacks, 0 critical / 1 rollbacks, 5 critical (the arms differ) |" in table
     assert "1 rollbacks, 5 critical, stopped: health guard, ratio_explosion at step 2 / 0 rollbacks, 0 critical" in (
         table)

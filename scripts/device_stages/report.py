@@ -74,27 +74,29 @@ def guard_events(events: dict | None) -> str:
 
 def placebo_table(learning: dict) -> list[str]:
     """GRPO against its placebo, one row per domain whose placebo ran (learning.<domain>.vs_placebo), with each
-    arm's health-guard events: the guard acts on the rewards, so the arms' rollbacks and stops can differ."""
+    arm's health-guard events: the guard acts on the rewards, so the arms' rollbacks and stops can differ. The bases'
+    difference is shown beside it: 0 where both evaluated the base on one machine, perhaps not where the GRPO run's
+    base was evaluated in an earlier window on another GPU, and then part of the difference."""
     rows = [(name, r["vs_placebo"]) for name, r in learning.items() if isinstance(r, dict) and "vs_placebo" in r]
     if not rows:
         return []
     lines = ["### GRPO minus placebo (paired over the held-out conditions; ± a 95% interval)", "",
              "| domain | score | at update (GRPO / placebo seconds) | GRPO gain | placebo gain | GRPO minus placebo | "
-             "at the ends (updates, GRPO / placebo) | guard events, GRPO / placebo |",
-             "|---|---|---|---|---|---|---|---|"]
+             "at the ends (updates, GRPO / placebo) | placebo's base minus GRPO's | guard events, GRPO / placebo |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, v in rows:
         ev = v.get("events") or {}
         events = f"{guard_events(ev.get('grpo'))} / {guard_events(ev.get('placebo'))}".replace("|", "\\|")
         if ev.get("differ"):
             events += " (the arms differ)"
         if "error" in v:
-            lines.append(f"| {name} | n/a | {v['error']} | | | | | {events} |")
+            lines.append(f"| {name} | n/a | {v['error']} | | | | | | {events} |")
             continue
         ends = v["at_ends"]
         lines.append(f"| {name} | {v['score']} | {v['step']} ({fmt(v['grpo_train_seconds'])} / "
                      f"{fmt(v['placebo_train_seconds'])} s) | {pm(v.get('grpo_gain'))} | {pm(v.get('placebo_gain'))} | "
                      f"{pm((v['difference'], v['ci95']))} | {pm((ends['difference'], ends['ci95']))} "
-                     f"({ends['grpo_step']} / {ends['placebo_step']}) | {events} |")
+                     f"({ends['grpo_step']} / {ends['placebo_step']}) | {fmt(v.get('base_difference'))} | {events} |")
     return [*lines, ""]
 
 
