@@ -60,6 +60,13 @@ def test_table_pairs_each_base_with_the_first_by_hand(tmp_path):
     assert "0.0600 ± 0.0100 (4 epochs of 128) | 0.2000 ± 0.0100 (4 epochs of 128) |" in text
 
 
+def test_bases_reported_on_different_held_out_sets_are_refused_by_name(tmp_path):
+    a = _report(tmp_path, "base_1x", 3000, [0.1, 0.2, 0.4, 0.3], 0.06)
+    b = _report(tmp_path, "base_4x", 12000, [0.2, 0.2, 0.7], 0.2)
+    with pytest.raises(SystemExit, match=r"base_1x.json and .*base_4x.json: .*different held-out sets \(4 and 3"):
+        base_report.table([a, b])
+
+
 def test_table_footnote_explains_only_the_references_in_the_reports(tmp_path):
     a = _report(tmp_path, "base_1x", 3000, [0.1, 0.2], 0.06)
     cam = base_report.table([a])

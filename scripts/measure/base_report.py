@@ -110,12 +110,12 @@ def table(files: list[Path]) -> str:
         if not any(key in r["samples"] for r in reports):
             continue
         cells = [fmt(first["samples"].get(key))]
-        for r in reports[1:]:
+        for file, r in zip(files[1:], reports[1:], strict=True):
             cell = fmt(r["samples"].get(key))
             try:
                 mean, half, n = eval_change(first["samples"], r["samples"], key)
-            except ValueError as e:
-                raise SystemExit(f"{files[0]} and {files[reports.index(r)]}: {e}") from None
+            except ValueError as e:  # two bases reported on different held-out sets
+                raise SystemExit(f"{files[0]} and {file}: {e}") from None
             if n:  # per-condition values in both: the paired change (a whole-split metric has none)
                 cell += f" ({fmt(mean, '+.4f')} ± {fmt(half)})"
             cells.append(cell)
