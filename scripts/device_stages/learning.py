@@ -348,16 +348,14 @@ def unpaired_sizes(preset: str, overrides, grpo_run: Path) -> list[str]:
     set_here = dict(o.removeprefix("--config.").split("=", 1) for o in overrides)
     keys = dict.fromkeys(o.removeprefix("--config.").split("=", 1)[0] for size in SIZES.values()
                          if isinstance(size["overrides"], dict) for o in size["overrides"].get(preset, ()))
+    def lookup(node, key: str):  # a dotted key in config.json's dict or the preset's ConfigDict; None if absent
+        for part in key.split("."):
+            node = node.get(part) if hasattr(node, "get") else None
+        return node
+
     preset_config, out = get_config(preset), []
     for key in keys:
-        theirs, ours = ran, set_here.get(key)
-        for part in key.split("."):
-            theirs = theirs.get(part) if isinstance(theirs, dict) else None
-        if ours is None:
-            ours = preset_config
-            for part in key.split("."):
-                ours = ours[part]
-            ours = str(ours)
+        theirs, ours = lookup(ran, key), set_here.get(key, str(lookup(preset_config, key)))
         if theirs is not None and not _same(theirs, ours):
             out.append(f"{key} {ours!r} here, {theirs!r} there")
     return out
